@@ -1,0 +1,35 @@
+"""DAPO: clip-higher, dynamic sampling of informative groups, token-mean loss, overlong shaping, no KL."""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import flowrl as fl
+from flowrl import losses, stages
+
+
+class DAPOConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    group_size: int = Field(8, ge=2, description="Responses sampled per prompt.")
+    clip_low: float = Field(0.2, gt=0, lt=1, description="Lower clip range (ratio >= 1 - clip_low).")
+    clip_high: float = Field(0.28, gt=0, description="Upper clip range (ratio <= 1 + clip_high).")
+    dynamic_sampling: bool = Field(True, description="Drop groups whose scores are all equal and resample.")
+    max_sampling_rounds: int = Field(4, ge=1, description="Generation rounds per step when filling groups.")
+    max_response_len: int = Field(4, ge=1, description="Response cap the overlong penalty counts to "
+                                                      "(filled from rollout.max_new_tokens).")
+    overlong_buffer_len: int = Field(0, ge=0, description="Soft overlong punishment window; 0 is off.")
+    overlong_penalty: float = Field(1.0, ge=0, description="Penalty at the hard cap.")
+
+
+@fl.algorithm(config=DAPOConfig)
+def dapo(batch, actor, rollout, reward, cfg):
+    batch = rollout.generate(batch, n=cfg.group_size)
+    batch = reward.score(batch)
+    if cfg.overlong_buffer_len:
+        batch = stages.overlong_penalty(batch, max_len=cfg.max_response_len, buffer_len=cfg.overlong_buffer_len,
+                                        factor=cfg.overlong_penalty)
+    if cfg.dynamic_sampling:
+        batch = stages.drop_uniform_groups(batch)
+        batch = fl.fill(batch, max_rounds=cfg.max_sampling_rounds)
+    batch = actor.logprobs(batch)
+    batch = stages.group_advantage(batch)
+    loss = losses.clip_higher_loss(clip_low=cfg.clip_low, clip_high=cfg.clip_high, loss_agg_mode="token-mean")
+    return actor.update(batch, loss=loss)

@@ -1,0 +1,27 @@
+"""RLOO: leave-one-out baselines over each prompt's samples, PPO clip, KL to the reference as a loss."""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import flowrl as fl
+from flowrl import losses, stages
+
+
+class RLOOConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    group_size: int = Field(4, ge=2, description="Responses sampled per prompt (>= 2 for a baseline).")
+    clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range.")
+    kl_coef: float = Field(0.001, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
+    loss_agg_mode: str = Field("seq-mean-token-mean", description="How token losses are averaged.")
+
+
+@fl.algorithm(config=RLOOConfig)
+def rloo(batch, actor, rollout, ref, reward, cfg):
+    batch = rollout.generate(batch, n=cfg.group_size)
+    batch = reward.score(batch)
+    batch = actor.logprobs(batch)
+    if cfg.kl_coef > 0:
+        batch = ref.logprobs(batch)
+    batch = stages.rloo_advantage(batch)
+    loss = losses.ppo_loss(clip=cfg.clip, dual_clip=None, kl_coef=cfg.kl_coef, kl_kind="k3",
+                           loss_agg_mode=cfg.loss_agg_mode)
+    return actor.update(batch, loss=loss)

@@ -1,0 +1,80 @@
+"""Build the roles a plan uses from a RunConfig: models, engines, the hybrid engine.
+
+Everything here runs after `compile_plan`, so graph mistakes fail before any
+model loads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flowrl.config import OptimConfig, RunConfig
+from flowrl.engines.hf_rollout import HFRolloutEngine
+from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.protocols import SamplingParams
+from flowrl.engines.weight_sync import choose_weight_sync
+from flowrl.models.loading import load_causal_lm, load_tokenizer, load_value_model
+from flowrl.models.tiny import build_tiny_model
+from flowrl.planner import Plan
+from flowrl.roles import Actor, Critic, Ref, Reward, Rollout, UpdateSettings
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def model_path(cfg: RunConfig, task: Any) -> Path:
+    """The configured model folder, or the built-in tiny model (built once) for the task's alphabet."""
+    if cfg.model.path is not None:
+        return Path(cfg.model.path)
+    return build_tiny_model(Path(cfg.train.output_dir) / "tiny-model", chars=task.chars,
+                            hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_num_layers,
+                            seed=cfg.train.seed)
+
+
+def _settings(cfg: RunConfig) -> UpdateSettings:
+    t = cfg.train
+    return UpdateSettings(mini_batch_size=t.mini_batch_size, micro_batch_size=t.micro_batch_size,
+                          epochs=t.epochs, temperature=cfg.rollout.temperature)
+
+
+def _train_engine(model: torch.nn.Module, kind: str, optim: OptimConfig, device: str) -> HFTrainEngine:
+    return HFTrainEngine(model, kind=kind, lr=optim.lr, weight_decay=optim.weight_decay, grad_clip=optim.grad_clip,
+                         warmup_steps=optim.warmup_steps, device=device)
+
+
+def build_roles(cfg: RunConfig, plan: Plan, task: Any, path: Path) -> dict[str, Any]:
+    """Instantiate each role the plan uses; actor and rollout share one module when colocated."""
+    dtype, device = DTYPES[cfg.model.dtype], cfg.train.device
+    tokenizer = load_tokenizer(path)
+    roles: dict[str, Any] = {"reward": Reward(fn=task.reward, tokenizer=tokenizer, meta_keys=task.meta_keys)}
+    settings = _settings(cfg)
+    if "actor" in plan.roles:
+        engine = _train_engine(load_causal_lm(path, dtype), "actor", cfg.actor, device)
+        roles["actor"] = Actor(engine=engine, settings=settings)
+    if "ref" in plan.roles:
+        ref_engine = _train_engine(load_causal_lm(path, dtype).requires_grad_(False), "actor", cfg.actor, device)
+        roles["ref"] = Ref(engine=ref_engine, settings=settings)
+    if "critic" in plan.roles:
+        roles["critic"] = Critic(engine=_train_engine(load_value_model(path, dtype), "critic", cfg.critic, device),
+                                 settings=settings)
+    if "rollout" in plan.roles:
+        roles["rollout"] = _rollout(cfg, plan, roles.get("actor"), tokenizer, path, dtype, device)
+    return roles
+
+
+def _rollout(cfg: RunConfig, plan: Plan, actor: Actor | None, tokenizer: Any, path: Path,
+             dtype: torch.dtype, device: str) -> Rollout:
+    shared = actor is not None and plan.shares_actor_module()
+    module = actor.engine.model if shared else load_causal_lm(path, dtype)
+    engine = HFRolloutEngine(module, tokenizer, device=device)
+    r = cfg.rollout
+    params = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
+    sync = choose_weight_sync(actor.engine.model, module) if actor is not None else None
+    return Rollout(engine=engine, params=params, actor=actor, weight_sync=sync, seed=cfg.train.seed)
+
+
+def train_engines(roles: dict[str, Any]) -> dict[str, HFTrainEngine]:
+    """The engines whose state a checkpoint must hold (trainable roles only)."""
+    return {name: roles[name].engine for name in ("actor", "critic") if name in roles}

@@ -1,0 +1,113 @@
+"""HFRolloutEngine: the RolloutEngine protocol over transformers' `model.generate`.
+
+Slow but exact and dependency-free: the rollout model is a plain nn.Module, so
+with one process it can be the very module the train engine updates (see
+weight_sync.SharedModuleSync). Sampling follows SamplingParams only: every
+sampling field is set explicitly, because generate() fills unset fields from
+the checkpoint's generation_config.json (e.g. repetition_penalty=1.05, top_k=20
+in Qwen2.5-Instruct), which would make rollout and training logprobs disagree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from tensordict import TensorDict
+from transformers import GenerationConfig
+
+from flowrl.engines.protocols import SamplingParams
+
+
+class HFRolloutEngine:
+    """Generates one response per left-padded prompt row, `micro_batch_size` rows per generate() call."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, *, device: str | torch.device = "cpu",
+                 micro_batch_size: int = 256):
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
+            raise ValueError("tokenizer must define both eos_token and pad_token")
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.tokenizer = tokenizer
+        self.eos_id: int = tokenizer.eos_token_id
+        self.pad_id: int = tokenizer.pad_token_id
+        self.micro_batch_size = micro_batch_size
+
+    def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
+                 *, seed: int | None = None) -> TensorDict:
+        """Responses right-padded with pad_id; the mask is 1 through the first eos, 0 after."""
+        config = self._generation_config(params)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with _seeded(seed, self.device), torch.inference_mode():
+                chunks = [self._generate_chunk(ids, mask, config) for ids, mask in
+                          zip(prompt_ids_BP.split(self.micro_batch_size), prompt_mask_BP.split(self.micro_batch_size))]
+        finally:
+            self.model.train(was_training)
+        # clone outside inference mode: inference tensors cannot be saved for a later backward
+        response_ids_BR = _right_pad_cat([chunk.clone() for chunk in chunks], self.pad_id)
+        response_ids_BR, response_mask_BR = mask_after_eos(response_ids_BR, self.eos_id, self.pad_id)
+        home = prompt_ids_BP.device
+        return TensorDict(response_ids=response_ids_BR.to(home), response_mask=response_mask_BR.to(home),
+                          batch_size=[prompt_ids_BP.shape[0]])
+
+    @torch.no_grad()
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copies a full (unsharded) state dict into the rollout model; strict."""
+        self.model.load_state_dict(state_dict, strict=True)
+
+    def _generate_chunk(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
+        out = self.model.generate(input_ids=ids_BP.to(self.device), attention_mask=mask_BP.to(self.device),
+                                  generation_config=config)
+        return out[:, ids_BP.shape[1]:]
+
+    def _generation_config(self, params: SamplingParams) -> GenerationConfig:
+        _check_params(params)
+        return GenerationConfig(
+            max_new_tokens=params.max_new_tokens, do_sample=not params.greedy,
+            temperature=1.0 if params.greedy else params.temperature,
+            top_p=1.0 if params.greedy else params.top_p, top_k=0 if params.greedy else params.top_k,
+            min_p=0.0, typical_p=1.0, repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0,
+            num_beams=1, num_return_sequences=1, eos_token_id=self.eos_id, pad_token_id=self.pad_id)
+
+
+def mask_after_eos(response_ids_BR: torch.Tensor, eos_id: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids with pad_id after the first eos, mask 1 through the first eos and 0 after)."""
+    is_eos_BR = response_ids_BR == eos_id
+    after_eos_BR = (is_eos_BR.long().cumsum(-1) - is_eos_BR.long()) > 0
+    return response_ids_BR.masked_fill(after_eos_BR, pad_id), (~after_eos_BR).long()
+
+
+def _right_pad_cat(chunks: list[torch.Tensor], pad_id: int) -> torch.Tensor:
+    width = max(chunk.shape[1] for chunk in chunks)
+    padded = [torch.nn.functional.pad(chunk, (0, width - chunk.shape[1]), value=pad_id) for chunk in chunks]
+    return torch.cat(padded, dim=0)
+
+
+def _check_params(params: SamplingParams) -> None:
+    if params.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+    if not params.greedy and not params.temperature > 0:
+        raise ValueError(f"temperature must be > 0 when sampling, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+    if params.top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {params.top_k}")
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Seeds torch's RNG for the block and restores the caller's RNG state after."""
+    if seed is None:
+        yield
+        return
+    devices = []
+    if device.type == "cuda":
+        devices = [torch.cuda.current_device() if device.index is None else device.index]
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield

@@ -1,0 +1,247 @@
+"""HFTrainEngine: the TrainEngine protocol over a transformers model.
+
+One engine per rank. With torch.distributed initialised and world size > 1
+the model is sharded with FSDP2 (`fully_shard` on each decoder layer, then the
+root) over a 1-D mesh of all ranks; this works on CPU with gloo as well as on
+GPUs with NCCL. Every rank then passes its own rows: `mini_batch_size` and
+`micro_batch_size` count rows per rank, and all ranks must hold equally many.
+
+update() is exact: micro-batch losses are weighted by `loss_fn.weight(mb)`
+over the mini-batch's total weight (summed over ranks), so one step's gradient
+is the gradient of the loss on the whole mini-batch, however it is split.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from flowrl.engines.protocols import LossFn
+from flowrl.models.loading import atomic_dir
+
+CHECKPOINT_FILE = "engine.pt"
+
+
+class HFTrainEngine:
+    """Actor (logprobs, entropy) or critic (values) engine; AdamW, warmup then constant LR.
+
+    The LR ramps linearly over `warmup_steps` steps: step s (from 0) uses
+    lr * min(1, (s + 1) / warmup_steps). `eps` is AdamW's epsilon.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, kind: Literal["actor", "critic"], lr: float = 1e-6,
+                 weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 grad_clip: float = 1.0, warmup_steps: int = 0, device: str | torch.device = "cpu"):
+        _check_args(kind=kind, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip, warmup_steps=warmup_steps)
+        self.kind = kind
+        self.grad_clip = grad_clip
+        self.device = torch.device(device)
+        self.world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        self.sharded = self.world_size > 1
+        self.model = model.to(self.device)
+        if self.sharded:
+            _fully_shard(self.model, self.device.type, self.world_size)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, eps=eps,
+                                           weight_decay=weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0)
+
+    @torch.no_grad()
+    def forward(self, batch: TensorDict, *, temperature: float = 1.0, micro_batch_size: int = 8,
+                with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """No-grad outputs aligned to the response, on the device of batch["prompt_ids"]."""
+        _check_positive(temperature=temperature, micro_batch_size=micro_batch_size)
+        self._check_same_rows(batch.batch_size[0])
+        outs = [self._outputs(mb.to(self.device), temperature, with_entropy)
+                for mb in batch.split(micro_batch_size)]
+        home = batch["prompt_ids"].device
+        return {key: torch.cat([out[key] for out in outs]).to(home) for key in outs[0]}
+
+    def update(self, batch: TensorDict, loss_fn: LossFn, *, temperature: float = 1.0,
+               mini_batch_size: int = 8, micro_batch_size: int = 8, epochs: int = 1,
+               shuffle_seed: int | None = None) -> dict[str, float]:
+        """One optimizer step per mini-batch per epoch; mean metrics plus grad_norm, lr, skipped_steps."""
+        _check_positive(temperature=temperature, mini_batch_size=mini_batch_size,
+                        micro_batch_size=micro_batch_size, epochs=epochs)
+        num_rows = batch.batch_size[0]
+        self._check_same_rows(num_rows)
+        generator = None if shuffle_seed is None else torch.Generator().manual_seed(shuffle_seed)
+        sums: dict[str, list[float]] = {}
+        grad_norms, skipped, lr = [], 0, self.scheduler.get_last_lr()[0]
+        for _ in range(epochs):
+            order = torch.arange(num_rows) if generator is None else torch.randperm(num_rows, generator=generator)
+            for rows in order.split(mini_batch_size):
+                lr = self.scheduler.get_last_lr()[0]
+                grad_norm = self._step(batch[rows], loss_fn, temperature, micro_batch_size, sums)
+                skipped += grad_norm is None
+                grad_norms += [] if grad_norm is None else [grad_norm]
+        metrics = {key: total / count for key, (total, count) in sums.items()}
+        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        metrics["lr"] = lr
+        metrics["skipped_steps"] = float(skipped)
+        return metrics
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded parameters as CPU copies, on every rank (collective when sharded)."""
+        if not self.sharded:
+            return {key: value.detach().to("cpu", copy=True) for key, value in self.model.state_dict().items()}
+        # cpu_offload=True would leave every rank but 0 with an empty dict; each rank needs the weights.
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return {key: value.detach().cpu() for key, value in state.items()}
+
+    def save(self, path: str) -> None:
+        """Model, optimizer and scheduler state, gathered to rank 0 and written atomically to folder `path`."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = {"model": get_model_state_dict(self.model, options=options),
+                 "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options),
+                 "scheduler": self.scheduler.state_dict()}
+        if self._rank() == 0:
+            with atomic_dir(path) as tmp:
+                torch.save(state, tmp / CHECKPOINT_FILE)
+        if self.sharded:
+            dist.barrier()
+
+    def load(self, path: str) -> None:
+        """Restores what save() wrote; rank 0 reads the file and broadcasts it."""
+        file = pathlib.Path(path) / CHECKPOINT_FILE
+        state = {"model": {}, "optimizer": {}, "scheduler": None}
+        if self._rank() == 0 and file.is_file():
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        scheduler_state = self._broadcast_object(state["scheduler"])
+        if scheduler_state is None:
+            raise ValueError(f"path {path!r} holds no {CHECKPOINT_FILE} (not an HFTrainEngine checkpoint)")
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.sharded)
+        set_model_state_dict(self.model, state["model"], options=options)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
+        self.scheduler.load_state_dict(scheduler_state)
+
+    def save_pretrained(self, path: str, tokenizer=None) -> None:
+        """Exports full HF weights (and the tokenizer, if given) to folder `path`; rank 0 writes."""
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self._rank() == 0:
+            with atomic_dir(path) as tmp:
+                self.model.save_pretrained(tmp, state_dict=state)
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(tmp)
+        if self.sharded:
+            dist.barrier()
+
+    def _outputs(self, mb: TensorDict, temperature: float, with_entropy: bool) -> dict[str, torch.Tensor]:
+        prompt_ids, response_ids = mb["prompt_ids"], mb["response_ids"]
+        num_prompt, num_response = prompt_ids.shape[1], response_ids.shape[1]
+        mask = torch.cat([mb["prompt_mask"].long(), mb["response_mask"].long()], dim=1)
+        inputs = dict(input_ids=torch.cat([prompt_ids, response_ids], dim=1), attention_mask=mask,
+                      position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False)
+        if self.kind == "critic":
+            logits = self.model(**inputs).logits
+            return {"values": logits[:, num_prompt - 1:num_prompt + num_response - 1, 0].float()}
+        # the last R + 1 positions are P - 1 .. P + R - 1; the very last predicts past the response
+        logits_BRV = self.model(**inputs, logits_to_keep=num_response + 1).logits[:, :-1].float() / temperature
+        logprobs_BRV = torch.log_softmax(logits_BRV, dim=-1)
+        out = {"logprobs": logprobs_BRV.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)}
+        if with_entropy:  # logsumexp - E_p[logit]: no 0 * -inf where a probability underflows
+            probs_BRV = logprobs_BRV.exp()
+            out["entropy"] = torch.logsumexp(logits_BRV, -1) - (probs_BRV * logits_BRV).sum(-1)
+        return out
+
+    def _step(self, mini: TensorDict, loss_fn: LossFn, temperature: float, micro_batch_size: int,
+              sums: dict[str, list[float]]) -> float | None:
+        """One optimizer step on a mini-batch; the grad norm, or None when the step was skipped."""
+        micro = mini.split(micro_batch_size)
+        weights = [float(loss_fn.weight(mb)) for mb in micro]
+        total = self._all_reduce_sum(sum(weights))
+        if total <= 0:
+            return None
+        self.optimizer.zero_grad(set_to_none=True)
+        for mb, weight in zip(micro, weights):
+            mb = mb.to(self.device)
+            out = self._outputs(mb, temperature, loss_fn.needs_entropy)
+            if weight == 0:  # keep FSDP's collectives in step with the other ranks; no NaN from 0/0
+                sum(value.sum() for value in out.values()).mul(0.0).backward()
+                continue
+            loss, metrics = loss_fn(out, mb)
+            (loss * (weight * self.world_size / total)).backward()
+            for key, value in metrics.items():
+                entry = sums.setdefault(key, [0.0, 0])
+                entry[0] += float(value)
+                entry[1] += 1
+        return self._clip_and_step()
+
+    def _clip_and_step(self) -> float | None:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
+        if isinstance(norm, DTensor):  # FSDP2: a partial norm over shards; reduce it across ranks
+            norm = norm.full_tensor()
+        if not math.isfinite(norm.item()):
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        return norm.item()
+
+    def _rank(self) -> int:
+        return dist.get_rank() if self.sharded else 0
+
+    def _all_reduce_sum(self, value: float) -> float:
+        if not self.sharded:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor.item()
+
+    def _broadcast_object(self, obj):
+        if not self.sharded:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _check_same_rows(self, num_rows: int) -> None:
+        """FSDP2 runs collectives per micro-batch, so unequal row counts would hang; fail instead."""
+        if not self.sharded:
+            return
+        extremes = torch.tensor([num_rows, -num_rows], device=self.device)
+        dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+        if extremes[0].item() != -extremes[1].item():
+            raise ValueError(f"batch rows differ across ranks (max {extremes[0].item()}, "
+                             f"min {-extremes[1].item()}); every rank must pass equally many rows")
+
+
+def _fully_shard(model: torch.nn.Module, device_type: str, world_size: int) -> None:
+    try:
+        layers = model.model.layers
+    except AttributeError as error:
+        raise ValueError(f"FSDP2 sharding needs the decoder layers at model.model.layers, which "
+                         f"{type(model).__name__} lacks") from error
+    mesh = init_device_mesh(device_type, (world_size,))
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def _check_args(*, kind: str, lr: float, weight_decay: float, grad_clip: float, warmup_steps: int) -> None:
+    if kind not in ("actor", "critic"):
+        raise ValueError(f"kind must be 'actor' or 'critic', got {kind!r}")
+    _check_positive(lr=lr, grad_clip=grad_clip)
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")

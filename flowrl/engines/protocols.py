@@ -1,0 +1,94 @@
+"""Engine protocols: what roles need from a model backend.
+
+Roles (actor, rollout, ref, critic) hold engines and never import a backend,
+so graph logic runs on CPU with fakes. Batch conventions (TensorDict, batch
+size [B]):
+
+- prompt_ids_BP / prompt_mask_BP: left-padded prompts.
+- response_ids_BR / response_mask_BR: right-padded responses; the mask is 1 on
+  every generated token, the eos token included, and 0 on padding.
+- The model input is cat(prompt, response) along time, so the logprob of
+  response token t comes from the logits at position P - 1 + t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import torch
+from tensordict import TensorDict
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the rollout engine samples one response per prompt row."""
+
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    greedy: bool = False
+
+
+class LossFn(Protocol):
+    """A loss the train engine evaluates on each micro-batch.
+
+    `out` holds model outputs aligned to the response: "logprobs" [B, R] for
+    actors (plus "entropy" [B, R] when `needs_entropy`), "values" [B, R] for
+    critics. Returns the micro-batch loss (a mean in the loss's own unit) and
+    detached scalar metrics. `weight(mb)` is the micro-batch's count in that
+    unit (valid tokens for token-mean, sequences for seq-mean), so the engine
+    can weight micro-batches to get the exact mini-batch loss.
+    """
+
+    reads: tuple[str, ...]
+    needs_entropy: bool
+
+    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+    def weight(self, mb: TensorDict) -> float: ...
+
+
+class TrainEngine(Protocol):
+    """A trainable model: forward passes over a batch and optimizer steps."""
+
+    def forward(self, batch: TensorDict, *, temperature: float = 1.0, micro_batch_size: int = 8,
+                with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """No-grad outputs aligned to the response: "logprobs" or "values" [B, R]."""
+        ...
+
+    def update(self, batch: TensorDict, loss_fn: LossFn, *, temperature: float = 1.0,
+               mini_batch_size: int = 8, micro_batch_size: int = 8, epochs: int = 1,
+               shuffle_seed: int | None = None) -> dict[str, float]:
+        """One optimizer step per mini-batch per epoch; returns mean metrics."""
+        ...
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded parameters on CPU (collective when sharded)."""
+        ...
+
+    def save(self, path: str) -> None: ...
+
+    def load(self, path: str) -> None: ...
+
+
+class RolloutEngine(Protocol):
+    """Generates responses for left-padded prompt rows."""
+
+    def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor,
+                 params: SamplingParams, *, seed: int | None = None) -> TensorDict:
+        """Returns TensorDict(response_ids [B, R], response_mask [B, R]); R <= max_new_tokens."""
+        ...
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
+
+
+class WeightSync(Protocol):
+    """Moves the actor's current weights into the rollout engine."""
+
+    def __call__(self, train: TrainEngine, rollout: RolloutEngine) -> None: ...
+
+
+RewardFn = Callable[[list[str], list[Any]], list[float]]
+"""Scores decoded responses against per-row task metadata (e.g. answers)."""

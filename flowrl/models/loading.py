@@ -1,0 +1,92 @@
+"""Load local Hugging Face checkpoints, and write checkpoint folders atomically.
+
+Everything here is local only (`local_files_only=True`): flowrl never reaches
+a model hub, so a missing folder is a user mistake reported as ValueError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Iterator
+
+import torch
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer,
+                          PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast)
+
+
+def check_model_path(path: str | os.PathLike) -> pathlib.Path:
+    """The folder as a Path; ValueError naming `model_path` if it holds no checkpoint."""
+    folder = pathlib.Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"model_path {str(folder)!r} does not exist or is not a folder")
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"model_path {str(folder)!r} holds no config.json (not a Hugging Face checkpoint)")
+    return folder
+
+
+def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """The checkpoint's tokenizer: its tokenizer.json verbatim when there is one.
+
+    AutoTokenizer is not used for folders with a tokenizer.json because
+    transformers 5 forces the model type's own tokenizer class on some model
+    types (qwen2 among them), and that class rebuilds the pipeline (Qwen's
+    ByteLevel pre-tokenizer, an extra "<|endoftext|>" token) instead of the one
+    stored, which breaks e.g. the char-level tokenizer of `build_tiny_model`.
+    """
+    folder = check_model_path(path)
+    if (folder / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(str(folder), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The checkpoint as a causal LM (actor, reference or rollout model)."""
+    return AutoModelForCausalLM.from_pretrained(str(check_model_path(path)), dtype=dtype,
+                                                local_files_only=True)
+
+
+def load_value_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The checkpoint as a token-classification model with one label: a critic.
+
+    The backbone comes from the checkpoint; the one-output `score` head is new
+    and randomly initialised (transformers logs that it is newly initialised:
+    expected, not suppressed). `classifier_dropout` is set to 0.0: the
+    transformers default of 0.1 would make value estimates random in train mode.
+    """
+    folder = str(check_model_path(path))
+    config = AutoConfig.from_pretrained(folder, num_labels=1, local_files_only=True)
+    config.classifier_dropout = 0.0  # not a Qwen2Config field, so from_pretrained would drop it as a kwarg
+    return AutoModelForTokenClassification.from_pretrained(folder, config=config, dtype=dtype,
+                                                           local_files_only=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(target: str | os.PathLike) -> Iterator[pathlib.Path]:
+    """Yields a temp folder next to `target`; on success it replaces `target` whole.
+
+    A crash inside the block leaves `target` as it was (the temp folder is
+    removed). An existing `target` is moved aside first, then deleted, since
+    os.replace cannot replace a non-empty folder.
+    """
+    target = pathlib.Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    try:
+        yield tmp
+        _replace_dir(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _replace_dir(src: pathlib.Path, target: pathlib.Path) -> None:
+    if not target.exists():
+        os.replace(src, target)
+        return
+    old = pathlib.Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-"))
+    os.replace(target, old / "x")
+    os.replace(src, target)
+    shutil.rmtree(old, ignore_errors=True)

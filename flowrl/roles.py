@@ -1,0 +1,154 @@
+"""Model roles: the graph's nodes call their methods; engines are injected.
+
+Each `@graph_method` declares the fields it reads and writes, so tracing checks
+an algorithm without building any of these. Methods take and return the whole
+batch and report metrics through `flowrl.metrics.log`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from flowrl import metrics
+from flowrl.batch import MODEL_INPUT, column, repeat_rows, response_lengths
+from flowrl.engines.protocols import LossFn, RewardFn, RolloutEngine, SamplingParams, TrainEngine, WeightSync
+from flowrl.trace import graph_method
+
+
+@dataclass
+class UpdateSettings:
+    mini_batch_size: int = 32
+    micro_batch_size: int = 16
+    epochs: int = 1
+    temperature: float = 1.0
+
+
+def _update_reads(loss: LossFn, **_: Any) -> tuple[str, ...]:
+    return MODEL_INPUT + tuple(loss.reads)
+
+
+@dataclass
+class Actor:
+    engine: TrainEngine
+    settings: UpdateSettings = field(default_factory=UpdateSettings)
+    version: int = 0  # bumped by every update; the rollout syncs when it lags
+
+    @graph_method(reads=MODEL_INPUT, writes=("old_logprobs",))
+    def logprobs(self, batch: TensorDict) -> TensorDict:
+        out = self.engine.forward(batch, temperature=self.settings.temperature,
+                                  micro_batch_size=self.settings.micro_batch_size)
+        batch["old_logprobs"] = out["logprobs"]
+        return batch
+
+    @graph_method(reads=_update_reads)
+    def update(self, batch: TensorDict, loss: LossFn, seed: int | None = None) -> TensorDict:
+        s = self.settings
+        result = self.engine.update(batch, loss, temperature=s.temperature, mini_batch_size=s.mini_batch_size,
+                                    micro_batch_size=s.micro_batch_size, epochs=s.epochs, shuffle_seed=seed)
+        self.version += 1
+        metrics.log_dict("actor", result)
+        return batch
+
+
+@dataclass
+class Ref:
+    engine: TrainEngine
+    settings: UpdateSettings = field(default_factory=UpdateSettings)
+
+    @graph_method(reads=MODEL_INPUT, writes=("ref_logprobs",))
+    def logprobs(self, batch: TensorDict) -> TensorDict:
+        out = self.engine.forward(batch, temperature=self.settings.temperature,
+                                  micro_batch_size=self.settings.micro_batch_size)
+        batch["ref_logprobs"] = out["logprobs"]
+        return batch
+
+
+@dataclass
+class Critic:
+    engine: TrainEngine
+    settings: UpdateSettings = field(default_factory=UpdateSettings)
+
+    @graph_method(reads=MODEL_INPUT, writes=("values",))
+    def values(self, batch: TensorDict) -> TensorDict:
+        out = self.engine.forward(batch, micro_batch_size=self.settings.micro_batch_size)
+        batch["values"] = out["values"] * batch["response_mask"]
+        return batch
+
+    @graph_method(reads=_update_reads)
+    def update(self, batch: TensorDict, loss: LossFn, seed: int | None = None) -> TensorDict:
+        s = self.settings
+        result = self.engine.update(batch, loss, mini_batch_size=s.mini_batch_size,
+                                    micro_batch_size=s.micro_batch_size, epochs=s.epochs, shuffle_seed=seed)
+        metrics.log_dict("critic", result)
+        return batch
+
+
+@dataclass
+class Rollout:
+    engine: RolloutEngine
+    params: SamplingParams
+    actor: Actor | None = None
+    weight_sync: WeightSync | None = None
+    seed: int = 0
+    step: int = 0  # set by the executor so sampling is reproducible across resume
+    synced_version: int = 0
+    _calls: int = 0
+
+    def begin_step(self, step: int) -> None:
+        self.step, self._calls = step, 0
+
+    @graph_method(reads=("prompt_ids", "prompt_mask", "uid"),
+                  writes=("response_ids", "response_mask", "group"), kind="rows")
+    def generate(self, batch: TensorDict, n: int = 1, **sampling: Any) -> TensorDict:
+        if n < 1:
+            raise ValueError(f"rollout.generate: n must be >= 1, got {n}")
+        params = SamplingParams(**{**self.params.__dict__, **sampling})
+        rows = repeat_rows(batch, n)
+        self._calls += 1
+        seed = (self.seed * 1_000_003 + self.step * 1_009 + self._calls) % (2**31)
+        out = self.engine.generate(rows["prompt_ids"], rows["prompt_mask"], params, seed=seed)
+        rows["response_ids"], rows["response_mask"] = out["response_ids"], out["response_mask"]
+        rows["group"] = rows["uid"].clone()
+        lengths = response_lengths(rows).float()
+        metrics.log("response_length/mean", lengths.mean())
+        metrics.log("response_length/clip_ratio", (lengths >= params.max_new_tokens).float().mean())
+        return rows
+
+    @graph_method(kind="sync")
+    def sync_weights(self, batch: TensorDict) -> TensorDict:
+        """Hybrid engine: bring the actor's latest weights into the rollout engine."""
+        if self.actor is not None and self.weight_sync is not None and self.synced_version != self.actor.version:
+            self.weight_sync(self.actor.engine, self.engine)
+            self.synced_version = self.actor.version
+        return batch
+
+
+@dataclass
+class Reward:
+    fn: RewardFn
+    tokenizer: Any
+    meta_keys: tuple[str, ...] = ()
+
+    @graph_method(reads=("response_ids", "response_mask"), writes=("scores",))
+    def score(self, batch: TensorDict) -> TensorDict:
+        texts = decode_responses(self.tokenizer, batch)
+        meta = [dict(zip(self.meta_keys, row)) for row in zip(*(column(batch, k) for k in self.meta_keys))]
+        scores = torch.tensor(self.fn(texts, meta or [{}] * len(texts)), dtype=torch.float32)
+        if scores.shape != (len(texts),):
+            raise ValueError(f"reward function returned {tuple(scores.shape)} scores for {len(texts)} responses")
+        batch["scores"] = scores
+        metrics.log("reward/mean", scores.mean())
+        return batch
+
+
+def decode_responses(tokenizer: Any, batch: TensorDict) -> list[str]:
+    ids, mask = batch["response_ids"], batch["response_mask"].bool()
+    eos = tokenizer.eos_token_id
+    return [tokenizer.decode([t for t in row[m].tolist() if t != eos]) for row, m in zip(ids, mask)]
+
+
+ROLE_CLASSES: dict[str, type] = {"actor": Actor, "ref": Ref, "critic": Critic, "rollout": Rollout, "reward": Reward}

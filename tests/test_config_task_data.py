@@ -1,0 +1,44 @@
+import pytest
+
+from flowrl.config import load_run_config
+from flowrl.data import PromptStream
+from flowrl.tasks.arithmetic import ArithmeticTask
+from fakes import FakeTokenizer
+
+
+def test_bad_values_name_the_field():
+    with pytest.raises(ValueError, match=r"train\.batch_size: Input should be greater than or equal to 1"):
+        load_run_config(None, ["train.batch_size=0"])
+    with pytest.raises(ValueError, match=r"rollout\.temprature: Extra inputs"):
+        load_run_config(None, ["rollout.temprature=0.5"])
+    with pytest.raises(ValueError, match=r"placement\.pools\.0\.roles"):
+        load_run_config(None, ['placement={"pools": [{"name": "a", "roles": ["actr"]}]}'])
+
+
+def test_overrides_parse_json_values_and_files(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text('{"train": {"steps": 3}, "algo": {"group_size": 4}}')
+    cfg = load_run_config(str(path), ["rollout.temperature=0.7", "train.output_dir=out"])
+    assert cfg.train.steps == 3 and cfg.rollout.temperature == 0.7 and cfg.algo == {"group_size": 4}
+    assert cfg.train.output_dir == "out"
+
+
+def test_arithmetic_reward_exact_format_and_garbage():
+    task = ArithmeticTask(max_operand=9)
+    assert task.reward(["8", "7", "+=", ""], [{"answer": "8"}] * 4) == [1.0, 0.1, 0.0, 0.0]
+    prompt, meta = task.example(seed=0, index=3)
+    a, b = prompt[:-1].split("+")
+    assert int(a) + int(b) == int(meta["answer"]) and task.example(0, 3) == (prompt, meta)
+
+
+def test_prompt_stream_resumes_where_it_stopped_and_shards_ranks():
+    task, tok = ArithmeticTask(), FakeTokenizer()
+    stream = PromptStream(task, tok, batch_size=2, seed=5)
+    next(stream)
+    state = stream.state()
+    expected = next(stream)
+    resumed = PromptStream(task, tok, batch_size=2, seed=5)
+    resumed.restore(state)
+    assert resumed.__next__()["uid"].tolist() == expected["uid"].tolist() == [2, 3]
+    rank1 = PromptStream(task, tok, batch_size=2, rank=1, world_size=2)
+    assert next(rank1)["uid"].tolist() == [1, 3]

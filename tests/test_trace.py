@@ -1,0 +1,115 @@
+import inspect
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import flowrl as fl
+from flowrl.algorithms import dapo, grpo, ppo
+from flowrl.roles import ROLE_CLASSES
+from flowrl.trace import SOURCE
+
+INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer"}
+
+
+def names(order):
+    return [n for n in order]
+
+
+def test_grpo_trace_has_nodes_and_data_edges():
+    graph, order = grpo.trace(INPUTS, ROLE_CLASSES)
+    assert order == ["rollout.generate", "reward.score", "actor.logprobs", "ref.logprobs", "group_advantage",
+                     "actor.update"]
+    # ref and old logprobs both read only rollout outputs: no edge between them
+    assert not graph.has_edge("actor.logprobs", "ref.logprobs")
+    assert graph.has_edge("reward.score", "group_advantage")  # scores
+    assert graph.has_edge("ref.logprobs", "actor.update")  # ref_logprobs feed the KL loss
+    assert graph.has_edge(SOURCE, "rollout.generate")
+
+
+def test_config_drops_unused_role():
+    _, order = grpo.trace(INPUTS, ROLE_CLASSES, {"kl_coef": 0.0})
+    assert "ref.logprobs" not in order
+
+
+def test_missing_field_names_field_and_node():
+    @fl.algorithm
+    def broken(batch, actor, rollout):
+        batch = rollout.generate(batch)
+        return actor.update(batch, loss=fl_loss())
+
+    with pytest.raises(fl.GraphError, match=r"actor.update reads 'advantages'"):
+        broken.trace(INPUTS, ROLE_CLASSES)
+
+
+def fl_loss():
+    from flowrl import losses
+
+    return losses.ppo_loss()
+
+
+def test_role_not_given_is_named():
+    classes = {k: v for k, v in ROLE_CLASSES.items() if k != "ref"}
+    with pytest.raises(fl.GraphError, match=r"role 'ref' \(ref.logprobs\), which was not given"):
+        grpo.trace(INPUTS, classes)
+
+
+def test_stale_batch_and_unknown_method():
+    @fl.algorithm
+    def stale(batch, rollout, reward):
+        generated = rollout.generate(batch)
+        reward.score(generated)
+        return reward.score(generated)
+
+    with pytest.raises(fl.GraphError, match="stale batch"):
+        stale.trace(INPUTS, ROLE_CLASSES)
+
+    @fl.algorithm
+    def typo(batch, rollout):
+        return rollout.genrate(batch)
+
+    with pytest.raises(fl.GraphError, match="no graph method 'genrate'"):
+        typo.trace(INPUTS, ROLE_CLASSES)
+
+
+def test_bad_signature_rejected():
+    with pytest.raises(fl.GraphError, match="'model' is neither a role"):
+        fl.algorithm(lambda batch, model: batch)
+
+
+def test_dapo_has_fill_after_filter():
+    _, order = dapo.trace(INPUTS, ROLE_CLASSES)
+    assert order.index("drop_uniform_groups") < order.index("_fill") < order.index("actor.logprobs")
+
+
+def test_ppo_uses_critic():
+    graph, order = ppo.trace(INPUTS, ROLE_CLASSES)
+    assert graph.has_edge("critic.values", "gae_advantage")
+    assert graph.has_edge("gae_advantage", "critic.update")  # returns
+
+
+def test_stage_bare_and_with_args_keeps_signature_and_runs_eagerly():
+    @fl.stage
+    def double(batch, *, factor: int = 2):
+        batch["x"] = batch["x"] * factor
+        return batch
+
+    @fl.stage(reads=("x",), writes=("y",))
+    def copy(batch):
+        batch["y"] = batch["x"].clone()
+        return batch
+
+    assert list(inspect.signature(double).parameters) == ["batch", "factor"]
+    td = TensorDict({"x": torch.tensor([1, 2, 3])}, batch_size=[3])
+    tripled = double.options(factor=3)
+    assert tripled is not double and double.bound == {}
+    assert tripled(td.clone())["x"].tolist() == [3, 6, 9]
+    assert copy(td.clone())["y"].tolist() == [1, 2, 3]
+
+
+def test_algorithm_options_returns_validated_copy():
+    small = grpo.options(group_size=4)
+    assert small is not grpo and grpo.overrides == {}
+    assert small.make_config().group_size == 4
+    with pytest.raises(ValueError, match="group_size"):
+        grpo.options(group_size=1).make_config()
