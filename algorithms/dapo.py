@@ -13,7 +13,7 @@ class DAPOConfig(BaseModel):
     clip_high: float = Field(0.28, gt=0, description="Upper clip range (ratio <= 1 + clip_high).")
     dynamic_sampling: bool = Field(True, description="Drop groups whose scores are all equal and resample.")
     max_sampling_rounds: int = Field(4, ge=1, description="Generation rounds per step when filling groups.")
-    max_response_len: int = Field(4, ge=1, description="Response cap the overlong penalty counts to "
+    max_response_len: int = Field(2, ge=1, description="Response cap the overlong penalty counts to "
                                                       "(filled from rollout.max_new_tokens).")
     overlong_buffer_len: int = Field(0, ge=0, description="Soft overlong punishment window; 0 is off.")
     overlong_penalty: float = Field(1.0, ge=0, description="Penalty at the hard cap.")

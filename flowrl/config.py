@@ -29,7 +29,7 @@ class ModelConfig(Section):
 
 
 class RolloutConfig(Section):
-    max_new_tokens: int = Field(4, ge=1, description="Longest response, in tokens.")
+    max_new_tokens: int = Field(2, ge=1, description="Longest response, in tokens.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; logprobs use the same one.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 is off.")
@@ -44,7 +44,7 @@ class OptimConfig(Section):
 
 
 class TrainConfig(Section):
-    steps: int = Field(40, ge=1, description="Training steps (one batch of prompts each).")
+    steps: int = Field(50, ge=1, description="Training steps (one batch of prompts each).")
     batch_size: int = Field(32, ge=1, description="Prompts per step (groups, once sampled).")
     mini_batch_size: int = Field(128, ge=1, description="Responses per optimizer step.")
     micro_batch_size: int = Field(64, ge=1, description="Responses per forward/backward pass.")
@@ -59,7 +59,7 @@ class TrainConfig(Section):
 
 class TaskConfig(Section):
     name: Literal["arithmetic"] = Field("arithmetic", description="Built-in verifiable task.")
-    max_operand: int = Field(9, ge=1, le=99, description="Operands are drawn from 0..max_operand.")
+    max_operand: int = Field(4, ge=1, le=99, description="Operands are drawn from 0..max_operand.")
 
 
 class RunConfig(Section):

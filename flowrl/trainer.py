@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import transformers
 from tqdm import tqdm
 
 from flowrl import checkpoint
@@ -22,7 +23,8 @@ from flowrl.planner import MODEL_ROLES, Placement, Plan, compile_plan
 from flowrl.roles import ROLE_CLASSES
 from flowrl.tasks.arithmetic import TASKS
 
-SHOWN = ("reward/mean", "actor/pg_loss", "response_length/mean", "timing_s/step")
+SHOWN = {"reward/mean": "reward", "actor/pg_loss": "pg_loss", "critic/vf_loss": "vf_loss",
+         "response_length/mean": "len", "timing_s/step": "s/step"}
 
 
 def resolve_algorithm(name: str) -> Algorithm:
@@ -63,6 +65,7 @@ def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
     task = TASKS[cfg.task.name](max_operand=cfg.task.max_operand)
     plan = make_plan(cfg, algo, task)
     _seed(cfg.train.seed)
+    transformers.utils.logging.disable_progress_bar()
     out = Path(cfg.train.output_dir)
     path = model_path(cfg, task)
     roles = build_roles(cfg, plan, task, path)
@@ -77,8 +80,7 @@ def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
         logged["step"] = step + 1
         history.append(logged)
         _append_jsonl(out / "metrics.jsonl", logged)
-        bar.set_postfix({k.split("/")[-1] if k != "reward/mean" else "reward": f"{logged[k]:.3g}"
-                         for k in SHOWN if k in logged})
+        bar.set_postfix({short: f"{logged[k]:.3g}" for k, short in SHOWN.items() if k in logged})
         if progress:
             bar.write(_format(logged))
         if on_step is not None:
@@ -121,7 +123,10 @@ def _append_jsonl(path: Path, row: dict[str, float]) -> None:
         f.write(json.dumps(row) + "\n")
 
 
+LINE = ("reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/clipfrac", "actor/grad_norm", "critic/vf_loss",
+        "response_length/mean", "sampling/groups")
+
+
 def _format(logged: dict[str, float]) -> str:
-    keys = [k for k in logged if k.startswith(("reward/", "actor/", "critic/", "response_length/", "sampling/"))]
-    body = " ".join(f"{k}={logged[k]:.4g}" for k in keys)
+    body = " ".join(f"{k}={logged[k]:.4g}" for k in LINE if k in logged)
     return f"step {int(logged['step'])}: {body} time={logged.get('timing_s/step', 0):.2f}s"

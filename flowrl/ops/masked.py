@@ -17,17 +17,18 @@ def valid_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Sum of `x` over valid entries (all of them, or along `dim`).
+    """Sum of `x` over valid entries (all of them, or along `dim`), float32 at least.
 
         x [1, 2, 9], mask [1, 1, 0] -> 1 + 2 = 3
     """
     picked = torch.where(valid_mask(mask, x), x, 0)
-    return picked.sum() if dim is None else picked.sum(dim=dim)
+    dtype = torch.promote_types(x.dtype, torch.float32)  # a bf16 sum rounds 999 to 1000
+    return picked.sum(dtype=dtype) if dim is None else picked.sum(dim=dim, dtype=dtype)
 
 
 def masked_count(mask: torch.Tensor, like: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Number of valid entries, in `like`'s dtype."""
-    valid = valid_mask(mask, like).to(like.dtype)
+    """Number of valid entries, as floats (float32 at least: bf16 miscounts past 256)."""
+    valid = valid_mask(mask, like).to(torch.promote_types(like.dtype, torch.float32))
     return valid.sum() if dim is None else valid.sum(dim=dim)
 
 

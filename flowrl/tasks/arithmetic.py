@@ -1,23 +1,26 @@
 """The built-in verifiable task: add two small integers.
 
-Prompt "3+5=", target "8". Reward: 1.0 for the exact answer, 0.1 for a
-well-formed but wrong integer (verl's format score), 0.0 otherwise. Prompts
+Prompt "3+5=", target "8". The answer is the integer the response starts
+with ("8", "8=" and "8+1" all answer 8; "83" answers 83). Reward: 1.0 for the
+right answer, `format_score` for a wrong integer, 0.0 for no integer. Prompts
 are a pure function of (seed, index), so a resumed run sees the same data.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 CHARS = "0123456789+="
+_LEADING_INT = re.compile(r"\d+")
 
 
 class ArithmeticTask:
     meta_keys = ("answer",)
     chars = CHARS
 
-    def __init__(self, max_operand: int = 9, format_score: float = 0.1):
+    def __init__(self, max_operand: int = 9, format_score: float = 0.0):
         if max_operand < 1:
             raise ValueError(f"task.max_operand must be >= 1, got {max_operand}")
         self.max_operand, self.format_score = max_operand, format_score
@@ -34,10 +37,10 @@ class ArithmeticTask:
         return [self.score(text, row["answer"]) for text, row in zip(responses, meta)]
 
     def score(self, response: str, answer: str) -> float:
-        text = response.strip()
-        if text == answer:
-            return 1.0
-        return self.format_score if text.isdigit() else 0.0
+        found = _LEADING_INT.match(response.strip())
+        if found is None:
+            return 0.0
+        return 1.0 if int(found.group()) == int(answer) else self.format_score
 
 
 TASKS = {"arithmetic": ArithmeticTask}

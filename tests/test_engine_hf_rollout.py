@@ -1,0 +1,142 @@
+import pytest
+import torch
+
+from flowrl.engines import (FullStateSync, HFRolloutEngine, HFTrainEngine, SamplingParams, SharedModuleSync,
+                            choose_weight_sync, mask_after_eos)
+from flowrl.models.loading import load_causal_lm, load_tokenizer
+from tensordict import TensorDict
+
+PROMPTS = ["12+3=", "7*8=", "9-4=", "1+1=", "22+22=", "5=", "3*3=", "60-7="]
+SAMPLE = SamplingParams(max_new_tokens=12, temperature=1.5)
+GREEDY = SamplingParams(max_new_tokens=6, greedy=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: OpenMP threads cost more than they give, and spin badly on a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_path):
+    return load_tokenizer(tiny_model_path)
+
+
+def left_pad(tokenizer, texts):
+    rows = [tokenizer.encode(text) for text in texts]
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(row)) + row for row in rows])
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows])
+    return ids, mask
+
+
+def test_mask_after_eos_by_hand():
+    ids = torch.tensor([[5, 1, 7, 1], [5, 6, 7, 8], [1, 0, 0, 0]])  # eos = 1, pad = 0
+    fixed, mask = mask_after_eos(ids, eos_id=1, pad_id=0)
+    assert fixed.tolist() == [[5, 1, 0, 0], [5, 6, 7, 8], [1, 0, 0, 0]]
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+
+
+def test_shapes_and_mask_semantics(tiny_model_path, tokenizer):
+    engine = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, micro_batch_size=3)
+    ids, mask = left_pad(tokenizer, PROMPTS)
+    out = engine.generate(ids, mask, SAMPLE, seed=3)
+    response, response_mask = out["response_ids"], out["response_mask"]
+    assert out.batch_size == torch.Size([len(PROMPTS)])
+    assert response.shape == response_mask.shape and response.shape[1] <= SAMPLE.max_new_tokens
+    eos = tokenizer.eos_token_id
+    ended = 0
+    for row, row_mask in zip(response.tolist(), response_mask.tolist()):
+        length = row.index(eos) + 1 if eos in row else len(row)
+        ended += eos in row
+        assert row_mask == [1] * length + [0] * (len(row) - length)
+        assert row[length:] == [tokenizer.pad_token_id] * (len(row) - length)
+    assert 0 < ended < len(PROMPTS)  # this seed exercises both cases
+
+
+def test_greedy_is_deterministic_and_argmax(tiny_model_path, tokenizer):
+    model = load_causal_lm(tiny_model_path)
+    model.train()
+    engine = HFRolloutEngine(model, tokenizer)
+    ids, mask = left_pad(tokenizer, PROMPTS)
+    first = engine.generate(ids, mask, GREEDY)
+    assert model.training  # the flag is restored
+    assert torch.equal(engine.generate(ids, mask, GREEDY)["response_ids"], first["response_ids"])
+    for i, text in enumerate(PROMPTS):  # the first token is the unpadded argmax
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([tokenizer.encode(text)])).logits[0, -1]
+        assert first["response_ids"][i, 0].item() == logits.argmax().item()
+
+
+def test_seeded_sampling_is_reproducible(tiny_model_path, tokenizer):
+    engine = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer)
+    ids, mask = left_pad(tokenizer, PROMPTS)
+    state = torch.random.get_rng_state()
+    a = engine.generate(ids, mask, SAMPLE, seed=7)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's RNG is untouched
+    b = engine.generate(ids, mask, SAMPLE, seed=7)
+    c = engine.generate(ids, mask, SAMPLE, seed=8)
+    assert torch.equal(a["response_ids"], b["response_ids"]) and torch.equal(a["response_mask"], b["response_mask"])
+    assert not torch.equal(a["response_ids"], c["response_ids"])
+    with pytest.raises(ValueError, match="top_p"):
+        engine.generate(ids, mask, SamplingParams(top_p=0.0))
+
+
+class TargetNLL:
+    reads = ("response_mask",)
+    needs_entropy = False
+
+    def __call__(self, out, mb):
+        mask = mb["response_mask"].float()
+        loss = -(out["logprobs"] * mask).sum() / mask.sum()
+        return loss, {"loss": loss.item()}
+
+    def weight(self, mb):
+        return float(mb["response_mask"].sum())
+
+
+def train_toward(train, ids, mask, responses):
+    """A few supervised steps on (prompt, response) rows so the greedy output changes."""
+    batch = TensorDict(prompt_ids=ids, prompt_mask=mask, response_ids=responses,
+                       response_mask=torch.ones_like(responses), batch_size=[ids.shape[0]])
+    for _ in range(5):
+        train.update(batch, TargetNLL(), mini_batch_size=ids.shape[0])
+
+
+def test_shared_module_sync(tiny_model_path, tokenizer):
+    model = load_causal_lm(tiny_model_path)
+    train = HFTrainEngine(model, kind="actor", lr=3e-2)
+    rollout = HFRolloutEngine(model, tokenizer)
+    sync = choose_weight_sync(train.model, rollout.model)
+    assert isinstance(sync, SharedModuleSync)
+    ids, mask = left_pad(tokenizer, PROMPTS)
+    before = rollout.generate(ids, mask, GREEDY)["response_ids"]
+    sampled = rollout.generate(ids, mask, SAMPLE, seed=1)["response_ids"]
+    train_toward(train, ids, mask, sampled)  # rollout outputs feed a backward: no inference tensors
+    sync(train, rollout)
+    after = rollout.generate(ids, mask, GREEDY)["response_ids"]
+    reference = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer)
+    reference.load_weights(train.full_state_dict())
+    assert not torch.equal(after, before)
+    assert torch.equal(after, reference.generate(ids, mask, GREEDY)["response_ids"])
+
+
+def test_full_state_sync(tiny_model_path, tokenizer):
+    train = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=3e-2)
+    rollout = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer)
+    sync = choose_weight_sync(train.model, rollout.model)
+    assert isinstance(sync, FullStateSync)
+    with pytest.raises(AssertionError):
+        SharedModuleSync()(train, rollout)
+    ids, mask = left_pad(tokenizer, PROMPTS)
+    before = rollout.generate(ids, mask, GREEDY)["response_ids"]
+    train_toward(train, ids, mask, torch.full((len(PROMPTS), 3), tokenizer.encode("7")[0]))
+    assert torch.equal(rollout.generate(ids, mask, GREEDY)["response_ids"], before)  # not synced yet
+    sync(train, rollout)
+    after = rollout.generate(ids, mask, GREEDY)["response_ids"]
+    shared = HFRolloutEngine(train.model, tokenizer)  # the train model itself, for reference
+    assert not torch.equal(after, before)
+    assert torch.equal(after, shared.generate(ids, mask, GREEDY)["response_ids"])

@@ -1,0 +1,187 @@
+import copy
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from flowrl.engines import HFTrainEngine
+from flowrl.models.loading import load_causal_lm, load_value_model
+
+PAD = 0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: OpenMP threads cost more than they give, and spin badly on a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_batch(rows, prompt_width=None, response_width=None):
+    """rows: (prompt tokens, response tokens); prompts left-padded, responses right-padded."""
+    prompt_width = prompt_width or max(len(p) for p, _ in rows)
+    response_width = response_width or max(len(r) for _, r in rows)
+    prompt_ids = torch.full((len(rows), prompt_width), PAD)
+    prompt_mask = torch.zeros(len(rows), prompt_width, dtype=torch.long)
+    response_ids = torch.full((len(rows), response_width), PAD)
+    response_mask = torch.zeros(len(rows), response_width, dtype=torch.long)
+    for i, (prompt, response) in enumerate(rows):
+        prompt_ids[i, prompt_width - len(prompt):] = torch.tensor(prompt)
+        prompt_mask[i, prompt_width - len(prompt):] = 1
+        response_ids[i, :len(response)] = torch.tensor(response)
+        response_mask[i, :len(response)] = 1
+    return TensorDict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+                      response_mask=response_mask, batch_size=[len(rows)])
+
+
+ROWS = [([3, 12, 4, 15], [5, 1]), ([7, 8], [9, 10, 11, 1]), ([2, 13, 2, 15, 4, 4], [6]),
+        ([4, 14, 5], [3, 3, 7, 1]), ([9], [2, 1]), ([5, 12, 5, 15], [11, 2, 1])]
+
+
+class TokenMeanNLL:
+    """Supervised loss: mean negative logprob over valid response tokens."""
+
+    reads = ("response_mask",)
+    needs_entropy = False
+
+    def __call__(self, out, mb):
+        mask = mb["response_mask"].float()
+        loss = -(out["logprobs"] * mask).sum() / mask.sum()
+        return loss, {"loss": loss.item()}
+
+    def weight(self, mb):
+        return float(mb["response_mask"].sum())
+
+
+class ValueMSE:
+    reads = ("response_mask",)
+    needs_entropy = False
+
+    def __call__(self, out, mb):
+        mask = mb["response_mask"].float()
+        loss = ((out["values"] - 1.0) ** 2 * mask).sum() / mask.sum()
+        return loss, {"value_loss": loss.item()}
+
+    def weight(self, mb):
+        return float(mb["response_mask"].sum())
+
+
+def reference_logprobs(model, prompt, response, temperature=1.0):
+    """Unpadded forward of one row: logprobs and entropies of its response tokens."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float() / temperature
+    logp = torch.log_softmax(logits[len(prompt) - 1:-1], -1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return logp.gather(-1, torch.tensor(response)[:, None])[:, 0], entropy
+
+
+def test_forward_matches_unpadded_reference(tiny_model_path):
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor")
+    for widths in [(None, None), (9, 7)]:  # the same rows, padded two ways
+        batch = make_batch(ROWS, *widths)
+        out = engine.forward(batch, temperature=0.7, micro_batch_size=4, with_entropy=True)
+        assert out["logprobs"].shape == out["entropy"].shape == batch["response_ids"].shape
+        for i, (prompt, response) in enumerate(ROWS):
+            logprobs, entropy = reference_logprobs(engine.model, prompt, response, temperature=0.7)
+            torch.testing.assert_close(out["logprobs"][i, :len(response)], logprobs, atol=1e-5, rtol=0)
+            torch.testing.assert_close(out["entropy"][i, :len(response)], entropy, atol=1e-5, rtol=0)
+    assert "entropy" not in engine.forward(batch)
+
+
+def fresh_engine(path, **kwargs):
+    # eps=1 makes Adam's first step ~ lr * g / (|g| + 1): sensitive to the gradient's scale, not only its sign
+    return HFTrainEngine(load_causal_lm(path), kind="actor", **{"lr": 1.0, "eps": 1.0, "grad_clip": 1e9, **kwargs})
+
+
+def test_update_is_exact_over_micro_batches(tiny_model_path):
+    batch = make_batch(ROWS[:4])  # 2, 4, 1 and 4 valid tokens: unequal micro-batch weights
+    engines = [fresh_engine(tiny_model_path) for _ in range(3)]
+    metrics = [engine.update(batch, TokenMeanNLL(), mini_batch_size=4, micro_batch_size=size)
+               for engine, size in zip(engines, [4, 1, 3])]
+    assert metrics[0]["skipped_steps"] == 0 and metrics[0]["lr"] == 1.0
+    for other, other_metrics in zip(engines[1:], metrics[1:]):
+        assert other_metrics["grad_norm"] == pytest.approx(metrics[0]["grad_norm"], rel=1e-5)
+        for (name, p), q in zip(engines[0].model.named_parameters(), other.model.parameters()):
+            torch.testing.assert_close(q, p, atol=1e-6, rtol=0, msg=name)
+
+
+def test_update_lowers_supervised_loss(tiny_model_path):
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=1e-2)
+    batch = make_batch(ROWS)
+    before = engine.forward(batch)["logprobs"]
+    metrics = engine.update(batch, TokenMeanNLL(), mini_batch_size=6, micro_batch_size=6)
+    after = engine.forward(batch)["logprobs"]
+    mask = batch["response_mask"].bool()
+    assert metrics["loss"] == pytest.approx(-before[mask].mean().item(), rel=1e-5)
+    assert -after[mask].mean() < -before[mask].mean()
+    assert metrics["grad_norm"] > 0
+
+
+def test_update_shuffles_and_warms_up(tiny_model_path):
+    engine = fresh_engine(tiny_model_path, lr=1e-3, warmup_steps=4)
+    metrics = engine.update(make_batch(ROWS), TokenMeanNLL(), mini_batch_size=2, micro_batch_size=1, epochs=2,
+                            shuffle_seed=0)
+    assert metrics["lr"] == pytest.approx(1e-3)  # the 6th step: past warmup
+    assert engine.scheduler.last_epoch == 6
+    with pytest.raises(ValueError, match="mini_batch_size"):
+        engine.update(make_batch(ROWS), TokenMeanNLL(), mini_batch_size=0)
+    with pytest.raises(ValueError, match="kind"):
+        HFTrainEngine(engine.model, kind="ref")
+
+
+def test_non_finite_gradient_skips_the_step(tiny_model_path):
+    engine = fresh_engine(tiny_model_path)
+    before = copy.deepcopy(engine.model.state_dict())
+
+    class Infinite(TokenMeanNLL):
+        def __call__(self, out, mb):
+            return out["logprobs"].sum() * float("inf"), {}
+
+    metrics = engine.update(make_batch(ROWS), Infinite(), mini_batch_size=6)
+    assert metrics["skipped_steps"] == 1
+    for name, value in engine.model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+def test_save_load_roundtrip(tiny_model_path, tmp_path):
+    batch = make_batch(ROWS)
+    trained = fresh_engine(tiny_model_path, lr=1e-2, warmup_steps=3)
+    trained.update(batch, TokenMeanNLL(), mini_batch_size=3)
+    trained.save(str(tmp_path / "ckpt"))
+    trained.save(str(tmp_path / "ckpt"))  # overwriting an existing checkpoint is atomic too
+    restored = fresh_engine(tiny_model_path, lr=1e-2, warmup_steps=3)
+    restored.load(str(tmp_path / "ckpt"))
+    for name, value in trained.full_state_dict().items():
+        assert torch.equal(restored.full_state_dict()[name], value), name
+    assert restored.scheduler.get_last_lr() == trained.scheduler.get_last_lr()
+    for engine in (trained, restored):  # the same optimizer moments: the next steps agree too
+        engine.update(batch, TokenMeanNLL(), mini_batch_size=3)
+    for name, value in trained.full_state_dict().items():
+        torch.testing.assert_close(restored.full_state_dict()[name], value, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="path"):
+        restored.load(str(tmp_path / "nothing"))
+
+
+def test_save_pretrained_exports_loadable_weights(tiny_model_path, tmp_path):
+    from flowrl.models.loading import load_tokenizer
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=1e-2)
+    engine.update(make_batch(ROWS), TokenMeanNLL(), mini_batch_size=6)
+    engine.save_pretrained(str(tmp_path / "hf"), load_tokenizer(tiny_model_path))
+    exported = load_causal_lm(tmp_path / "hf")
+    for name, value in engine.model.state_dict().items():
+        assert torch.equal(exported.state_dict()[name], value), name
+    assert load_tokenizer(tmp_path / "hf").decode([3, 4]) == "12"
+
+
+def test_critic_values(tiny_model_path):
+    engine = HFTrainEngine(load_value_model(tiny_model_path), kind="critic", lr=1e-2)
+    batch, shifted = make_batch(ROWS), make_batch(ROWS, 9, 7)
+    values = engine.forward(batch, micro_batch_size=4)["values"]
+    assert values.shape == batch["response_ids"].shape and values.dtype == torch.float32
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(engine.forward(shifted)["values"][:, :4][mask], values[mask], atol=1e-5, rtol=0)
+    metrics = engine.update(batch, ValueMSE(), mini_batch_size=6, micro_batch_size=3)
+    assert engine.update(batch, ValueMSE(), mini_batch_size=6)["value_loss"] < metrics["value_loss"]
