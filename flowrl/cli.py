@@ -20,7 +20,20 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--steps", type=int, help="shorthand for --set train.steps=N")
         p.add_argument("--output-dir", help="shorthand for --set train.output_dir=DIR")
         p.add_argument("--no-progress", action="store_true", help="no progress bar or per-step lines")
+    show = sub.add_parser("config", help="print every config field with its default and description")
+    show.add_argument("algorithm", nargs="?", help="also print this algorithm's algo.* options")
     return parser
+
+
+def print_config(algorithm: str | None) -> None:
+    from flowrl.describe import config_lines
+    from flowrl.trainer import resolve_algorithm
+
+    for line in config_lines(RunConfig):
+        print(line)
+    if algorithm:
+        for line in config_lines(resolve_algorithm(algorithm).config_cls, "algo."):
+            print(line)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -37,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     from flowrl import trainer  # heavy imports after argument errors
 
     try:
+        if args.command == "config":
+            print_config(args.algorithm)
+            return 0
         cfg = config_from_args(args)
         if args.command == "plan":
             algo = trainer.resolve_algorithm(cfg.algorithm)

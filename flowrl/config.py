@@ -8,6 +8,7 @@ arithmetic task, on CPU, in a few minutes.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -122,3 +123,16 @@ def _load_yaml(path: str) -> dict[str, Any]:
     import yaml  # optional: JSON configs need nothing extra
 
     return yaml.safe_load(Path(path).read_text()) or {}
+
+
+def warn_no_effect(cfg: RunConfig, used_roles: tuple[str, ...]) -> None:
+    """Warn for each value set away from its default that this run ignores."""
+    default = RunConfig()
+    if cfg.model.path is not None:
+        for key in ("tiny_hidden_size", "tiny_num_layers"):
+            if getattr(cfg.model, key) != getattr(default.model, key):
+                warnings.warn(f"model.{key} has no effect: model.path is set", stacklevel=2)
+    if "critic" not in used_roles and cfg.critic != default.critic:
+        warnings.warn("critic.* has no effect: the algorithm uses no critic", stacklevel=2)
+    if "actor" not in used_roles and cfg.actor != default.actor:
+        warnings.warn("actor.* has no effect: the algorithm uses no actor", stacklevel=2)

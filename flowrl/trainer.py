@@ -15,7 +15,7 @@ from tqdm import tqdm
 from flowrl import checkpoint
 from flowrl.algorithm import Algorithm
 from flowrl.build import build_roles, model_path, train_engines
-from flowrl.config import RunConfig, validate
+from flowrl.config import RunConfig, validate, warn_no_effect
 from flowrl.data import PromptStream
 from flowrl.executor import LocalExecutor
 from flowrl.models.loading import load_tokenizer
@@ -64,6 +64,7 @@ def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
     algo = algo or resolve_algorithm(cfg.algorithm)
     task = TASKS[cfg.task.name](max_operand=cfg.task.max_operand)
     plan = make_plan(cfg, algo, task)
+    warn_no_effect(cfg, plan.roles)
     _seed(cfg.train.seed)
     transformers.utils.logging.disable_progress_bar()
     out = Path(cfg.train.output_dir)

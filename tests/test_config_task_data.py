@@ -1,6 +1,6 @@
 import pytest
 
-from flowrl.config import load_run_config
+from flowrl.config import load_run_config, warn_no_effect
 from flowrl.data import PromptStream
 from flowrl.tasks.arithmetic import ArithmeticTask
 from fakes import FakeTokenizer
@@ -23,9 +23,10 @@ def test_overrides_parse_json_values_and_files(tmp_path):
     assert cfg.train.output_dir == "out"
 
 
-def test_arithmetic_reward_exact_format_and_garbage():
-    task = ArithmeticTask(max_operand=9)
-    assert task.reward(["8", "7", "+=", ""], [{"answer": "8"}] * 4) == [1.0, 0.1, 0.0, 0.0]
+def test_arithmetic_reward_reads_the_leading_integer():
+    task = ArithmeticTask(max_operand=9, format_score=0.1)
+    responses = ["8", "8=", " 8+1", "83", "7", "+8", ""]
+    assert task.reward(responses, [{"answer": "8"}] * 7) == [1.0, 1.0, 1.0, 0.1, 0.1, 0.0, 0.0]
     prompt, meta = task.example(seed=0, index=3)
     a, b = prompt[:-1].split("+")
     assert int(a) + int(b) == int(meta["answer"]) and task.example(0, 3) == (prompt, meta)
@@ -42,3 +43,12 @@ def test_prompt_stream_resumes_where_it_stopped_and_shards_ranks():
     assert resumed.__next__()["uid"].tolist() == expected["uid"].tolist() == [2, 3]
     rank1 = PromptStream(task, tok, batch_size=2, rank=1, world_size=2)
     assert next(rank1)["uid"].tolist() == [1, 3]
+
+
+def test_values_without_effect_warn():
+    cfg = load_run_config(None, ["critic.lr=0.1", "model.path=/some/model", "model.tiny_num_layers=4"])
+    with pytest.warns(UserWarning) as record:
+        warn_no_effect(cfg, ("actor", "rollout"))
+    messages = [str(w.message) for w in record]
+    assert any("critic.* has no effect" in m for m in messages)
+    assert any("model.tiny_num_layers has no effect" in m for m in messages)

@@ -1,11 +1,13 @@
 """FSDP2 on CPU: two gloo ranks, each with half the rows, match one process with all of them."""
 
 import pathlib
+import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from tensordict import TensorDict
+from torch.distributed.tensor import DTensor
 
 from flowrl.engines import FullStateSync, HFRolloutEngine, HFTrainEngine, SamplingParams
 from flowrl.models.loading import load_causal_lm, load_tokenizer
@@ -49,6 +51,8 @@ def run(model_path, out_dir, rank, world):
     batch = make_batch(ROWS)
     # eps=1: Adam's step ~ lr * g / (|g| + 1), so the gradient's scale shows in the parameters
     engine = HFTrainEngine(load_causal_lm(model_path), kind="actor", lr=1.0, eps=1.0, grad_clip=1e9)
+    assert engine.sharded == (world > 1)
+    assert isinstance(engine.model.model.embed_tokens.weight, DTensor) == (world > 1)
     logprobs = engine.forward(batch[rows], micro_batch_size=3)["logprobs"]
     metrics = engine.update(batch[rows], TokenMeanNLL(), mini_batch_size=8 // world, micro_batch_size=3)
     engine.save(str(out_dir / f"ckpt{world}"))
@@ -74,6 +78,17 @@ def _worker(rank, world, model_path, out_dir):
         dist.destroy_process_group()
 
 
+def spawn_and_join(fn, args, timeout_s):
+    """Runs fn on WORLD spawned ranks; a rank's error re-raises here, a hang fails instead of blocking."""
+    context = mp.start_processes(fn, args=args, nprocs=WORLD, start_method="spawn", join=False)
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.terminate()
+            raise TimeoutError(f"the {WORLD} ranks did not finish within {timeout_s} s")
+
+
 def assert_states_close(actual, expected, atol):
     assert actual.keys() == expected.keys()
     for name, value in expected.items():
@@ -81,10 +96,11 @@ def assert_states_close(actual, expected, atol):
 
 
 def test_fsdp2_matches_single_process(tiny_model_path, tmp_path: pathlib.Path):
-    mp.start_processes(_worker, args=(WORLD, tiny_model_path, tmp_path), nprocs=WORLD, start_method="spawn")
+    spawn_and_join(_worker, args=(WORLD, tiny_model_path, tmp_path), timeout_s=180)
     ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(WORLD)]
     single = run(tiny_model_path, tmp_path, rank=0, world=1)
-    assert isinstance(single["state"]["model.embed_tokens.weight"], torch.Tensor)
+    initial = load_causal_lm(tiny_model_path).state_dict()
+    assert not torch.allclose(single["state"]["model.norm.weight"], initial["model.norm.weight"])  # it trained
     torch.testing.assert_close(torch.cat([r["logprobs"] for r in ranks]), single["logprobs"], atol=1e-5, rtol=0)
     for result in ranks:
         assert abs(result["grad_norm"] - single["grad_norm"]) < 1e-5 * single["grad_norm"]

@@ -1,10 +1,10 @@
 import pytest
 import torch
+from tensordict import TensorDict
 
 from flowrl.engines import (FullStateSync, HFRolloutEngine, HFTrainEngine, SamplingParams, SharedModuleSync,
                             choose_weight_sync, mask_after_eos)
 from flowrl.models.loading import load_causal_lm, load_tokenizer
-from tensordict import TensorDict
 
 PROMPTS = ["12+3=", "7*8=", "9-4=", "1+1=", "22+22=", "5=", "3*3=", "60-7="]
 SAMPLE = SamplingParams(max_new_tokens=12, temperature=1.5)

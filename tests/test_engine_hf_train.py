@@ -5,7 +5,7 @@ import torch
 from tensordict import TensorDict
 
 from flowrl.engines import HFTrainEngine
-from flowrl.models.loading import load_causal_lm, load_value_model
+from flowrl.models.loading import load_causal_lm, load_tokenizer, load_value_model
 
 PAD = 0
 
@@ -166,7 +166,6 @@ def test_save_load_roundtrip(tiny_model_path, tmp_path):
 
 
 def test_save_pretrained_exports_loadable_weights(tiny_model_path, tmp_path):
-    from flowrl.models.loading import load_tokenizer
     engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=1e-2)
     engine.update(make_batch(ROWS), TokenMeanNLL(), mini_batch_size=6)
     engine.save_pretrained(str(tmp_path / "hf"), load_tokenizer(tiny_model_path))

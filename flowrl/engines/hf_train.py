@@ -46,12 +46,14 @@ class HFTrainEngine:
         _check_args(kind=kind, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip, warmup_steps=warmup_steps)
         self.kind = kind
         self.grad_clip = grad_clip
-        self.device = torch.device(device)
         self.world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.sharded = self.world_size > 1
-        self.model = model.to(self.device)
-        if self.sharded:
+        self.device = _shard_device(torch.device(device)) if self.sharded else torch.device(device)
+        self.model = model
+        if self.sharded:  # fully_shard moves each group to the device as it shards it: no full copy there
             _fully_shard(self.model, self.device.type, self.world_size)
+        else:
+            self.model.to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, eps=eps,
                                            weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -217,6 +219,17 @@ class HFTrainEngine:
         if extremes[0].item() != -extremes[1].item():
             raise ValueError(f"batch rows differ across ranks (max {extremes[0].item()}, "
                              f"min {-extremes[1].item()}); every rank must pass equally many rows")
+
+
+def _shard_device(device: torch.device) -> torch.device:
+    """FSDP2 places shards on the current device of the mesh's type; `device` must agree."""
+    if device.type == "cpu":
+        return device
+    current = torch.device(device.type, torch.get_device_module(device.type).current_device())
+    if device.index is not None and device != current:
+        raise ValueError(f"device {device} is not this rank's current {device.type} device ({current}); "
+                         f"call torch.{device.type}.set_device first")
+    return current
 
 
 def _fully_shard(model: torch.nn.Module, device_type: str, world_size: int) -> None:

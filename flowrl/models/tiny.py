@@ -33,6 +33,8 @@ def build_tiny_model(path: str | os.PathLike, *, chars: str = "0123456789+-*= ",
     path = pathlib.Path(path)
     if _stored_recipe(path) == recipe:
         return path
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"path {str(path)!r} is a file, not a folder")
     if path.exists() and _stored_recipe(path) is None and any(path.iterdir()):
         raise ValueError(f"path {str(path)!r} is a non-empty folder that flowrl did not build; "
                          "refusing to overwrite it")
