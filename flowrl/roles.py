@@ -31,6 +31,17 @@ def _update_reads(loss: LossFn, **_: Any) -> tuple[str, ...]:
     return MODEL_INPUT + tuple(loss.reads)
 
 
+def _logprobs(engine: TrainEngine, s: UpdateSettings, batch: TensorDict) -> torch.Tensor:
+    return engine.forward(batch, temperature=s.temperature, micro_batch_size=s.micro_batch_size)["logprobs"]
+
+
+def _update(engine: TrainEngine, s: UpdateSettings, batch: TensorDict, loss: LossFn, seed: int | None,
+            prefix: str, **kwargs: Any) -> None:
+    result = engine.update(batch, loss, mini_batch_size=s.mini_batch_size, micro_batch_size=s.micro_batch_size,
+                           epochs=s.epochs, shuffle_seed=seed, **kwargs)
+    metrics.log_dict(prefix, result)
+
+
 @dataclass
 class Actor:
     engine: TrainEngine
@@ -39,18 +50,13 @@ class Actor:
 
     @graph_method(reads=MODEL_INPUT, writes=("old_logprobs",))
     def logprobs(self, batch: TensorDict) -> TensorDict:
-        out = self.engine.forward(batch, temperature=self.settings.temperature,
-                                  micro_batch_size=self.settings.micro_batch_size)
-        batch["old_logprobs"] = out["logprobs"]
+        batch["old_logprobs"] = _logprobs(self.engine, self.settings, batch)
         return batch
 
     @graph_method(reads=_update_reads)
     def update(self, batch: TensorDict, loss: LossFn, seed: int | None = None) -> TensorDict:
-        s = self.settings
-        result = self.engine.update(batch, loss, temperature=s.temperature, mini_batch_size=s.mini_batch_size,
-                                    micro_batch_size=s.micro_batch_size, epochs=s.epochs, shuffle_seed=seed)
+        _update(self.engine, self.settings, batch, loss, seed, "actor", temperature=self.settings.temperature)
         self.version += 1
-        metrics.log_dict("actor", result)
         return batch
 
 
@@ -61,9 +67,7 @@ class Ref:
 
     @graph_method(reads=MODEL_INPUT, writes=("ref_logprobs",))
     def logprobs(self, batch: TensorDict) -> TensorDict:
-        out = self.engine.forward(batch, temperature=self.settings.temperature,
-                                  micro_batch_size=self.settings.micro_batch_size)
-        batch["ref_logprobs"] = out["logprobs"]
+        batch["ref_logprobs"] = _logprobs(self.engine, self.settings, batch)
         return batch
 
 
@@ -80,10 +84,7 @@ class Critic:
 
     @graph_method(reads=_update_reads)
     def update(self, batch: TensorDict, loss: LossFn, seed: int | None = None) -> TensorDict:
-        s = self.settings
-        result = self.engine.update(batch, loss, mini_batch_size=s.mini_batch_size,
-                                    micro_batch_size=s.micro_batch_size, epochs=s.epochs, shuffle_seed=seed)
-        metrics.log_dict("critic", result)
+        _update(self.engine, self.settings, batch, loss, seed, "critic")
         return batch
 
 

@@ -77,3 +77,18 @@ class ParityTask:
 
     def reward(self, responses, meta):
         return [1.0 if r and r[0].isdigit() and int(r[0]) % 2 == 0 else 0.0 for r in responses]
+
+
+class TokenMeanNLL:
+    """Supervised LossFn: mean negative logprob over valid response tokens."""
+
+    reads = ("response_mask",)
+    needs_entropy = False
+
+    def __call__(self, out, mb):
+        mask = mb["response_mask"].float()
+        loss = -(out["logprobs"] * mask).sum() / mask.sum()
+        return loss, {"loss": loss.item()}
+
+    def weight(self, mb):
+        return float(mb["response_mask"].sum())

@@ -11,6 +11,7 @@ from torch.distributed.tensor import DTensor
 
 from flowrl.engines import FullStateSync, HFRolloutEngine, HFTrainEngine, SamplingParams
 from flowrl.models.loading import load_causal_lm, load_tokenizer
+from fakes import TokenMeanNLL
 
 WORLD = 2
 ROWS = [([3, 12, 4, 15], [5, 1]), ([7, 8], [9, 10, 11, 1]), ([2, 13, 2, 15, 4, 4], [6]),
@@ -29,19 +30,6 @@ def make_batch(rows):
         tensors["response_ids"][i, :len(response)] = torch.tensor(response)
         tensors["response_mask"][i, :len(response)] = 1
     return TensorDict(tensors, batch_size=[len(rows)])
-
-
-class TokenMeanNLL:
-    reads = ("response_mask",)
-    needs_entropy = False
-
-    def __call__(self, out, mb):
-        mask = mb["response_mask"].float()
-        loss = -(out["logprobs"] * mask).sum() / mask.sum()
-        return loss, {"loss": loss.item()}
-
-    def weight(self, mb):
-        return float(mb["response_mask"].sum())
 
 
 def run(model_path, out_dir, rank, world):

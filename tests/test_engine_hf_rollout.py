@@ -5,6 +5,7 @@ from tensordict import TensorDict
 from flowrl.engines import (FullStateSync, HFRolloutEngine, HFTrainEngine, SamplingParams, SharedModuleSync,
                             choose_weight_sync, mask_after_eos)
 from flowrl.models.loading import load_causal_lm, load_tokenizer
+from fakes import TokenMeanNLL
 
 PROMPTS = ["12+3=", "7*8=", "9-4=", "1+1=", "22+22=", "5=", "3*3=", "60-7="]
 SAMPLE = SamplingParams(max_new_tokens=12, temperature=1.5)
@@ -85,25 +86,12 @@ def test_seeded_sampling_is_reproducible(tiny_model_path, tokenizer):
         engine.generate(ids, mask, SamplingParams(top_p=0.0))
 
 
-class TargetNLL:
-    reads = ("response_mask",)
-    needs_entropy = False
-
-    def __call__(self, out, mb):
-        mask = mb["response_mask"].float()
-        loss = -(out["logprobs"] * mask).sum() / mask.sum()
-        return loss, {"loss": loss.item()}
-
-    def weight(self, mb):
-        return float(mb["response_mask"].sum())
-
-
 def train_toward(train, ids, mask, responses):
     """A few supervised steps on (prompt, response) rows so the greedy output changes."""
     batch = TensorDict(prompt_ids=ids, prompt_mask=mask, response_ids=responses,
                        response_mask=torch.ones_like(responses), batch_size=[ids.shape[0]])
     for _ in range(5):
-        train.update(batch, TargetNLL(), mini_batch_size=ids.shape[0])
+        train.update(batch, TokenMeanNLL(), mini_batch_size=ids.shape[0])
 
 
 def test_shared_module_sync(tiny_model_path, tokenizer):

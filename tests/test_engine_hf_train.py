@@ -6,6 +6,7 @@ from tensordict import TensorDict
 
 from flowrl.engines import HFTrainEngine
 from flowrl.models.loading import load_causal_lm, load_tokenizer, load_value_model
+from fakes import TokenMeanNLL
 
 PAD = 0
 
@@ -38,21 +39,6 @@ def make_batch(rows, prompt_width=None, response_width=None):
 
 ROWS = [([3, 12, 4, 15], [5, 1]), ([7, 8], [9, 10, 11, 1]), ([2, 13, 2, 15, 4, 4], [6]),
         ([4, 14, 5], [3, 3, 7, 1]), ([9], [2, 1]), ([5, 12, 5, 15], [11, 2, 1])]
-
-
-class TokenMeanNLL:
-    """Supervised loss: mean negative logprob over valid response tokens."""
-
-    reads = ("response_mask",)
-    needs_entropy = False
-
-    def __call__(self, out, mb):
-        mask = mb["response_mask"].float()
-        loss = -(out["logprobs"] * mask).sum() / mask.sum()
-        return loss, {"loss": loss.item()}
-
-    def weight(self, mb):
-        return float(mb["response_mask"].sum())
 
 
 class ValueMSE:
