@@ -25,11 +25,16 @@ def step_dir(root: Path, step: int) -> Path:
 
 
 def save(root: str | Path, step: int, engines: dict[str, TrainEngine], state: dict[str, Any],
-         keep: int = 2) -> Path:
+         keep: int = 2, is_main: bool = True) -> Path:
+    """Write a checkpoint; with several ranks all call it (engine saves are collective), rank 0 writes."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final = step_dir(root, step)
     tmp = root / f".tmp_{final.name}"
+    if not is_main:
+        for role, engine in engines.items():
+            engine.save(str(tmp / role))
+        return final
+    root.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     for role, engine in engines.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from flowrl.config import RunConfig, load_run_config
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"flowrl: error: {err}", file=sys.stderr)
         return 2
-    if history:
+    if history and os.environ.get("RANK", "0") == "0":
         first, last = history[0].get("reward/mean", 0.0), history[-1].get("reward/mean", 0.0)
         print(f"done: {len(history)} steps, reward/mean {first:.3f} -> {last:.3f}; output in {cfg.train.output_dir}")
     return 0

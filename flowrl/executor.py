@@ -31,6 +31,9 @@ class LocalExecutor:
         self.plan, self.roles = plan, roles
         fills = [i for i, n in enumerate(plan.nodes) if n.kind == "fill"]
         self.fill_at = fills[0] if fills else None
+        if self.fill_at is not None and world_size > 1:
+            raise PlanError(f"{plan.algorithm}: dynamic sampling (fill) leaves ranks with unequal rows, which "
+                            f"FSDP cannot step together; run it with world_size 1")
 
     def run_step(self, step: int, prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
         """One training step over prompt batches drawn from `prompts`; returns the batch and metrics."""

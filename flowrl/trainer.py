@@ -12,7 +12,7 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from flowrl import checkpoint
+from flowrl import checkpoint, distributed
 from flowrl.algorithm import Algorithm
 from flowrl.build import build_roles, model_path, train_engines
 from flowrl.config import RunConfig, validate, warn_no_effect
@@ -43,7 +43,7 @@ def resolve_algorithm(name: str) -> Algorithm:
     return algo
 
 
-def make_plan(cfg: RunConfig, algo: Algorithm, task: Any) -> Plan:
+def make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int = 1) -> Plan:
     """Validate the algorithm's options and compile its graph; loads no model."""
     values = dict(cfg.algo)
     if "max_response_len" in algo.config_cls.model_fields:
@@ -54,7 +54,8 @@ def make_plan(cfg: RunConfig, algo: Algorithm, task: Any) -> Plan:
     if placement is None:  # colocate exactly the model roles this configuration uses
         graph, order = algo.trace(inputs, ROLE_CLASSES, algo_cfg)
         used = {graph.nodes[n]["node"].role for n in order}
-        placement = Placement.colocated(tuple(r for r in MODEL_ROLES if r in used), device=cfg.train.device)
+        placement = Placement.colocated(tuple(r for r in MODEL_ROLES if r in used), world_size=world_size,
+                                        device=cfg.train.device)
     return compile_plan(algo, placement, inputs, ROLE_CLASSES, algo_cfg)
 
 
@@ -63,34 +64,56 @@ def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
     """Run cfg.train.steps steps (resuming if a checkpoint exists); returns this run's metrics per step."""
     algo = algo or resolve_algorithm(cfg.algorithm)
     task = TASKS[cfg.task.name](max_operand=cfg.task.max_operand)
-    plan = make_plan(cfg, algo, task)
+    rank, world = distributed.setup(cfg.train.device)
+    plan = make_plan(cfg, algo, task, world)
     warn_no_effect(cfg, plan.roles)
     _seed(cfg.train.seed)
     transformers.utils.logging.disable_progress_bar()
-    out = Path(cfg.train.output_dir)
-    path = model_path(cfg, task)
-    roles = build_roles(cfg, plan, task, path)
-    stream = PromptStream(task, load_tokenizer(path), cfg.train.batch_size, seed=cfg.train.seed)
+    out, main = Path(cfg.train.output_dir), rank == 0
+    path = model_path(cfg, task) if main else None
+    distributed.barrier()  # rank 0 builds the tiny model once; the others then load it
+    path = path or model_path(cfg, task)
+    local = _per_rank_config(cfg, world)
+    roles = build_roles(local, plan, task, path)
+    stream = PromptStream(task, load_tokenizer(path), local.train.batch_size, seed=cfg.train.seed,
+                          rank=rank, world_size=world)
     start = _resume(cfg, roles, stream)
-    executor = LocalExecutor(plan, roles)
+    executor = LocalExecutor(plan, roles, world_size=world)
     history: list[dict[str, float]] = []
-    bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps, disable=not progress,
+    bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps, disable=not (progress and main),
                desc=algo.name, dynamic_ncols=True)
     for step in bar:
         _, logged = executor.run_step(step, stream)
+        logged = distributed.mean_over_ranks(logged)
         logged["step"] = step + 1
         history.append(logged)
-        _append_jsonl(out / "metrics.jsonl", logged)
-        bar.set_postfix({short: f"{logged[k]:.3g}" for k, short in SHOWN.items() if k in logged})
-        if progress:
-            bar.write(_format(logged))
+        if main:
+            _report(bar, out, logged, progress)
         if on_step is not None:
             on_step(step + 1, logged)
         if _due(cfg, step + 1):
             checkpoint.save(out / "checkpoints", step + 1, train_engines(roles),
                             {"stream": stream.state(), "actor_version": _actor_version(roles)},
-                            keep=cfg.train.keep_checkpoints)
+                            keep=cfg.train.keep_checkpoints, is_main=main)
+            distributed.barrier()
     return history
+
+
+def _per_rank_config(cfg: RunConfig, world: int) -> RunConfig:
+    """Batch sizes are global in the config; each rank takes its share."""
+    if world == 1:
+        return cfg
+    t = cfg.train
+    shares = {name: distributed.per_rank(getattr(t, name), world, f"train.{name}")
+              for name in ("batch_size", "mini_batch_size", "micro_batch_size")}
+    return cfg.model_copy(update={"train": t.model_copy(update=shares)})
+
+
+def _report(bar: tqdm, out: Path, logged: dict[str, float], progress: bool) -> None:
+    _append_jsonl(out / "metrics.jsonl", logged)
+    bar.set_postfix({short: f"{logged[k]:.3g}" for k, short in SHOWN.items() if k in logged})
+    if progress:
+        bar.write(_format(logged))
 
 
 def _due(cfg: RunConfig, step: int) -> bool:

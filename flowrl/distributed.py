@@ -1,0 +1,46 @@
+"""SPMD runs under torchrun: every rank runs the local executor on its own prompts.
+
+With WORLD_SIZE > 1 in the environment the trainer joins the process group
+(gloo on CPU, NCCL on CUDA); train engines then shard with FSDP2 and each rank
+keeps an unsharded rollout copy that the weight sync refreshes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def setup(device: str) -> tuple[int, int]:
+    """Join the process group torchrun describes, if any; returns (rank, world_size)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    if not dist.is_initialized():
+        if device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def mean_over_ranks(logged: dict[str, float]) -> dict[str, float]:
+    """Each metric averaged over the ranks that logged it (collective)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return logged
+    gathered: list[dict[str, float] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, logged)
+    keys = {k for row in gathered for k in row}
+    return {k: sum(row[k] for row in gathered if k in row) / sum(k in row for row in gathered) for k in sorted(keys)}
+
+
+def per_rank(total: int, world: int, field: str) -> int:
+    if total % world:
+        raise ValueError(f"{field}={total} must be divisible by the world size {world}")
+    return total // world
