@@ -4,6 +4,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
 from flowrl import losses, stages
+from flowrl.ops.aggregate import AggMode
 
 
 class RLOOConfig(BaseModel):
@@ -11,7 +12,7 @@ class RLOOConfig(BaseModel):
     group_size: int = Field(4, ge=2, description="Responses sampled per prompt (>= 2 for a baseline).")
     clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range.")
     kl_coef: float = Field(0.001, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
-    loss_agg_mode: str = Field("seq-mean-token-mean", description="How token losses are averaged.")
+    loss_agg_mode: AggMode = Field("seq-mean-token-mean", description="How token losses are averaged.")
 
 
 @fl.algorithm(config=RLOOConfig)

@@ -51,7 +51,7 @@ def repeat_rows(batch: TensorDict, n: int) -> TensorDict:
 def column(batch: TensorDict, key: str) -> list[Any]:
     """A metadata column as a plain list."""
     value = batch.get(key)
-    return list(value.tolist()) if hasattr(value, "tolist") else list(value)
+    return list(value.tolist())
 
 
 def concat(batches: Sequence[TensorDict]) -> TensorDict:

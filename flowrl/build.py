@@ -27,6 +27,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def model_path(cfg: RunConfig, task: Any) -> Path:
     """The configured model folder, or the built-in tiny model (built once) for the task's alphabet."""
     if cfg.model.path is not None:
+        if not (Path(cfg.model.path) / "config.json").is_file():
+            raise ValueError(f"model.path: {cfg.model.path!r} is not a Hugging Face model folder (no config.json)")
         return Path(cfg.model.path)
     return build_tiny_model(Path(cfg.train.output_dir) / "tiny-model", chars=task.chars,
                             hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_num_layers,

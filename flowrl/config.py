@@ -132,6 +132,10 @@ def warn_no_effect(cfg: RunConfig, used_roles: tuple[str, ...]) -> None:
         for key in ("tiny_hidden_size", "tiny_num_layers"):
             if getattr(cfg.model, key) != getattr(default.model, key):
                 warnings.warn(f"model.{key} has no effect: model.path is set", stacklevel=2)
+    t = cfg.train
+    if t.micro_batch_size > t.mini_batch_size:
+        warnings.warn(f"train.micro_batch_size={t.micro_batch_size} above train.mini_batch_size={t.mini_batch_size} "
+                      f"has no effect: micro-batches never exceed a mini-batch", stacklevel=2)
     if "critic" not in used_roles and cfg.critic != default.critic:
         warnings.warn("critic.* has no effect: the algorithm uses no critic", stacklevel=2)
     if "actor" not in used_roles and cfg.actor != default.actor:

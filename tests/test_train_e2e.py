@@ -93,3 +93,10 @@ def test_cli_train_plan_and_bad_input(tmp_path):
     assert bad.returncode == 2 and "algo.group_size" in bad.stderr
     unknown = run_cli("train", "grpx", cwd=tmp_path)
     assert unknown.returncode == 2 and "unknown 'grpx'" in unknown.stderr
+
+
+def test_bad_model_path_and_algo_option_are_named(tmp_path):
+    with pytest.raises(ValueError, match="model.path: '/nonexistent' is not a Hugging Face model folder"):
+        train(config(tmp_path, "model.path=/nonexistent"), progress=False)
+    with pytest.raises(ValueError, match="algo.loss_agg_mode: Input should be 'token-mean'"):
+        train(config(tmp_path, "algo.loss_agg_mode=mean"), progress=False)

@@ -11,11 +11,14 @@ verl counts them as rows (and its seq-mean-token-mean turns them into NaN).
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 
 from flowrl.ops.masked import masked_mean, masked_sum, valid_mask
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+AGG_MODES: tuple[str, ...] = get_args(AggMode)
 
 
 def check_agg_mode(mode: str) -> None:
