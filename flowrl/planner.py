@@ -81,7 +81,8 @@ class Plan:
         lines = [f"plan {self.algorithm}:"]
         for node in self.nodes:
             deps = sorted(p for p in self.graph.predecessors(node.name) if p != SOURCE)
-            lines.append(f"  {node.label():40s} <- {', '.join(deps) or SOURCE}")
+            note = "  (deferred to actor.update when it is one step)" if node.kwargs.get("on_policy") else ""
+            lines.append(f"  {node.label():40s} <- {', '.join(deps) or SOURCE}{note}")
         return "\n".join(lines)
 
 
@@ -100,14 +101,24 @@ def compile_plan(algo: Algorithm, placement: Placement, input_fields: set[str], 
     fills = [n for n in order if graph.nodes[n]["node"].kind == "fill"]
     if len(fills) > 1:
         raise PlanError(f"{algo.name}: at most one fill node per step, got {fills}")
+    on_policy = _old_logprobs_only_for_update(nodes_in_order(graph, order))
     nodes = []
     for node in nodes_in_order(graph, order):
         pool = owner[node.role].name if node.role in owner else DRIVER
-        placed = replace(node, pool=pool)
+        kwargs = {**node.kwargs, "on_policy": True} if node.name in on_policy else node.kwargs
+        placed = replace(node, pool=pool, kwargs=kwargs)
         graph.nodes[node.name]["node"] = placed
         nodes.append(placed)
     return Plan(algorithm=algo.name, graph=graph, nodes=nodes, pools={r: owner[r] for r in used if r in owner},
                 roles=used)
+
+
+def _old_logprobs_only_for_update(nodes: list[Node]) -> set[str]:
+    """actor.logprobs nodes whose output only actor.update reads: they may defer to the update."""
+    readers = [n for n in nodes if "old_logprobs" in n.reads]
+    if not readers or any((n.role, n.method) != ("actor", "update") for n in readers):
+        return set()
+    return {n.name for n in nodes if (n.role, n.method) == ("actor", "logprobs")}
 
 
 def _insert_sync(graph: nx.DiGraph, order: list[str]) -> list[str]:

@@ -37,6 +37,7 @@ def _logprobs(engine: TrainEngine, s: UpdateSettings, batch: TensorDict) -> torc
 
 def _update(engine: TrainEngine, s: UpdateSettings, batch: TensorDict, loss: LossFn, seed: int | None,
             prefix: str, **kwargs: Any) -> None:
+    """One engine update; metrics logged under `prefix`."""
     result = engine.update(batch, loss, mini_batch_size=s.mini_batch_size, micro_batch_size=s.micro_batch_size,
                            epochs=s.epochs, shuffle_seed=seed, **kwargs)
     metrics.log_dict(prefix, result)
@@ -47,17 +48,30 @@ class Actor:
     engine: TrainEngine
     settings: UpdateSettings = field(default_factory=UpdateSettings)
     version: int = 0  # bumped by every update; the rollout syncs when it lags
+    _deferred: bool = False  # old logprobs left to the coming single-step update
 
     @graph_method(reads=MODEL_INPUT, writes=("old_logprobs",))
-    def logprobs(self, batch: TensorDict) -> TensorDict:
+    def logprobs(self, batch: TensorDict, on_policy: bool = False) -> TensorDict:
+        """Old logprobs. The planner sets `on_policy` when only actor.update reads them; then, if
+        that update is one optimizer step, they equal its current logprobs and are not computed here."""
+        if on_policy and self._single_step(batch):
+            self._deferred = True
+            batch["old_logprobs"] = torch.full(batch["response_mask"].shape, float("nan"))
+            return batch
         batch["old_logprobs"] = _logprobs(self.engine, self.settings, batch)
         return batch
 
     @graph_method(reads=_update_reads)
     def update(self, batch: TensorDict, loss: LossFn, seed: int | None = None) -> TensorDict:
-        _update(self.engine, self.settings, batch, loss, seed, "actor", temperature=self.settings.temperature)
+        deferred, self._deferred = self._deferred, False
+        assert not deferred or self._single_step(batch), "deferred old logprobs need a single-step update"
+        _update(self.engine, self.settings, batch, loss, seed, "actor", temperature=self.settings.temperature,
+                old_logprobs_from_current=deferred)
         self.version += 1
         return batch
+
+    def _single_step(self, batch: TensorDict) -> bool:
+        return self.settings.epochs == 1 and batch.batch_size[0] <= self.settings.mini_batch_size
 
 
 @dataclass

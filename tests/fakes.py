@@ -33,8 +33,9 @@ class FakeTrainEngine:
         return {"logprobs": -0.1 * batch["response_ids"].float() * mask, "values": 0.5 * mask}
 
     def update(self, batch, loss_fn, *, temperature=1.0, mini_batch_size=8, micro_batch_size=8, epochs=1,
-               shuffle_seed=None):
+               shuffle_seed=None, old_logprobs_from_current=False):
         self.updates.append((batch.clone(), loss_fn))
+        self.old_from_current = old_logprobs_from_current
         return {"pg_loss": float(len(self.updates))}
 
     def full_state_dict(self):

@@ -72,8 +72,11 @@ def test_executor_equals_hand_written_loop():
     expected = grpo(prompts, actor=eager["actor"], rollout=eager["rollout"], ref=eager["ref"],
                     reward=eager["reward"], cfg=grpo.make_config({"group_size": 4}))
     assert set(batch.keys()) == set(expected.keys())
-    for key in ("response_ids", "scores", "advantages", "old_logprobs", "ref_logprobs", "group"):
+    for key in ("response_ids", "scores", "advantages", "ref_logprobs", "group"):
         assert torch.equal(batch[key], expected[key]), key
+    # compiled, only actor.update reads old logprobs and it is one step: they are deferred to it
+    assert batch["old_logprobs"].isnan().all() and compiled["actor"].engine.old_from_current
+    assert not eager["actor"].engine.old_from_current and not expected["old_logprobs"].isnan().any()
     (seen, loss), = compiled["actor"].engine.updates
     assert torch.equal(seen["advantages"], eager["actor"].engine.updates[0][0]["advantages"])
     assert logged["actor/pg_loss"] == 1.0 and "reward/mean" in logged and "timing_s/actor.update" in logged
@@ -120,3 +123,12 @@ def test_weight_sync_runs_only_after_updates():
     for step in range(3):
         executor.run_step(step, stream)
     assert len(calls) == 2  # before steps 1 and 2; step 0 starts in sync
+
+
+def test_old_logprobs_deferred_only_when_update_is_their_only_reader():
+    from flowrl.algorithms import ppo
+
+    grpo_plan = fl.compile_plan(grpo, fl.Placement.colocated(("actor", "rollout", "ref")), INPUTS, ROLE_CLASSES)
+    assert next(n for n in grpo_plan.nodes if n.name == "actor.logprobs").kwargs == {"on_policy": True}
+    ppo_plan = fl.compile_plan(ppo, fl.Placement.colocated(), INPUTS, ROLE_CLASSES)  # KL-in-reward reads them
+    assert next(n for n in ppo_plan.nodes if n.name == "actor.logprobs").kwargs == {}

@@ -72,8 +72,12 @@ class HFTrainEngine:
 
     def update(self, batch: TensorDict, loss_fn: LossFn, *, temperature: float = 1.0,
                mini_batch_size: int = 8, micro_batch_size: int = 8, epochs: int = 1,
-               shuffle_seed: int | None = None) -> dict[str, float]:
-        """One optimizer step per mini-batch per epoch; mean metrics plus grad_norm, lr, skipped_steps."""
+               shuffle_seed: int | None = None, old_logprobs_from_current: bool = False) -> dict[str, float]:
+        """One optimizer step per mini-batch per epoch; mean metrics plus grad_norm, lr, skipped_steps.
+
+        old_logprobs_from_current: each micro-batch's old logprobs are its current ones, detached
+        (the on-policy single-step case, where they are equal; saves a forward pass).
+        """
         _check_positive(temperature=temperature, mini_batch_size=mini_batch_size,
                         micro_batch_size=micro_batch_size, epochs=epochs)
         num_rows = batch.batch_size[0]
@@ -85,7 +89,8 @@ class HFTrainEngine:
             order = torch.arange(num_rows) if generator is None else torch.randperm(num_rows, generator=generator)
             for rows in order.split(mini_batch_size):
                 lr = self.scheduler.get_last_lr()[0]
-                grad_norm = self._step(batch[rows], loss_fn, temperature, micro_batch_size, sums)
+                grad_norm = self._step(batch[rows], loss_fn, temperature, micro_batch_size, sums,
+                                       old_logprobs_from_current)
                 skipped += grad_norm is None
                 grad_norms += [] if grad_norm is None else [grad_norm]
         metrics = {key: total / count for key, (total, count) in sums.items()}
@@ -158,7 +163,7 @@ class HFTrainEngine:
         return out
 
     def _step(self, mini: TensorDict, loss_fn: LossFn, temperature: float, micro_batch_size: int,
-              sums: dict[str, list[float]]) -> float | None:
+              sums: dict[str, list[float]], old_from_current: bool = False) -> float | None:
         """One optimizer step on a mini-batch; the grad norm, or None when the step was skipped."""
         micro = mini.split(micro_batch_size)
         weights = [float(loss_fn.weight(mb)) for mb in micro]
@@ -172,6 +177,9 @@ class HFTrainEngine:
             if weight == 0:  # keep FSDP's collectives in step with the other ranks; no NaN from 0/0
                 sum(value.sum() for value in out.values()).mul(0.0).backward()
                 continue
+            if old_from_current:
+                mb = mb.clone(False)
+                mb.set("old_logprobs", out["logprobs"].detach(), inplace=False)
             loss, metrics = loss_fn(out, mb)
             (loss * (weight * self.world_size / total)).backward()
             for key, value in metrics.items():

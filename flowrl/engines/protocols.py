@@ -60,8 +60,13 @@ class TrainEngine(Protocol):
 
     def update(self, batch: TensorDict, loss_fn: LossFn, *, temperature: float = 1.0,
                mini_batch_size: int = 8, micro_batch_size: int = 8, epochs: int = 1,
-               shuffle_seed: int | None = None) -> dict[str, float]:
-        """One optimizer step per mini-batch per epoch; returns mean metrics."""
+               shuffle_seed: int | None = None, old_logprobs_from_current: bool = False) -> dict[str, float]:
+        """One optimizer step per mini-batch per epoch; returns mean metrics.
+
+        With `old_logprobs_from_current` each micro-batch's "old_logprobs" are
+        its current logprobs, detached: exact when the update is a single
+        optimizer step on fresh samples, and it saves the separate forward.
+        """
         ...
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:

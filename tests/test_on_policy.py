@@ -1,0 +1,43 @@
+"""Deferring old logprobs to a single-step update gives the same step as computing them first."""
+
+import torch
+
+from flowrl import losses
+from flowrl.batch import prompt_batch
+from flowrl.engines.hf_rollout import HFRolloutEngine
+from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.protocols import SamplingParams
+from flowrl.models.loading import load_causal_lm, load_tokenizer
+from flowrl.roles import Actor, UpdateSettings
+
+
+def rollout_batch(path):
+    tok = load_tokenizer(path)
+    prompts = prompt_batch([tok.encode(t, add_special_tokens=False) for t in ("1+2=", "3+4=", "12+3=")],
+                           tok.pad_token_id, uids=[0, 1, 2])
+    out = HFRolloutEngine(load_causal_lm(path), tok).generate(prompts["prompt_ids"], prompts["prompt_mask"],
+                                                              SamplingParams(max_new_tokens=3), seed=0)
+    prompts["response_ids"], prompts["response_mask"] = out["response_ids"], out["response_mask"]
+    prompts["advantages"] = torch.tensor([1.0, -0.5, 0.25])[:, None] * out["response_mask"]
+    return prompts
+
+
+def step(path, batch, on_policy):
+    torch.manual_seed(0)
+    actor = Actor(engine=HFTrainEngine(load_causal_lm(path), kind="actor", lr=1e-2),
+                  settings=UpdateSettings(mini_batch_size=8, micro_batch_size=2))
+    batch = actor.logprobs(batch.clone(), on_policy=on_policy)
+    actor.update(batch, loss=losses.ppo_loss())
+    return batch, actor.engine.model.state_dict()
+
+
+def test_deferred_old_logprobs_match_computed_ones(tiny_model_path):
+    batch = rollout_batch(tiny_model_path)
+    deferred, params_deferred = step(tiny_model_path, batch, on_policy=True)
+    computed, params_computed = step(tiny_model_path, batch, on_policy=False)
+    assert deferred["old_logprobs"].isnan().all()  # never computed
+    assert not computed["old_logprobs"].isnan().any()
+    initial = load_causal_lm(tiny_model_path).state_dict()
+    assert any(not torch.equal(initial[k], v) for k, v in params_computed.items())  # the step moved weights
+    for key, value in params_computed.items():
+        torch.testing.assert_close(params_deferred[key], value, atol=1e-6, rtol=0)
