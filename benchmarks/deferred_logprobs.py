@@ -1,0 +1,69 @@
+"""Deferred old logprobs: time of actor.logprobs + actor.update, computed vs deferred.
+
+When only a single-step update reads the old logprobs, the planner lets the
+update take them from its own forward pass; this prints both times and the
+ratio. Usage: python benchmarks/deferred_logprobs.py [cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+
+import torch
+
+from flowrl import losses
+from flowrl.batch import prompt_batch
+from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.models.loading import load_causal_lm
+from flowrl.models.tiny import build_tiny_model
+from flowrl.roles import Actor, UpdateSettings
+
+
+def make_batch(rows: int, prompt_len: int, response_len: int, vocab: int) -> "TensorDict":
+    gen = torch.Generator().manual_seed(0)
+    batch = prompt_batch(torch.randint(2, vocab, (rows, prompt_len), generator=gen).tolist(), 0, range(rows))
+    batch["response_ids"] = torch.randint(2, vocab, (rows, response_len), generator=gen)
+    batch["response_mask"] = torch.ones(rows, response_len, dtype=torch.long)
+    batch["advantages"] = torch.randn(rows, 1, generator=gen).expand(rows, response_len).contiguous()
+    return batch
+
+
+def seconds(actor: Actor, batch, on_policy: bool, repeats: int, device: str) -> float:
+    def once() -> None:
+        b = actor.logprobs(batch.clone(), on_policy=on_policy)
+        actor.update(b, loss=losses.ppo_loss())
+
+    for _ in range(2):  # warm up kernels, allocator and optimizer state
+        once()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        once()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats
+
+
+def main() -> None:
+    device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+    big = device == "cuda"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_tiny_model(tmp + "/m", hidden_size=1024 if big else 64, num_layers=12 if big else 2,
+                                num_heads=16 if big else 4, max_position_embeddings=1024)
+        model = load_causal_lm(path, torch.bfloat16 if big else torch.float32)
+    rows, response_len = (64, 512) if big else (32, 16)
+    settings = UpdateSettings(mini_batch_size=rows, micro_batch_size=16 if big else 32)
+    actor = Actor(engine=HFTrainEngine(model, kind="actor", lr=1e-6, device=device), settings=settings)
+    batch = make_batch(rows, 64, response_len, vocab=14)
+    repeats = 5 if big else 3
+    deferred = seconds(actor, batch, True, repeats, device)
+    computed = seconds(actor, batch, False, repeats, device)
+    print(f"device={device} rows={rows} response_len={response_len} computed={computed:.3f}s "
+          f"deferred={deferred:.3f}s computed/deferred={computed / deferred:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
