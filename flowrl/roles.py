@@ -16,6 +16,7 @@ from tensordict import TensorDict
 from flowrl import metrics
 from flowrl.batch import MODEL_INPUT, column, repeat_rows, response_lengths
 from flowrl.engines.protocols import LossFn, RewardFn, RolloutEngine, SamplingParams, TrainEngine, WeightSync
+from flowrl.errors import GraphError
 from flowrl.trace import graph_method
 
 
@@ -102,6 +103,15 @@ class Critic:
         return batch
 
 
+def _check_sampling(n: int = 1, **sampling: Any) -> None:
+    if not isinstance(n, int) or n < 1:
+        raise GraphError(f"rollout.generate: n must be an int >= 1, got {n!r}")
+    unknown = sorted(set(sampling) - set(SamplingParams.__dataclass_fields__))
+    if unknown:
+        raise GraphError(f"rollout.generate: unknown sampling option {unknown[0]!r}; "
+                         f"options are {sorted(SamplingParams.__dataclass_fields__)}")
+
+
 @dataclass
 class Rollout:
     engine: RolloutEngine
@@ -117,10 +127,9 @@ class Rollout:
         self.step, self._calls = step, 0
 
     @graph_method(reads=("prompt_ids", "prompt_mask", "uid"),
-                  writes=("response_ids", "response_mask", "group"), kind="rows")
+                  writes=("response_ids", "response_mask", "group"), kind="rows", check=_check_sampling)
     def generate(self, batch: TensorDict, n: int = 1, **sampling: Any) -> TensorDict:
-        if n < 1:
-            raise ValueError(f"rollout.generate: n must be >= 1, got {n}")
+        _check_sampling(n, **sampling)
         params = SamplingParams(**{**self.params.__dict__, **sampling})
         rows = repeat_rows(batch, n)
         self._calls += 1

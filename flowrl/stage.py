@@ -13,7 +13,7 @@ from typing import Any, Callable
 from tensordict import TensorDict
 
 from flowrl.errors import GraphError
-from flowrl.trace import Fields, Spec, SymBatch
+from flowrl.trace import Fields, Spec, SymBatch, check_call
 
 
 class Stage:
@@ -31,6 +31,7 @@ class Stage:
     def __call__(self, batch: Any, **kwargs: Any) -> Any:
         kwargs = {**self.bound, **kwargs}
         if isinstance(batch, SymBatch):
+            check_call(f"stage {self.name}", self.fn, batch, **kwargs)
             return batch.tracer.record(batch, self.name, self.spec, kwargs, fn=self.fn)
         if not isinstance(batch, TensorDict):
             raise GraphError(f"stage {self.name} got {type(batch).__name__}, expected a TensorDict batch")

@@ -9,6 +9,7 @@ model loads.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -28,6 +29,7 @@ class Spec:
     reads: Fields = ()
     writes: Fields = ()
     kind: str = "map"  # "map" (rows kept), "rows" (rows change), "fill", "sync"
+    check: Callable[..., None] | None = None  # validates the call's kwargs at trace time
 
     def resolve(self, kwargs: dict[str, Any]) -> tuple[frozenset[str], frozenset[str]]:
         reads = self.reads(**kwargs) if callable(self.reads) else self.reads
@@ -119,17 +121,29 @@ class RoleHandle:
         def call(batch: SymBatch, **kwargs: Any) -> SymBatch:
             if not isinstance(batch, SymBatch):
                 raise GraphError(f"{self._name}.{method} got {type(batch).__name__}, expected the traced batch")
+            check_call(f"{self._name}.{method}", getattr(self._cls, method), None, batch, **kwargs)
+            if spec.check is not None:
+                spec.check(**kwargs)
             return batch.tracer.record(batch, f"{self._name}.{method}", spec, kwargs,
                                        role=self._name, method=method)
 
         return call
 
 
-def graph_method(reads: Fields = (), writes: Fields = (), kind: str = "map") -> Callable:
+def check_call(name: str, fn: Callable, *args: Any, **kwargs: Any) -> None:
+    """A GraphError at trace time for arguments the function would reject when it runs."""
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as err:
+        raise GraphError(f"{name}: {err}") from None
+
+
+def graph_method(reads: Fields = (), writes: Fields = (), kind: str = "map",
+                 check: Callable[..., None] | None = None) -> Callable:
     """Mark a role method as a graph node with the fields it reads and writes."""
 
     def mark(fn: Callable) -> Callable:
-        fn.__flowrl_spec__ = Spec(reads=reads, writes=writes, kind=kind)
+        fn.__flowrl_spec__ = Spec(reads=reads, writes=writes, kind=kind, check=check)
         return fn
 
     return mark

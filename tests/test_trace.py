@@ -113,3 +113,36 @@ def test_algorithm_options_returns_validated_copy():
     assert small.make_config().group_size == 4
     with pytest.raises(ValueError, match="group_size"):
         grpo.options(group_size=1).make_config()
+
+
+def test_bad_call_arguments_fail_at_trace_time():
+    @fl.algorithm
+    def typo_kwarg(batch, rollout):
+        return rollout.generate(batch, n=2, temprature=0.5)
+
+    with pytest.raises(fl.GraphError, match="unknown sampling option 'temprature'"):
+        typo_kwarg.trace(INPUTS, ROLE_CLASSES)
+
+    @fl.algorithm
+    def zero_samples(batch, rollout):
+        return rollout.generate(batch, n=0)
+
+    with pytest.raises(fl.GraphError, match="n must be an int >= 1"):
+        zero_samples.trace(INPUTS, ROLE_CLASSES)
+
+    from flowrl import stages
+
+    @fl.algorithm
+    def bad_stage_kwarg(batch, rollout, reward):
+        batch = reward.score(rollout.generate(batch, n=2))
+        return stages.group_advantage(batch, norm_std=False)
+
+    with pytest.raises(fl.GraphError, match="stage group_advantage: got an unexpected keyword argument 'norm_std'"):
+        bad_stage_kwarg.trace(INPUTS, ROLE_CLASSES)
+
+    @fl.algorithm
+    def update_without_loss(batch, actor, rollout):
+        return actor.update(rollout.generate(batch))
+
+    with pytest.raises(fl.GraphError, match="actor.update: missing a required argument: 'loss'"):
+        update_without_loss.trace(INPUTS, ROLE_CLASSES)
