@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any, Callable
@@ -78,6 +79,8 @@ def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
     stream = PromptStream(task, load_tokenizer(path), local.train.batch_size, seed=cfg.train.seed,
                           rank=rank, world_size=world)
     start = _resume(cfg, roles, stream)
+    if main:
+        _truncate_jsonl(out / "metrics.jsonl", start)
     executor = LocalExecutor(plan, roles, world_size=world)
     history: list[dict[str, float]] = []
     bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps, disable=not (progress and main),
@@ -139,6 +142,16 @@ def _actor_version(roles: dict[str, Any]) -> int:
 def _seed(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
+
+
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Drop rows past the resumed step: a crash after logging them left no checkpoint for them."""
+    if not path.exists():
+        return
+    rows = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(f"{line}\n" for line in rows))
+    os.replace(tmp, path)
 
 
 def _append_jsonl(path: Path, row: dict[str, float]) -> None:

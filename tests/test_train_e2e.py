@@ -45,6 +45,8 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path):
         train(config(tmp_path / "b", "train.steps=4", "train.save_every=2"), progress=False, on_step=crash_at_3)
     resumed = train(config(tmp_path / "b", "train.steps=4", "train.save_every=2"), progress=False)
     assert [row["step"] for row in resumed] == [3, 4]
+    logged = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3, 4]  # the crashed run's step 3 row is replaced, not duplicated
     for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm"):
         assert [row[key] for row in resumed] == [row[key] for row in straight[2:]], key
     a, b = (torch.load(tmp_path / run / "checkpoints/step_000004/actor/engine.pt", weights_only=False)["model"]
