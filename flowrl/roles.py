@@ -164,6 +164,10 @@ class Reward:
         scores = torch.tensor(self.fn(texts, meta or [{}] * len(texts)), dtype=torch.float32)
         if scores.shape != (len(texts),):
             raise ValueError(f"reward function returned {tuple(scores.shape)} scores for {len(texts)} responses")
+        if not torch.isfinite(scores).all():
+            bad = int((~torch.isfinite(scores)).nonzero()[0])
+            raise ValueError(f"reward function returned {scores[bad].item()} for response {texts[bad]!r}; "
+                             f"scores must be finite")
         batch["scores"] = scores
         metrics.log("reward/mean", scores.mean())
         return batch

@@ -65,6 +65,8 @@ def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
     """Run cfg.train.steps steps (resuming if a checkpoint exists); returns this run's metrics per step."""
     algo = algo or resolve_algorithm(cfg.algorithm)
     task = TASKS[cfg.task.name](max_operand=cfg.task.max_operand)
+    if cfg.train.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
     rank, world = distributed.setup(cfg.train.device)
     plan = make_plan(cfg, algo, task, world)
     warn_no_effect(cfg, plan.roles)

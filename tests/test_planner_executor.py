@@ -132,3 +132,12 @@ def test_old_logprobs_deferred_only_when_update_is_their_only_reader():
     assert next(n for n in grpo_plan.nodes if n.name == "actor.logprobs").kwargs == {"on_policy": True}
     ppo_plan = fl.compile_plan(ppo, fl.Placement.colocated(), INPUTS, ROLE_CLASSES)  # KL-in-reward reads them
     assert next(n for n in ppo_plan.nodes if n.name == "actor.logprobs").kwargs == {}
+
+
+def test_non_finite_reward_is_an_error():
+    task = ParityTask()
+    roles = make_roles(task)
+    roles["reward"].fn = lambda texts, meta: [float("nan")] * len(texts)
+    plan = fl.compile_plan(grpo, fl.Placement.colocated(("actor", "rollout", "ref")), INPUTS, ROLE_CLASSES)
+    with pytest.raises(ValueError, match="reward function returned nan .* scores must be finite"):
+        fl.LocalExecutor(plan, roles).run_step(0, PromptStream(task, FakeTokenizer(), batch_size=2))
