@@ -14,7 +14,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (("train", "train with an algorithm"), ("plan", "print the compiled plan, load nothing")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("algorithm", nargs="?", default="grpo", help="grpo, dapo, ppo, rloo or module:attribute")
+        p.add_argument("algorithm", nargs="?", default="grpo",
+                       help="a built-in name (grpo, ppo, dppo, ...) or module:attribute")
         p.add_argument("--config", help="a JSON or YAML file of RunConfig values")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override one value, e.g. --set train.steps=20 --set algo.group_size=4")

@@ -22,7 +22,7 @@ from tensordict import TensorDict
 from flowrl.ops.aggregate import agg_loss, agg_weight, check_agg_mode
 from flowrl.ops.kl import check_kl_kind, kl_penalty
 from flowrl.ops.masked import valid_mask
-from flowrl.ops.policy_loss import check_clip_args, cispo, gspo, ppo_clip
+from flowrl.ops.policy_loss import check_clip_args, check_ratio_cap, cispo, dppo_kl, dppo_tv, gspo, ppo_clip
 from flowrl.ops.value_loss import clipped_value_loss
 
 Objective = Callable[..., tuple[torch.Tensor, dict[str, float]]]
@@ -41,8 +41,8 @@ def _check_norm_len(norm_len: int | None, loss_agg_mode: str) -> None:
 class PolicyLoss:
     """agg(objective) + kl_coef * agg(kl(logp, ref)) - entropy_coef * agg(entropy).
 
-    objective: a function of ops.policy_loss (ppo_clip, gspo, cispo), clip
-        values bound with functools.partial.
+    objective: a function of ops.policy_loss (ppo_clip, gspo, cispo, dppo_tv,
+        dppo_kl), clip values bound with functools.partial.
     loss_agg_mode: one of ops.aggregate.AGG_MODES, used for every term.
     kl_coef: weight of the KL-to-reference loss (verl's use_kl_loss); 0 = off
         and "ref_logprobs" is not read.
@@ -142,6 +142,27 @@ def cispo_loss(clip_low: float = 10.0, clip_high: float = 0.2, **kw: Any) -> Pol
     """CISPO (arXiv:2506.13585) with verl's example clips: no lower bound, upper 1.2."""
     check_clip_args(clip_low, clip_high)
     return PolicyLoss(objective=partial(cispo, clip_low=clip_low, clip_high=clip_high), **kw)
+
+
+def _trust_region_loss(objective: Objective, clip_low: float, clip_high: float, ratio_cap: float,
+                       **kw: Any) -> PolicyLoss:
+    check_clip_args(clip_low, clip_high)
+    check_ratio_cap(ratio_cap)
+    return PolicyLoss(objective=partial(objective, clip_low=clip_low, clip_high=clip_high, ratio_cap=ratio_cap), **kw)
+
+
+def dppo_tv_loss(clip_low: float = 0.15, clip_high: float = 0.15, ratio_cap: float = 20.0, **kw: Any) -> PolicyLoss:
+    """DPPO-Binary-TV (arXiv:2602.04879): a probability-difference trust region, truncated IS.
+
+    clip_low / clip_high bound q - p and p - q (not the ratio); ratio_cap is
+    verl's clip_ratio_c for DPPO. `kw` goes to PolicyLoss.
+    """
+    return _trust_region_loss(dppo_tv, clip_low, clip_high, ratio_cap, **kw)
+
+
+def dppo_kl_loss(clip_low: float = 0.15, clip_high: float = 0.15, ratio_cap: float = 20.0, **kw: Any) -> PolicyLoss:
+    """DPPO-Binary-KL (arXiv:2602.04879): dppo_tv_loss with the binary KL as the divergence."""
+    return _trust_region_loss(dppo_kl, clip_low, clip_high, ratio_cap, **kw)
 
 
 @dataclass(frozen=True)

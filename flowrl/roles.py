@@ -158,7 +158,8 @@ class Reward:
     meta_keys: tuple[str, ...] = ()
 
     @graph_method(reads=("response_ids", "response_mask"), writes=("scores",))
-    def score(self, batch: TensorDict) -> TensorDict:
+    def score(self, batch: TensorDict, metric: str = "reward") -> TensorDict:
+        """Scores each response; logs `<metric>/mean` (a baseline pass names its own metric)."""
         texts = decode_responses(self.tokenizer, batch)
         meta = [dict(zip(self.meta_keys, row)) for row in zip(*(column(batch, k) for k in self.meta_keys))]
         scores = torch.tensor(self.fn(texts, meta or [{}] * len(texts)), dtype=torch.float32)
@@ -169,7 +170,7 @@ class Reward:
             raise ValueError(f"reward function returned {scores[bad].item()} for response {texts[bad]!r}; "
                              f"scores must be finite")
         batch["scores"] = scores
-        metrics.log("reward/mean", scores.mean())
+        metrics.log(f"{metric}/mean", scores.mean())
         return batch
 
 

@@ -90,7 +90,20 @@ def drop_uniform_groups(batch: TensorDict, *, key: str = "scores") -> TensorDict
     return keep_rows(batch, keep)
 
 
+@stage(reads=("scores",), writes=("baseline_scores",))
+def keep_as_baseline(batch: TensorDict) -> TensorDict:
+    """ReMax: keep the greedy rollout's scores as `baseline_scores`; they ride along as rows repeat."""
+    batch["baseline_scores"] = batch["scores"].clone()
+    return batch
+
+
+@stage(reads=("scores", "baseline_scores", "response_mask"), writes=("advantages", "returns"))
+def remax_advantage(batch: TensorDict) -> TensorDict:
+    """ReMax: each sample's score minus its prompt's greedy-rollout score (keep_as_baseline)."""
+    batch["advantages"], batch["returns"] = adv_ops.remax(batch["scores"], batch["baseline_scores"],
+                                                          batch["response_mask"])
+    return _log_advantages(batch)
 
 
 __all__ = ["group_advantage", "rloo_advantage", "token_rewards", "gae_advantage", "reinforce_pp_advantage",
-           "overlong_penalty", "drop_uniform_groups"]
+           "overlong_penalty", "drop_uniform_groups", "keep_as_baseline", "remax_advantage"]

@@ -7,8 +7,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from flowrl.losses import PolicyLoss, ValueLoss, cispo_loss, clip_higher_loss, gspo_loss, ppo_loss
-from flowrl.ops.policy_loss import ppo_clip
+from flowrl.losses import (PolicyLoss, ValueLoss, cispo_loss, clip_higher_loss, dppo_kl_loss, dppo_tv_loss,
+                           gspo_loss, ppo_loss)
+from flowrl.ops.policy_loss import dppo_kl, dppo_tv, ppo_clip
 
 NAN = float("nan")
 
@@ -113,6 +114,20 @@ def test_presets():
     assert loss.item() == 0.0
 
 
+def test_dppo_presets():
+    assert dppo_tv_loss().objective.func is dppo_tv and dppo_kl_loss().objective.func is dppo_kl
+    assert dppo_tv_loss().objective.keywords == {"clip_low": 0.15, "clip_high": 0.15, "ratio_cap": 20.0}
+    loss_fn = dppo_kl_loss(clip_low=0.05, clip_high=0.05, ratio_cap=10.0, kl_coef=0.1)
+    assert loss_fn.objective.keywords == {"clip_low": 0.05, "clip_high": 0.05, "ratio_cap": 10.0}
+    assert loss_fn.reads[-1] == "ref_logprobs"
+    out = outputs()
+    loss, metrics = dppo_tv_loss()(out, policy_batch())
+    # r = 1, p = q: nothing masked; -A * 1 * logp = 0 at logp = 0, gradient -A / 3 (token-mean)
+    assert loss.item() == 0.0 and metrics["clipfrac"] == 0.0 and metrics["truncfrac"] == 0.0
+    loss.backward()
+    assert torch.allclose(out["logprobs"].grad, t([-1 / 3, -1 / 3, 0], [4 / 3, 0, 0]))
+
+
 @pytest.mark.parametrize("make, name", [
     (lambda: PolicyLoss(ppo_clip, loss_agg_mode="sum"), "loss_agg_mode"),
     (lambda: PolicyLoss(ppo_clip, kl_kind="k9"), "kl_kind"),
@@ -121,6 +136,8 @@ def test_presets():
     (lambda: PolicyLoss(ppo_clip, loss_agg_mode="seq-mean-token-sum-norm", norm_len=0), "norm_len"),
     (lambda: ppo_loss(dual_clip=0.5), "dual_clip"),
     (lambda: gspo_loss(clip_low=-1.0), "clip_low"),
+    (lambda: dppo_tv_loss(clip_high=-1.0), "clip_high"),
+    (lambda: dppo_kl_loss(ratio_cap=0.5), "ratio_cap"),
     (lambda: ValueLoss(clip=0.0), "clip"),
     (lambda: ValueLoss(loss_agg_mode="sum"), "loss_agg_mode"),
 ])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flowrl.ops.aggregate import agg_loss
-from flowrl.ops.policy_loss import cispo, entropy_from_logits, gspo, ppo_clip
+from flowrl.ops.policy_loss import cispo, dppo_kl, dppo_tv, entropy_from_logits, gspo, ppo_clip
 from flowrl.ops.value_loss import clipped_value_loss
 
 NAN = float("nan")
@@ -78,7 +78,7 @@ def test_bad_clip_arguments():
         cispo(RATIO.log(), OLD, ADV, ONES, clip_high=-0.1)
 
 
-@pytest.mark.parametrize("objective", [ppo_clip, gspo, cispo])
+@pytest.mark.parametrize("objective", [ppo_clip, gspo, cispo, dppo_tv, dppo_kl])
 def test_padding_garbage_changes_nothing(objective):
     mask = t([1, 1, 0], [1, 0, 0])
     logp, old, adv = t([-0.5, -1.0, -2.0], [-0.3, -1.0, -1.0]), t([-0.6, -0.9, 0], [-0.2, 0, 0]), t([1, 1, 1], [-1, 0, 0])

@@ -141,3 +141,11 @@ def test_non_finite_reward_is_an_error():
     plan = fl.compile_plan(grpo, fl.Placement.colocated(("actor", "rollout", "ref")), INPUTS, ROLE_CLASSES)
     with pytest.raises(ValueError, match="reward function returned nan .* scores must be finite"):
         fl.LocalExecutor(plan, roles).run_step(0, PromptStream(task, FakeTokenizer(), batch_size=2))
+
+
+def test_a_baseline_scoring_pass_logs_under_its_own_name():
+    from flowrl.algorithms import remax
+
+    plan = fl.compile_plan(remax, fl.Placement.colocated(("actor", "rollout")), INPUTS, ROLE_CLASSES)
+    _, logged = fl.LocalExecutor(plan, make_roles()).run_step(0, PromptStream(ParityTask(), FakeTokenizer(), 2))
+    assert "baseline/mean" in logged and "reward/mean" in logged

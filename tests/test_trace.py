@@ -5,7 +5,7 @@ import torch
 from tensordict import TensorDict
 
 import flowrl as fl
-from flowrl.algorithms import dapo, grpo, ppo
+from flowrl.algorithms import dapo, dppo, grpo, ppo, reinforce_pp, remax
 from flowrl.roles import ROLE_CLASSES
 from flowrl.trace import SOURCE
 
@@ -86,6 +86,38 @@ def test_ppo_uses_critic():
     graph, order = ppo.trace(INPUTS, ROLE_CLASSES)
     assert graph.has_edge("critic.values", "gae_advantage")
     assert graph.has_edge("gae_advantage", "critic.update")  # returns
+
+
+def test_remax_scores_a_greedy_rollout_as_the_baseline():
+    graph, order = remax.trace(INPUTS, ROLE_CLASSES)
+    generates = [n for n in order if graph.nodes[n]["node"].method == "generate"]
+    assert generates == ["rollout.generate", "rollout.generate#2"]
+    assert graph.nodes["rollout.generate"]["node"].kwargs == {"greedy": True}
+    assert order.index("keep_as_baseline") < order.index("rollout.generate#2")
+    # the advantage reads the greedy baseline kept before resampling, and the sampled scores
+    assert "baseline_scores" in graph.nodes["remax_advantage"]["node"].reads
+    assert graph.has_edge("keep_as_baseline", "remax_advantage")
+    assert graph.has_edge("reward.score#2", "remax_advantage")
+    assert not graph.has_edge("reward.score", "remax_advantage")
+
+
+def test_reinforce_pp_folds_kl_into_token_rewards_and_drops_ref_without_it():
+    graph, order = reinforce_pp.trace(INPUTS, ROLE_CLASSES)
+    assert graph.has_edge("ref.logprobs", "token_rewards")
+    assert graph.has_edge("token_rewards", "reinforce_pp_advantage")
+    _, order = reinforce_pp.trace(INPUTS, ROLE_CLASSES, {"kl_coef": 0.0})
+    assert "ref.logprobs" not in order
+
+
+def test_dppo_divergence_picks_the_loss():
+    from flowrl.ops.policy_loss import dppo_kl, dppo_tv
+
+    for divergence, objective in (("tv", dppo_tv), ("kl", dppo_kl)):
+        graph, order = dppo.trace(INPUTS, ROLE_CLASSES, {"divergence": divergence})
+        assert graph.nodes["actor.update"]["node"].kwargs["loss"].objective.func is objective
+        assert "ref.logprobs" not in order  # no KL by default
+    with pytest.raises(ValueError, match="divergence"):
+        dppo.make_config({"divergence": "js"})
 
 
 def test_stage_bare_and_with_args_keeps_signature_and_runs_eagerly():

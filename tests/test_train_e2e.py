@@ -54,7 +54,7 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "dapo", "rloo"])
+@pytest.mark.parametrize("algorithm", ["ppo", "dapo", "rloo", "reinforce_pp", "remax", "gspo", "cispo", "dppo"])
 def test_each_algorithm_trains_on_the_real_engines(tmp_path, algorithm):
     history = train(config(tmp_path, f"algorithm={algorithm}", "train.steps=2", "train.batch_size=8"),
                     progress=False)

@@ -67,11 +67,12 @@ class HFRolloutEngine:
 
     def _generation_config(self, params: SamplingParams) -> GenerationConfig:
         _check_params(params)
+        # greedy decoding ignores the sampling flags; None keeps transformers from warning about them
+        sampling = dict(temperature=None, top_p=None, top_k=None, min_p=None, typical_p=None) if params.greedy \
+            else dict(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=0.0, typical_p=1.0)
         return GenerationConfig(
-            max_new_tokens=params.max_new_tokens, do_sample=not params.greedy,
-            temperature=1.0 if params.greedy else params.temperature,
-            top_p=1.0 if params.greedy else params.top_p, top_k=0 if params.greedy else params.top_k,
-            min_p=0.0, typical_p=1.0, repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0,
+            max_new_tokens=params.max_new_tokens, do_sample=not params.greedy, **sampling,
+            repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0,
             num_beams=1, num_return_sequences=1, eos_token_id=self.eos_id, pad_token_id=self.pad_id)
 
 

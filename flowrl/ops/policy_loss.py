@@ -4,12 +4,15 @@ Every objective has the signature
 `(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, **clip) -> (loss_BT, metrics)`:
 `loss_BT` is 0 on padding and is aggregated separately (ops.aggregate);
 `metrics` are floats over valid tokens: "clipfrac" (fraction of tokens whose
-ratio was clipped), "approx_kl" (mean of old - new logprob, verl's ppo_kl)
-and "ratio_mean". Padding inputs are replaced by 0 before use, so garbage
-there reaches neither the loss nor the gradient.
+ratio was clipped, or that a DPPO trust region masked out), "approx_kl" (mean
+of old - new logprob, verl's ppo_kl) and "ratio_mean". Padding inputs are
+replaced by 0 before use, so garbage there reaches neither the loss nor the
+gradient.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 
@@ -118,6 +121,88 @@ def cispo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_B
     loss_BT = -weight_BT * adv_BT * logp_BT
     metrics = _ratio_metrics(log_ratio_BT, ratio_BT, weight_BT != ratio_BT, valid_BT)
     return torch.where(valid_BT, loss_BT, 0), metrics
+
+
+def check_ratio_cap(ratio_cap: float) -> None:
+    """ValueError naming ratio_cap when it is below 1 (it would shrink on-policy weights)."""
+    if not ratio_cap >= 1.0:
+        raise ValueError(f"ratio_cap must be >= 1 (e.g. 20.0), got {ratio_cap}")
+
+
+def binary_kl(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor) -> torch.Tensor:
+    """KL(Bernoulli(q) || Bernoulli(p)) of the sampled token, p = exp(logp), q = exp(old).
+
+    d = q (log q - log p) + (1 - q) log((1 - q + 1e-8) / (1 - p + 1e-8)), verl's
+    dppo_kl; the logs are taken from the inputs, so q = 0 gives 0, not NaN, and
+    1e-8 keeps p = 1 or q = 1 finite. q = .5, p = .25: .5 ln 2 + .5 ln(2/3) = .143841.
+    """
+    p_BT, q_BT = logprobs_BT.exp(), old_logprobs_BT.exp()
+    return q_BT * (old_logprobs_BT - logprobs_BT) + (1 - q_BT) * torch.log((1 - q_BT + 1e-8) / (1 - p_BT + 1e-8))
+
+
+def _tv_keep(logp_BT, old_BT, adv_BT, clip_low: float, clip_high: float) -> torch.Tensor:
+    diff_BT = logp_BT.exp() - old_BT.exp()
+    return torch.where(adv_BT > 0, diff_BT <= clip_high, diff_BT >= -clip_low)
+
+
+def _binary_kl_keep(logp_BT, old_BT, adv_BT, clip_low: float, clip_high: float) -> torch.Tensor:
+    d_BT = binary_kl(logp_BT, old_BT)
+    return torch.where(adv_BT > 0, (d_BT <= clip_high) | (logp_BT <= old_BT), (d_BT <= clip_low) | (logp_BT >= old_BT))
+
+
+def _trust_region_pg(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, keep_fn,
+                     ratio_cap: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """-A * sg(min(r, ratio_cap)) * logp on tokens keep_fn(logp, old, A) keeps (no grad), 0 elsewhere.
+
+    keep_fn sees logp, old and A with padding set to 0. "clipfrac" is the
+    fraction of valid tokens masked out, "truncfrac" the fraction kept with r
+    above ratio_cap (verl's pg_clipfrac_lower for DPPO).
+    """
+    valid_BT = valid_mask(mask_BT, logprobs_BT)
+    adv_BT = torch.where(valid_BT, advantages_BT, 0)
+    logp_BT = torch.where(valid_BT, logprobs_BT, 0)
+    old_BT = torch.where(valid_BT, old_logprobs_BT, 0)
+    log_ratio_BT = _log_ratio(logprobs_BT, old_logprobs_BT, valid_BT)
+    ratio_BT = torch.exp(log_ratio_BT)
+    with torch.no_grad():
+        keep_BT = keep_fn(logp_BT, old_BT, adv_BT) & valid_BT
+        weight_BT = ratio_BT.clamp(max=ratio_cap)
+    loss_BT = torch.where(keep_BT, -adv_BT * weight_BT * logp_BT, 0)
+    metrics = _ratio_metrics(log_ratio_BT, ratio_BT, ~keep_BT, valid_BT)
+    metrics["truncfrac"] = float(masked_mean((keep_BT & (ratio_BT > ratio_cap)).to(ratio_BT.dtype), valid_BT))
+    return loss_BT, metrics
+
+
+def dppo_tv(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
+            mask_BT: torch.Tensor, clip_low: float = 0.15, clip_high: float = 0.15,
+            ratio_cap: float = 20.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """DPPO-Binary-TV (arXiv:2602.04879), verl's "dppo_tv" loss mode.
+
+    A trust region on the sampled token's probability, not its ratio: with
+    p = exp(logp), q = exp(old), a token with A > 0 is masked out once
+    p - q > clip_high, one with A <= 0 once p - q < -clip_low. Kept tokens get
+    the truncated-IS policy gradient -A * sg(min(r, ratio_cap)) * logp.
+    """
+    check_clip_args(clip_low, clip_high)
+    check_ratio_cap(ratio_cap)
+    keep_fn = partial(_tv_keep, clip_low=clip_low, clip_high=clip_high)
+    return _trust_region_pg(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, keep_fn, ratio_cap)
+
+
+def dppo_kl(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
+            mask_BT: torch.Tensor, clip_low: float = 0.15, clip_high: float = 0.15,
+            ratio_cap: float = 20.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """DPPO-Binary-KL (arXiv:2602.04879), verl's "dppo_kl" loss mode.
+
+    dppo_tv with d = binary_kl(logp, old) as the divergence: a token with
+    A > 0 is masked out when d > clip_high and p > q (it moved up, out of the
+    region), one with A <= 0 when d > clip_low and p < q. verl's example runs
+    it with thresholds 0.05.
+    """
+    check_clip_args(clip_low, clip_high)
+    check_ratio_cap(ratio_cap)
+    keep_fn = partial(_binary_kl_keep, clip_low=clip_low, clip_high=clip_high)
+    return _trust_region_pg(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, keep_fn, ratio_cap)
 
 
 def entropy_from_logits(logits_BTV: torch.Tensor) -> torch.Tensor:

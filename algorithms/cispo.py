@@ -1,0 +1,29 @@
+"""CISPO (MiniMax-M1, arXiv:2506.13585): GRPO's graph with a clipped, detached IS weight on every token."""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import flowrl as fl
+from flowrl import losses, stages
+
+
+class CISPOConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    group_size: int = Field(8, ge=2, description="Responses sampled per prompt.")
+    clip_low: float = Field(10.0, ge=0, description="Lower clip of the IS weight (w >= 1 - clip_low); "
+                                                    "the default 10 is no lower bound.")
+    clip_high: float = Field(0.2, ge=0, description="Upper clip of the IS weight (w <= 1 + clip_high).")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 (the paper's) "
+                                                  "drops the ref role.")
+    norm_by_std: bool = Field(True, description="Divide by the group's std; False gives Dr.GRPO advantages.")
+
+
+@fl.algorithm(config=CISPOConfig)
+def cispo(batch, actor, rollout, ref, reward, cfg):
+    batch = rollout.generate(batch, n=cfg.group_size)
+    batch = reward.score(batch)
+    batch = actor.logprobs(batch)
+    if cfg.kl_coef > 0:
+        batch = ref.logprobs(batch)
+    batch = stages.group_advantage(batch, norm_by_std=cfg.norm_by_std)
+    loss = losses.cispo_loss(clip_low=cfg.clip_low, clip_high=cfg.clip_high, kl_coef=cfg.kl_coef, kl_kind="k3")
+    return actor.update(batch, loss=loss)

@@ -1,0 +1,27 @@
+"""GSPO (Qwen, arXiv:2507.18071): GRPO's graph with clipping on the sequence-level ratio, no KL by default."""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import flowrl as fl
+from flowrl import losses, stages
+
+
+class GSPOConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    group_size: int = Field(8, ge=2, description="Responses sampled per prompt.")
+    clip_low: float = Field(3e-4, gt=0, lt=1, description="Lower clip of the sequence ratio (s >= 1 - clip_low).")
+    clip_high: float = Field(4e-4, gt=0, lt=1, description="Upper clip of the sequence ratio (s <= 1 + clip_high).")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
+    norm_by_std: bool = Field(True, description="Divide by the group's std; False gives Dr.GRPO advantages.")
+
+
+@fl.algorithm(config=GSPOConfig)
+def gspo(batch, actor, rollout, ref, reward, cfg):
+    batch = rollout.generate(batch, n=cfg.group_size)
+    batch = reward.score(batch)
+    batch = actor.logprobs(batch)
+    if cfg.kl_coef > 0:
+        batch = ref.logprobs(batch)
+    batch = stages.group_advantage(batch, norm_by_std=cfg.norm_by_std)
+    loss = losses.gspo_loss(clip_low=cfg.clip_low, clip_high=cfg.clip_high, kl_coef=cfg.kl_coef, kl_kind="k3")
+    return actor.update(batch, loss=loss)

@@ -1,0 +1,27 @@
+"""REINFORCE++ (arXiv:2501.03262): no critic, k1 KL to the reference in the token rewards, whitened returns."""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import flowrl as fl
+from flowrl import losses, stages
+
+
+class ReinforcePPConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    group_size: int = Field(4, ge=1, description="Responses sampled per prompt (whitening is over the batch).")
+    clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range.")
+    kl_coef: float = Field(0.001, ge=0, description="Weight of the k1 KL-to-reference penalty in the token "
+                                                    "rewards; 0 drops the ref role.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount of the return-to-go.")
+
+
+@fl.algorithm(config=ReinforcePPConfig)
+def reinforce_pp(batch, actor, rollout, ref, reward, cfg):
+    batch = rollout.generate(batch, n=cfg.group_size)
+    batch = reward.score(batch)
+    batch = actor.logprobs(batch)
+    if cfg.kl_coef > 0:
+        batch = ref.logprobs(batch)
+    batch = stages.token_rewards(batch, kl_coef=cfg.kl_coef, kl_kind="k1")
+    batch = stages.reinforce_pp_advantage(batch, gamma=cfg.gamma)
+    return actor.update(batch, loss=losses.ppo_loss(clip=cfg.clip))

@@ -1,0 +1,27 @@
+"""ReMax (arXiv:2310.10505): REINFORCE with the greedy rollout's score as each prompt's baseline."""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import flowrl as fl
+from flowrl import losses, stages
+from flowrl.ops.aggregate import AggMode
+
+
+class ReMaxConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    group_size: int = Field(4, ge=1, description="Sampled responses per prompt besides the greedy one "
+                                                 "(1 is the paper's setting).")
+    clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range.")
+    loss_agg_mode: AggMode = Field("token-mean", description="How token losses are averaged (flowrl.ops.aggregate).")
+
+
+@fl.algorithm(config=ReMaxConfig)
+def remax(batch, actor, rollout, reward, cfg):
+    batch = rollout.generate(batch, greedy=True)
+    batch = reward.score(batch, metric="baseline")
+    batch = stages.keep_as_baseline(batch)
+    batch = rollout.generate(batch, n=cfg.group_size)
+    batch = reward.score(batch)
+    batch = actor.logprobs(batch)
+    batch = stages.remax_advantage(batch)
+    return actor.update(batch, loss=losses.ppo_loss(clip=cfg.clip, loss_agg_mode=cfg.loss_agg_mode))
