@@ -6,6 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
 from flowrl import losses, stages
+from flowrl.subgraphs import critic_free_step
 from flowrl.ops.aggregate import AggMode
 
 DIVERGENCE_LOSSES = {"tv": losses.dppo_tv_loss, "kl": losses.dppo_kl_loss}
@@ -26,13 +27,8 @@ class DPPOConfig(BaseModel):
 
 @fl.algorithm(config=DPPOConfig)
 def dppo(batch, actor, rollout, ref, reward, cfg):
-    batch = rollout.generate(batch, n=cfg.group_size)
-    batch = reward.score(batch)
-    batch = actor.logprobs(batch)
-    if cfg.kl_coef > 0:
-        batch = ref.logprobs(batch)
-    batch = stages.group_advantage(batch)
     make_loss = DIVERGENCE_LOSSES[cfg.divergence]
     loss = make_loss(clip_low=cfg.clip_low, clip_high=cfg.clip_high, ratio_cap=cfg.ratio_cap, kl_coef=cfg.kl_coef,
                      kl_kind="k3", loss_agg_mode=cfg.loss_agg_mode)
-    return actor.update(batch, loss=loss)
+    return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size,
+                            advantage=stages.group_advantage, loss=loss)

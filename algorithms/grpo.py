@@ -4,6 +4,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
 from flowrl import losses, stages
+from flowrl.subgraphs import critic_free_step
 from flowrl.ops.aggregate import AggMode
 
 
@@ -19,12 +20,7 @@ class GRPOConfig(BaseModel):
 
 @fl.algorithm(config=GRPOConfig)
 def grpo(batch, actor, rollout, ref, reward, cfg):
-    batch = rollout.generate(batch, n=cfg.group_size)
-    batch = reward.score(batch)
-    batch = actor.logprobs(batch)
-    if cfg.kl_coef > 0:
-        batch = ref.logprobs(batch)
-    batch = stages.group_advantage(batch, norm_by_std=cfg.norm_by_std)
+    advantage = stages.group_advantage.options(norm_by_std=cfg.norm_by_std)
     loss = losses.clip_higher_loss(clip_low=cfg.clip, clip_high=cfg.clip, kl_coef=cfg.kl_coef, kl_kind="k3",
                                    loss_agg_mode=cfg.loss_agg_mode, entropy_coef=cfg.entropy_coef)
-    return actor.update(batch, loss=loss)
+    return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size, advantage=advantage, loss=loss)

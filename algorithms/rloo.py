@@ -4,6 +4,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
 from flowrl import losses, stages
+from flowrl.subgraphs import critic_free_step
 from flowrl.ops.aggregate import AggMode
 
 
@@ -17,12 +18,7 @@ class RLOOConfig(BaseModel):
 
 @fl.algorithm(config=RLOOConfig)
 def rloo(batch, actor, rollout, ref, reward, cfg):
-    batch = rollout.generate(batch, n=cfg.group_size)
-    batch = reward.score(batch)
-    batch = actor.logprobs(batch)
-    if cfg.kl_coef > 0:
-        batch = ref.logprobs(batch)
-    batch = stages.rloo_advantage(batch)
     loss = losses.ppo_loss(clip=cfg.clip, dual_clip=None, kl_coef=cfg.kl_coef, kl_kind="k3",
                            loss_agg_mode=cfg.loss_agg_mode)
-    return actor.update(batch, loss=loss)
+    return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size, advantage=stages.rloo_advantage,
+                            loss=loss)

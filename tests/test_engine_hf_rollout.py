@@ -12,15 +12,6 @@ SAMPLE = SamplingParams(max_new_tokens=12, temperature=1.5)
 GREEDY = SamplingParams(max_new_tokens=6, greedy=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: OpenMP threads cost more than they give, and spin badly on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_path):
     return load_tokenizer(tiny_model_path)

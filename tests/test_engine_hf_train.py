@@ -11,15 +11,6 @@ from fakes import TokenMeanNLL
 PAD = 0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: OpenMP threads cost more than they give, and spin badly on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def make_batch(rows, prompt_width=None, response_width=None):
     """rows: (prompt tokens, response tokens); prompts left-padded, responses right-padded."""
     prompt_width = prompt_width or max(len(p) for p, _ in rows)
