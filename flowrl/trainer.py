@@ -101,6 +101,8 @@ def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
                             {"stream": stream.state(), "actor_version": _actor_version(roles)},
                             keep=cfg.train.keep_checkpoints, is_main=main)
             distributed.barrier()
+    if cfg.train.export and "actor" in roles and history:
+        roles["actor"].engine.save_pretrained(str(out / "final"), load_tokenizer(path))
     return history
 
 

@@ -11,7 +11,9 @@ import torch
 import flowrl as fl
 from flowrl import losses
 from flowrl.config import load_run_config
+from flowrl.models.loading import load_tokenizer
 from flowrl.trainer import train
+from transformers import AutoModelForCausalLM
 
 
 def config(tmp_path, *overrides):
@@ -28,6 +30,10 @@ def test_default_grpo_run_raises_reward(tmp_path):
     first, last = sum(r[:5]) / 5, sum(r[-5:]) / 5
     assert last > first + 0.15, r
     assert (tmp_path / "checkpoints" / "step_000040" / "actor").exists()
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "final")  # the trained actor, as HF weights
+    saved = torch.load(tmp_path / "checkpoints/step_000040/actor/engine.pt", weights_only=False)["model"]
+    assert all(torch.equal(exported.state_dict()[k], v) for k, v in saved.items())
+    assert load_tokenizer(tmp_path / "final").decode(load_tokenizer(tmp_path / "final").encode("1+2=")) == "1+2="
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 40
 
 
@@ -102,3 +108,13 @@ def test_bad_model_path_and_algo_option_are_named(tmp_path):
         train(config(tmp_path, "model.path=/nonexistent"), progress=False)
     with pytest.raises(ValueError, match="algo.loss_agg_mode: Input should be 'token-mean'"):
         train(config(tmp_path, "algo.loss_agg_mode=mean"), progress=False)
+
+
+def test_split_placement_matches_the_hybrid_engine(tmp_path):
+    """A rollout with its own copy, refreshed by full weight syncs, samples what the shared module samples."""
+    split = ('placement={"pools": [{"name": "train", "roles": ["actor", "ref"]}, '
+             '{"name": "gen", "roles": ["rollout"]}]}')
+    hybrid = train(config(tmp_path / "hybrid", "train.steps=3"), progress=False)
+    separate = train(config(tmp_path / "split", "train.steps=3", split), progress=False)
+    for key in ("reward/mean", "response_length/mean", "actor/pg_loss"):
+        assert [row[key] for row in separate] == pytest.approx([row[key] for row in hybrid], abs=1e-6), key
