@@ -54,6 +54,9 @@ class TrainConfig(Section):
     output_dir: str = Field("runs/flowrl", description="Checkpoints, metrics.jsonl and the tiny model go here.")
     save_every: int = Field(10, ge=0, description="Checkpoint every this many steps (0: only at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
+    eval_every: int = Field(10, ge=0, description="Greedy evaluation on fixed prompts every this many steps, "
+                                                   "before the first step and after the last (0: off).")
+    eval_prompts: int = Field(64, ge=1, description="Prompts in the evaluation set.")
     export: bool = Field(True, description="At the end, write the actor as a Hugging Face model folder "
                                            "to output_dir/final (loadable with from_pretrained).")
     resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir if there is one.")

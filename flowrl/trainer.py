@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,13 +19,14 @@ from flowrl.algorithm import Algorithm
 from flowrl.build import build_roles, model_path, train_engines
 from flowrl.config import RunConfig, validate, warn_no_effect
 from flowrl.data import PromptStream
+from flowrl.evaluation import Evaluator
 from flowrl.executor import LocalExecutor
 from flowrl.models.loading import load_tokenizer
 from flowrl.planner import MODEL_ROLES, Placement, Plan, compile_plan
 from flowrl.roles import ROLE_CLASSES
 from flowrl.tasks.arithmetic import TASKS
 
-SHOWN = {"reward/mean": "reward", "actor/pg_loss": "pg_loss", "critic/vf_loss": "vf_loss",
+SHOWN = {"reward/mean": "reward", "eval/reward/mean": "eval", "actor/pg_loss": "pg_loss", "critic/vf_loss": "vf_loss",
          "response_length/mean": "len", "timing_s/step": "s/step"}
 
 
@@ -60,9 +62,27 @@ def make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int = 1) -
     return compile_plan(algo, placement, inputs, ROLE_CLASSES, algo_cfg)
 
 
-def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
-          on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
-    """Run cfg.train.steps steps (resuming if a checkpoint exists); returns this run's metrics per step."""
+@dataclass
+class Session:
+    """Everything one run holds, built before the first step."""
+
+    cfg: RunConfig
+    algo: Algorithm
+    roles: dict[str, Any]
+    executor: LocalExecutor
+    stream: PromptStream
+    evaluate: Evaluator | None
+    model_path: Path
+    start: int
+    main: bool
+
+    @property
+    def out(self) -> Path:
+        return Path(self.cfg.train.output_dir)
+
+
+def setup(cfg: RunConfig, algo: Algorithm | None = None) -> Session:
+    """Compile (no model loaded yet), build the roles, resume; the first graph or config error stops here."""
     algo = algo or resolve_algorithm(cfg.algorithm)
     task = TASKS[cfg.task.name](max_operand=cfg.task.max_operand)
     if cfg.train.device == "cuda" and not torch.cuda.is_available():
@@ -72,38 +92,63 @@ def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
     warn_no_effect(cfg, plan.roles)
     _seed(cfg.train.seed)
     transformers.utils.logging.disable_progress_bar()
-    out, main = Path(cfg.train.output_dir), rank == 0
-    path = model_path(cfg, task) if main else None
+    path = model_path(cfg, task) if rank == 0 else None
     distributed.barrier()  # rank 0 builds the tiny model once; the others then load it
     path = path or model_path(cfg, task)
-    local = _per_rank_config(cfg, world)
+    local, tokenizer = _per_rank_config(cfg, world), load_tokenizer(path)
     roles = build_roles(local, plan, task, path)
-    stream = PromptStream(task, load_tokenizer(path), local.train.batch_size, seed=cfg.train.seed,
-                          rank=rank, world_size=world)
+    stream = PromptStream(task, tokenizer, local.train.batch_size, seed=cfg.train.seed, rank=rank, world_size=world)
+    evaluate = None
+    if cfg.train.eval_every and "rollout" in plan.pools:
+        evaluate = Evaluator(roles, plan.pools["rollout"], task, tokenizer, local.train.eval_prompts,
+                             cfg.train.seed, rank, world)
     start = _resume(cfg, roles, stream)
-    if main:
-        _truncate_jsonl(out / "metrics.jsonl", start)
-    executor = LocalExecutor(plan, roles, world_size=world)
+    return Session(cfg, algo, roles, LocalExecutor(plan, roles, world_size=world), stream, evaluate, path, start,
+                   main=rank == 0)
+
+
+def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
+          on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+    """Run cfg.train.steps steps (resuming if a checkpoint exists); returns this run's metrics per step."""
+    s = setup(cfg, algo)
+    if s.main:
+        _truncate_jsonl(s.out / "metrics.jsonl", s.start)
+    bar = tqdm(range(s.start, cfg.train.steps), initial=s.start, total=cfg.train.steps,
+               disable=not (progress and s.main), desc=s.algo.name, dynamic_ncols=True)
+    if s.start == 0 and s.evaluate is not None:
+        _log(s, bar, {**_evaluate(s, 0), "step": 0}, progress)
     history: list[dict[str, float]] = []
-    bar = tqdm(range(start, cfg.train.steps), initial=start, total=cfg.train.steps, disable=not (progress and main),
-               desc=algo.name, dynamic_ncols=True)
     for step in bar:
-        _, logged = executor.run_step(step, stream)
+        _, logged = s.executor.run_step(step, s.stream)
         logged = distributed.mean_over_ranks(logged)
+        if s.evaluate is not None and _eval_due(cfg, step + 1):
+            logged.update(_evaluate(s, step + 1))
         logged["step"] = step + 1
         history.append(logged)
-        if main:
-            _report(bar, out, logged, progress)
+        _log(s, bar, logged, progress)
         if on_step is not None:
             on_step(step + 1, logged)
         if _due(cfg, step + 1):
-            checkpoint.save(out / "checkpoints", step + 1, train_engines(roles),
-                            {"stream": stream.state(), "actor_version": _actor_version(roles)},
-                            keep=cfg.train.keep_checkpoints, is_main=main)
+            checkpoint.save(s.out / "checkpoints", step + 1, train_engines(s.roles),
+                            {"stream": s.stream.state(), "actor_version": _actor_version(s.roles)},
+                            keep=cfg.train.keep_checkpoints, is_main=s.main)
             distributed.barrier()
-    if cfg.train.export and "actor" in roles and history:
-        roles["actor"].engine.save_pretrained(str(out / "final"), load_tokenizer(path))
+    if cfg.train.export and "actor" in s.roles and history:
+        s.roles["actor"].engine.save_pretrained(str(s.out / "final"), load_tokenizer(s.model_path))
     return history
+
+
+def _evaluate(s: Session, step: int) -> dict[str, float]:
+    return distributed.mean_over_ranks(s.evaluate(step))
+
+
+def _eval_due(cfg: RunConfig, step: int) -> bool:
+    return step == cfg.train.steps or step % cfg.train.eval_every == 0
+
+
+def _log(s: Session, bar: tqdm, logged: dict[str, float], progress: bool) -> None:
+    if s.main:
+        _report(bar, s.out, logged, progress)
 
 
 def _per_rank_config(cfg: RunConfig, world: int) -> RunConfig:
@@ -112,7 +157,7 @@ def _per_rank_config(cfg: RunConfig, world: int) -> RunConfig:
         return cfg
     t = cfg.train
     shares = {name: distributed.per_rank(getattr(t, name), world, f"train.{name}")
-              for name in ("batch_size", "mini_batch_size", "micro_batch_size")}
+              for name in ("batch_size", "mini_batch_size", "micro_batch_size", "eval_prompts")}
     return cfg.model_copy(update={"train": t.model_copy(update=shares)})
 
 
@@ -164,10 +209,11 @@ def _append_jsonl(path: Path, row: dict[str, float]) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-LINE = ("reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/clipfrac", "actor/grad_norm", "critic/vf_loss",
+LINE = ("eval/reward/mean", "reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/clipfrac", "actor/grad_norm", "critic/vf_loss",
         "response_length/mean", "sampling/groups")
 
 
 def _format(logged: dict[str, float]) -> str:
     body = " ".join(f"{k}={logged[k]:.4g}" for k in LINE if k in logged)
-    return f"step {int(logged['step'])}: {body} time={logged.get('timing_s/step', 0):.2f}s"
+    timing = f" time={logged['timing_s/step']:.2f}s" if "timing_s/step" in logged else ""
+    return f"step {int(logged['step'])}: {body}{timing}"

@@ -22,8 +22,9 @@ def test_two_rank_grpo_trains_checkpoints_and_resumes(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "done: 1 steps" in again.stdout  # resumed at step 3
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]  # step 0: the evaluation before training
+    assert 0.0 <= rows[-1]["eval/reward/mean"] <= 1.0
+    assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows[1:])
 
 
 def test_uneven_batch_is_named(tmp_path):

@@ -1,6 +1,7 @@
 """The real stack on CPU: tiny Qwen2 model saved and loaded from disk, HF engines, local executor."""
 
 import json
+import re
 import math
 import subprocess
 import sys
@@ -34,7 +35,10 @@ def test_default_grpo_run_raises_reward(tmp_path):
     saved = torch.load(tmp_path / "checkpoints/step_000040/actor/engine.pt", weights_only=False)["model"]
     assert all(torch.equal(exported.state_dict()[k], v) for k, v in saved.items())
     assert load_tokenizer(tmp_path / "final").decode(load_tokenizer(tmp_path / "final").encode("1+2=")) == "1+2="
-    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 40
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(41))
+    evals = [r["eval/reward/mean"] for r in rows if "eval/reward/mean" in r]
+    assert len(evals) == 5 and evals[-1] > evals[0] + 0.15, evals  # greedy accuracy at 0, 10, .., 40
 
 
 def test_resume_reproduces_an_uninterrupted_run(tmp_path):
@@ -52,7 +56,7 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path):
     resumed = train(config(tmp_path / "b", "train.steps=4", "train.save_every=2"), progress=False)
     assert [row["step"] for row in resumed] == [3, 4]
     logged = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
-    assert logged == [1, 2, 3, 4]  # the crashed run's step 3 row is replaced, not duplicated
+    assert logged == [0, 1, 2, 3, 4]  # the crashed run's step 3 row is replaced, not duplicated
     for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm"):
         assert [row[key] for row in resumed] == [row[key] for row in straight[2:]], key
     a, b = (torch.load(tmp_path / run / "checkpoints/step_000004/actor/engine.pt", weights_only=False)["model"]
@@ -90,9 +94,10 @@ def run_cli(*args, cwd):
 def test_cli_train_plan_and_bad_input(tmp_path):
     done = run_cli("train", "grpo", "--steps", "2", "--output-dir", str(tmp_path / "run"), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "step 2: reward/mean=" in done.stdout + done.stderr and "done: 2 steps" in done.stdout
+    assert re.search(r"step 2: eval/reward/mean=\S+ reward/mean=", done.stdout) and "done: 2 steps" in done.stdout
+    assert "it/s" in done.stderr  # the progress bar
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 0 holds the evaluation before training
 
     plan = run_cli("plan", "dapo", cwd=tmp_path)
     assert plan.returncode == 0 and "_fill @driver" in plan.stdout and "rollout.sync_weights" in plan.stdout
