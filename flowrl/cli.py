@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
         if args.command == "plan":
             algo = trainer.resolve_algorithm(cfg.algorithm)
-            task = trainer.TASKS[cfg.task.name](max_operand=cfg.task.max_operand)
+            task = trainer.make_task(cfg.task.name, cfg.task.max_operand)
             print(trainer.make_plan(cfg, algo, task).describe())
             return 0
         history = trainer.train(cfg, progress=not args.no_progress)

@@ -64,8 +64,9 @@ class TrainConfig(Section):
 
 
 class TaskConfig(Section):
-    name: Literal["arithmetic"] = Field("arithmetic", description="Built-in verifiable task.")
-    max_operand: int = Field(4, ge=1, le=99, description="Operands are drawn from 0..max_operand.")
+    name: str = Field("arithmetic", description="'arithmetic' (built in) or 'module:attribute' of your own "
+                                                "task (see flowrl.tasks).")
+    max_operand: int = Field(4, ge=1, le=99, description="Arithmetic task: operands are drawn from 0..max_operand.")
 
 
 class RunConfig(Section):
@@ -141,6 +142,8 @@ def warn_no_effect(cfg: RunConfig, used_roles: tuple[str, ...]) -> None:
     if t.micro_batch_size > t.mini_batch_size:
         warnings.warn(f"train.micro_batch_size={t.micro_batch_size} above train.mini_batch_size={t.mini_batch_size} "
                       f"has no effect: micro-batches never exceed a mini-batch", stacklevel=2)
+    if cfg.task.name != "arithmetic" and cfg.task.max_operand != default.task.max_operand:
+        warnings.warn("task.max_operand has no effect: task.name is not 'arithmetic'", stacklevel=2)
     if "critic" not in used_roles and cfg.critic != default.critic:
         warnings.warn("critic.* has no effect: the algorithm uses no critic", stacklevel=2)
     if "actor" not in used_roles and cfg.actor != default.actor:

@@ -24,7 +24,7 @@ from flowrl.executor import LocalExecutor
 from flowrl.models.loading import load_tokenizer
 from flowrl.planner import MODEL_ROLES, Placement, Plan, compile_plan
 from flowrl.roles import ROLE_CLASSES
-from flowrl.tasks.arithmetic import TASKS
+from flowrl.tasks import make_task
 
 SHOWN = {"reward/mean": "reward", "eval/reward/mean": "eval", "actor/pg_loss": "pg_loss", "critic/vf_loss": "vf_loss",
          "response_length/mean": "len", "timing_s/step": "s/step"}
@@ -84,7 +84,7 @@ class Session:
 def setup(cfg: RunConfig, algo: Algorithm | None = None) -> Session:
     """Compile (no model loaded yet), build the roles, resume; the first graph or config error stops here."""
     algo = algo or resolve_algorithm(cfg.algorithm)
-    task = TASKS[cfg.task.name](max_operand=cfg.task.max_operand)
+    task = make_task(cfg.task.name, cfg.task.max_operand)
     if cfg.train.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
     rank, world = distributed.setup(cfg.train.device)

@@ -123,3 +123,13 @@ def test_split_placement_matches_the_hybrid_engine(tmp_path):
     separate = train(config(tmp_path / "split", "train.steps=3", split), progress=False)
     for key in ("reward/mean", "response_length/mean", "actor/pg_loss"):
         assert [row[key] for row in separate] == pytest.approx([row[key] for row in hybrid], abs=1e-6), key
+
+
+def test_a_custom_task_plugs_in_by_name(tmp_path):
+    history = train(config(tmp_path, "task.name=fakes:ParityTask", "train.steps=2", "train.eval_every=0"),
+                    progress=False)
+    assert len(history) == 2 and 0.0 <= history[-1]["reward/mean"] <= 1.0
+    with pytest.raises(ValueError, match="task.name: cannot load 'fakes:Nope'"):
+        train(config(tmp_path, "task.name=fakes:Nope"), progress=False)
+    with pytest.raises(ValueError, match="task.name: unknown 'gsm8k'"):
+        train(config(tmp_path, "task.name=gsm8k"), progress=False)

@@ -41,6 +41,3 @@ class ArithmeticTask:
         if found is None:
             return 0.0
         return 1.0 if int(found.group()) == int(answer) else self.format_score
-
-
-TASKS = {"arithmetic": ArithmeticTask}
