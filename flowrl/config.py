@@ -67,6 +67,8 @@ class TaskConfig(Section):
     name: str = Field("arithmetic", description="'arithmetic' (built in) or 'module:attribute' of your own "
                                                 "task (see flowrl.tasks).")
     max_operand: int = Field(4, ge=1, le=99, description="Arithmetic task: operands are drawn from 0..max_operand.")
+    chat_template: bool = Field(False, description="Wrap each prompt as a user turn with the tokenizer's chat "
+                                                   "template (for instruct models).")
 
 
 class RunConfig(Section):

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tensordict import TensorDict
+
 import flowrl as fl
-from flowrl.data import PromptStream
+
 from flowrl.executor import LocalExecutor
 from flowrl.planner import Placement, Pool, compile_plan
 from flowrl.roles import ROLE_CLASSES
@@ -27,17 +29,14 @@ def greedy_eval(batch, rollout, reward):
 
 
 class Evaluator:
-    """Scores greedy responses to `num_prompts` fixed prompts (this rank's share of them)."""
+    """Scores greedy responses to a fixed prompt batch (this rank's share of the evaluation set)."""
 
-    def __init__(self, roles: dict[str, Any], pool: Pool, task: Any, tokenizer: Any, num_prompts: int,
-                 seed: int, rank: int = 0, world_size: int = 1):
+    def __init__(self, roles: dict[str, Any], pool: Pool, task: Any, prompts: TensorDict, world_size: int = 1):
         inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
         placement = Placement(pools=[pool.model_copy(update={"roles": ["rollout"]})])
         plan = compile_plan(greedy_eval, placement, inputs, ROLE_CLASSES)
         self.executor = LocalExecutor(plan, roles, world_size=world_size)
-        stream = PromptStream(task, tokenizer, num_prompts, seed=seed + EVAL_SEED_OFFSET, rank=rank,
-                              world_size=world_size)
-        self.prompts = next(stream)
+        self.prompts = prompts
 
     def __call__(self, step: int) -> dict[str, float]:
         _, logged = self.executor.run_step(step, iter([self.prompts.clone()]))

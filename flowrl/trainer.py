@@ -19,7 +19,7 @@ from flowrl.algorithm import Algorithm
 from flowrl.build import build_roles, model_path, train_engines
 from flowrl.config import RunConfig, validate, warn_no_effect
 from flowrl.data import PromptStream
-from flowrl.evaluation import Evaluator
+from flowrl.evaluation import EVAL_SEED_OFFSET, Evaluator
 from flowrl.executor import LocalExecutor
 from flowrl.models.loading import load_tokenizer
 from flowrl.planner import MODEL_ROLES, Placement, Plan, compile_plan
@@ -97,11 +97,13 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None) -> Session:
     path = path or model_path(cfg, task)
     local, tokenizer = _per_rank_config(cfg, world), load_tokenizer(path)
     roles = build_roles(local, plan, task, path)
-    stream = PromptStream(task, tokenizer, local.train.batch_size, seed=cfg.train.seed, rank=rank, world_size=world)
+    stream = PromptStream(task, tokenizer, local.train.batch_size, seed=cfg.train.seed, rank=rank, world_size=world,
+                          chat_template=cfg.task.chat_template)
     evaluate = None
     if cfg.train.eval_every and "rollout" in plan.pools:
-        evaluate = Evaluator(roles, plan.pools["rollout"], task, tokenizer, local.train.eval_prompts,
-                             cfg.train.seed, rank, world)
+        eval_stream = PromptStream(task, tokenizer, local.train.eval_prompts, seed=cfg.train.seed + EVAL_SEED_OFFSET,
+                                   rank=rank, world_size=world, chat_template=cfg.task.chat_template)
+        evaluate = Evaluator(roles, plan.pools["rollout"], task, next(eval_stream), world)
     start = _resume(cfg, roles, stream)
     return Session(cfg, algo, roles, LocalExecutor(plan, roles, world_size=world), stream, evaluate, path, start,
                    main=rank == 0)

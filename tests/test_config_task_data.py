@@ -52,3 +52,16 @@ def test_values_without_effect_warn():
     messages = [str(w.message) for w in record]
     assert any("critic.* has no effect" in m for m in messages)
     assert any("model.tiny_num_layers has no effect" in m for m in messages)
+
+
+def test_chat_template_wraps_prompts(tiny_model_path):
+    from flowrl.models.loading import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_path)
+    with pytest.raises(ValueError, match="task.chat_template: the tokenizer has no chat template"):
+        PromptStream(ArithmeticTask(), tok, batch_size=1, chat_template=True)
+    tok.chat_template = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}{% if add_generation_prompt %}={% endif %}"
+    tok.add_tokens(["<", ">"])
+    plain, wrapped = (next(PromptStream(ArithmeticTask(), tok, 1, chat_template=c)) for c in (False, True))
+    text = tok.decode(plain["prompt_ids"][0])
+    assert tok.decode(wrapped["prompt_ids"][0]) == f"<{text}>="
