@@ -13,7 +13,6 @@ from typing import Any
 from tensordict import TensorDict
 
 import flowrl as fl
-
 from flowrl.executor import LocalExecutor
 from flowrl.planner import Placement, Pool, compile_plan
 from flowrl.roles import ROLE_CLASSES
