@@ -47,28 +47,40 @@ def _train_engine(model: torch.nn.Module, kind: str, optim: OptimConfig, device:
 
 
 def build_roles(cfg: RunConfig, plan: Plan, task: Any, path: Path) -> dict[str, Any]:
-    """Instantiate each role the plan uses; actor and rollout share one module when colocated."""
+    """Instantiate each role the plan uses (and the reward); actor and rollout share one module when colocated."""
+    return build_subset(cfg, ("reward", *plan.roles), plan.shares_actor_module(), task, path)
+
+
+def build_subset(cfg: RunConfig, names: tuple[str, ...], shares_actor_module: bool, task: Any,
+                 path: Path) -> dict[str, Any]:
+    """The roles in `names` (one pool's, or the driver's reward); `task` is needed for "reward" only.
+
+    With `shares_actor_module` (actor and rollout on one pool of one rank) the rollout generates with
+    the actor's module; otherwise it loads its own copy.
+    """
     dtype, device = DTYPES[cfg.model.dtype], cfg.train.device
     tokenizer = load_tokenizer(path)
-    roles: dict[str, Any] = {"reward": Reward(fn=task.reward, tokenizer=tokenizer, meta_keys=task.meta_keys)}
+    roles: dict[str, Any] = {}
+    if "reward" in names:
+        roles["reward"] = Reward(fn=task.reward, tokenizer=tokenizer, meta_keys=task.meta_keys)
     settings = _settings(cfg)
-    if "actor" in plan.roles:
+    if "actor" in names:
         engine = _train_engine(load_causal_lm(path, dtype), "actor", cfg.actor, device)
         roles["actor"] = Actor(engine=engine, settings=settings)
-    if "ref" in plan.roles:
+    if "ref" in names:
         ref_engine = _train_engine(load_causal_lm(path, dtype).requires_grad_(False), "actor", cfg.actor, device)
         roles["ref"] = Ref(engine=ref_engine, settings=settings)
-    if "critic" in plan.roles:
+    if "critic" in names:
         roles["critic"] = Critic(engine=_train_engine(load_value_model(path, dtype), "critic", cfg.critic, device),
                                  settings=settings)
-    if "rollout" in plan.roles:
-        roles["rollout"] = _rollout(cfg, plan, roles.get("actor"), tokenizer, path, dtype, device)
+    if "rollout" in names:
+        roles["rollout"] = _rollout(cfg, shares_actor_module, roles.get("actor"), tokenizer, path, dtype, device)
     return roles
 
 
-def _rollout(cfg: RunConfig, plan: Plan, actor: Actor | None, tokenizer: Any, path: Path,
+def _rollout(cfg: RunConfig, shares_actor_module: bool, actor: Actor | None, tokenizer: Any, path: Path,
              dtype: torch.dtype, device: str) -> Rollout:
-    shared = actor is not None and plan.shares_actor_module()
+    shared = actor is not None and shares_actor_module
     module = actor.engine.model if shared else load_causal_lm(path, dtype)
     engine = HFRolloutEngine(module, tokenizer, device=device)
     r = cfg.rollout
@@ -76,7 +88,3 @@ def _rollout(cfg: RunConfig, plan: Plan, actor: Actor | None, tokenizer: Any, pa
     sync = choose_weight_sync(actor.engine.model, module) if actor is not None else None
     return Rollout(engine=engine, params=params, actor=actor, weight_sync=sync, seed=cfg.train.seed)
 
-
-def train_engines(roles: dict[str, Any]) -> dict[str, HFTrainEngine]:
-    """The engines whose state a checkpoint must hold (trainable roles only)."""
-    return {name: roles[name].engine for name in ("actor", "critic") if name in roles}

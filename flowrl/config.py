@@ -61,6 +61,10 @@ class TrainConfig(Section):
                                            "to output_dir/final (loadable with from_pretrained).")
     resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir if there is one.")
     device: Literal["cpu", "cuda"] = Field("cpu", description="Device of the local pools.")
+    executor: Literal["local", "ray"] = Field("local", description="'local': every role in this process (one "
+                                              "rank, or one per torchrun rank); 'ray': one Ray actor per rank "
+                                              "of each placement pool, started from this one process "
+                                              "(needs the `ray` extra).")
 
 
 class TaskConfig(Section):

@@ -36,8 +36,13 @@ def mean_over_ranks(logged: dict[str, float]) -> dict[str, float]:
         return logged
     gathered: list[dict[str, float] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, logged)
-    keys = {k for row in gathered for k in row}
-    return {k: sum(row[k] for row in gathered if k in row) / sum(k in row for row in gathered) for k in sorted(keys)}
+    return average(gathered)
+
+
+def average(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric averaged over the rows (ranks) that hold it."""
+    keys = {k for row in rows for k in row}
+    return {k: sum(row[k] for row in rows if k in row) / sum(k in row for row in rows) for k in sorted(keys)}
 
 
 def per_rank(total: int, world: int, field: str) -> int:

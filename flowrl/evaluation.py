@@ -13,8 +13,8 @@ from typing import Any
 from tensordict import TensorDict
 
 import flowrl as fl
-from flowrl.executor import LocalExecutor
-from flowrl.planner import Placement, Pool, compile_plan
+from flowrl.executor import Executor
+from flowrl.planner import Placement, Plan, Pool, compile_plan
 from flowrl.roles import ROLE_CLASSES
 
 EVAL_SEED_OFFSET = 1_000_003
@@ -27,14 +27,20 @@ def greedy_eval(batch, rollout, reward):
     return reward.score(batch, metric="eval/reward")
 
 
-class Evaluator:
-    """Scores greedy responses to a fixed prompt batch (this rank's share of the evaluation set)."""
+def eval_plan(pool: Pool, task: Any) -> Plan:
+    """The evaluation graph on the training run's rollout pool."""
+    inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
+    placement = Placement(pools=[pool.model_copy(update={"roles": ["rollout"]})])
+    return compile_plan(greedy_eval, placement, inputs, ROLE_CLASSES)
 
-    def __init__(self, roles: dict[str, Any], pool: Pool, task: Any, prompts: TensorDict, world_size: int = 1):
-        inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
-        placement = Placement(pools=[pool.model_copy(update={"roles": ["rollout"]})])
-        plan = compile_plan(greedy_eval, placement, inputs, ROLE_CLASSES)
-        self.executor = LocalExecutor(plan, roles, world_size=world_size)
+
+class Evaluator:
+    """Scores greedy responses to a fixed prompt batch (this rank's share of the evaluation set).
+
+    `executor` runs `eval_plan(...)` over the training run's roles (`Executor.for_plan`)."""
+
+    def __init__(self, executor: Executor, prompts: TensorDict):
+        self.executor = executor
         self.prompts = prompts
 
     def __call__(self, step: int) -> dict[str, float]:

@@ -79,7 +79,8 @@ class Tracer:
             self.graph.add_edge(self.producers[f], name)
         if spec.kind != "map" and self.order:
             self.graph.add_edge(self.order[-1], name)  # row changes order after everything before
-        for f in writes:
+        # a node that changes rows (or syncs) rewrites every row of every field: later readers depend on it
+        for f in (batch.fields | writes) if spec.kind != "map" else writes:
             self.producers[f] = name
         self.order.append(name)
         self.latest = SymBatch(self, batch.fields | writes)

@@ -16,11 +16,11 @@ from tqdm import tqdm
 
 from flowrl import checkpoint, distributed
 from flowrl.algorithm import Algorithm
-from flowrl.build import build_roles, model_path, train_engines
+from flowrl.build import build_roles, model_path
 from flowrl.config import RunConfig, validate, warn_no_effect
 from flowrl.data import PromptStream
-from flowrl.evaluation import EVAL_SEED_OFFSET, Evaluator
-from flowrl.executor import LocalExecutor
+from flowrl.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan
+from flowrl.executor import Executor, LocalExecutor
 from flowrl.models.loading import load_tokenizer
 from flowrl.planner import MODEL_ROLES, Placement, Plan, compile_plan
 from flowrl.roles import ROLE_CLASSES
@@ -68,8 +68,7 @@ class Session:
 
     cfg: RunConfig
     algo: Algorithm
-    roles: dict[str, Any]
-    executor: LocalExecutor
+    executor: Executor
     stream: PromptStream
     evaluate: Evaluator | None
     model_path: Path
@@ -88,6 +87,8 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None) -> Session:
     if cfg.train.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
     rank, world = distributed.setup(cfg.train.device)
+    if cfg.train.executor == "ray" and world > 1:
+        raise ValueError("train.executor: 'ray' starts its own workers from one process; run it without torchrun")
     plan = make_plan(cfg, algo, task, world)
     warn_no_effect(cfg, plan.roles)
     _seed(cfg.train.seed)
@@ -96,23 +97,46 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None) -> Session:
     distributed.barrier()  # rank 0 builds the tiny model once; the others then load it
     path = path or model_path(cfg, task)
     local, tokenizer = _per_rank_config(cfg, world), load_tokenizer(path)
-    roles = build_roles(local, plan, task, path)
-    stream = PromptStream(task, tokenizer, local.train.batch_size, seed=cfg.train.seed, rank=rank, world_size=world,
-                          chat_template=cfg.task.chat_template)
-    evaluate = None
-    if cfg.train.eval_every and "rollout" in plan.pools:
-        eval_stream = PromptStream(task, tokenizer, local.train.eval_prompts, seed=cfg.train.seed + EVAL_SEED_OFFSET,
-                                   rank=rank, world_size=world, chat_template=cfg.task.chat_template)
-        evaluate = Evaluator(roles, plan.pools["rollout"], task, next(eval_stream), world)
-    start = _resume(cfg, roles, stream)
-    return Session(cfg, algo, roles, LocalExecutor(plan, roles, world_size=world), stream, evaluate, path, start,
-                   main=rank == 0)
+    executor = _executor(local, plan, task, path, world)
+    try:
+        stream = PromptStream(task, tokenizer, local.train.batch_size, seed=cfg.train.seed, rank=rank,
+                              world_size=world, chat_template=cfg.task.chat_template)
+        evaluate = None
+        if cfg.train.eval_every and "rollout" in plan.pools:
+            eval_stream = PromptStream(task, tokenizer, local.train.eval_prompts, rank=rank, world_size=world,
+                                       seed=cfg.train.seed + EVAL_SEED_OFFSET, chat_template=cfg.task.chat_template)
+            evaluate = Evaluator(executor.for_plan(eval_plan(plan.pools["rollout"], task)), next(eval_stream))
+        start = _resume(cfg, executor, stream)
+    except BaseException:
+        executor.close()
+        raise
+    return Session(cfg, algo, executor, stream, evaluate, path, start, main=rank == 0)
+
+
+def _executor(cfg: RunConfig, plan: Plan, task: Any, path: Path, world: int) -> Executor:
+    if cfg.train.executor == "ray":
+        from flowrl.ray_executor import RayExecutor, init_ray  # ray is optional: imported only when asked for
+
+        init_ray()
+        return RayExecutor(plan, cfg, task, path)
+    return LocalExecutor(plan, build_roles(cfg, plan, task, path), world_size=world)
+
+
+OnStep = Callable[[int, dict[str, float]], None]
 
 
 def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
-          on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+          on_step: OnStep | None = None) -> list[dict[str, float]]:
     """Run cfg.train.steps steps (resuming if a checkpoint exists); returns this run's metrics per step."""
     s = setup(cfg, algo)
+    try:
+        return _loop(s, progress, on_step)
+    finally:
+        s.executor.close()
+
+
+def _loop(s: Session, progress: bool, on_step: OnStep | None) -> list[dict[str, float]]:
+    cfg = s.cfg
     if s.main:
         _truncate_jsonl(s.out / "metrics.jsonl", s.start)
     bar = tqdm(range(s.start, cfg.train.steps), initial=s.start, total=cfg.train.steps,
@@ -131,12 +155,12 @@ def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
         if on_step is not None:
             on_step(step + 1, logged)
         if _due(cfg, step + 1):
-            checkpoint.save(s.out / "checkpoints", step + 1, train_engines(s.roles),
-                            {"stream": s.stream.state(), "actor_version": _actor_version(s.roles)},
+            checkpoint.save(s.out / "checkpoints", step + 1, s.executor.train_engines(),
+                            {"stream": s.stream.state(), "actor_version": s.executor.actor_version},
                             keep=cfg.train.keep_checkpoints, is_main=s.main)
             distributed.barrier()
-    if cfg.train.export and "actor" in s.roles and history:
-        s.roles["actor"].engine.save_pretrained(str(s.out / "final"), load_tokenizer(s.model_path))
+    if cfg.train.export and "actor" in s.executor.plan.roles and history:
+        s.executor.save_pretrained(str(s.out / "final"), load_tokenizer(s.model_path))
     return history
 
 
@@ -175,19 +199,15 @@ def _due(cfg: RunConfig, step: int) -> bool:
     return step == cfg.train.steps or (every > 0 and step % every == 0)
 
 
-def _resume(cfg: RunConfig, roles: dict[str, Any], stream: PromptStream) -> int:
+def _resume(cfg: RunConfig, executor: Executor, stream: PromptStream) -> int:
     found = checkpoint.latest(Path(cfg.train.output_dir) / "checkpoints") if cfg.train.resume else None
     if found is None:
         return 0
-    state = checkpoint.load(found, train_engines(roles))
+    state = checkpoint.load(found, executor.train_engines())
     stream.restore(state["stream"])
-    if "actor" in roles:
-        roles["actor"].version = state["actor_version"] + 1  # forces a weight sync into the rollout
+    if "actor" in executor.plan.roles:
+        executor.actor_version = state["actor_version"] + 1  # forces a weight sync into the rollout
     return int(state["step"])
-
-
-def _actor_version(roles: dict[str, Any]) -> int:
-    return roles["actor"].version if "actor" in roles else 0
 
 
 def _seed(seed: int) -> None:

@@ -93,3 +93,33 @@ class TokenMeanNLL:
 
     def weight(self, mb):
         return float(mb["response_mask"].sum())
+
+
+class SleepyTrainEngine(FakeTrainEngine):
+    """A FakeTrainEngine whose forward takes `seconds`: shows whether two forwards overlap."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, batch, **kwargs):
+        import time
+        time.sleep(self.seconds)
+        return super().forward(batch, **kwargs)
+
+
+def build_fake_roles(cfg, names, shares_actor_module, task, path, forward_s=0.0):
+    """flowrl.build.build_subset's contract over fakes (for RayExecutor's `builder`)."""
+    from flowrl.roles import Actor, Ref, Reward, Rollout
+
+    roles = {}
+    if "reward" in names:
+        roles["reward"] = Reward(fn=task.reward, tokenizer=FakeTokenizer(), meta_keys=task.meta_keys)
+    if "actor" in names:
+        roles["actor"] = Actor(engine=SleepyTrainEngine(forward_s))
+    if "ref" in names:
+        roles["ref"] = Ref(engine=SleepyTrainEngine(forward_s))
+    if "rollout" in names:
+        roles["rollout"] = Rollout(engine=FakeRolloutEngine(), params=SamplingParams(max_new_tokens=2),
+                                   actor=roles.get("actor"), weight_sync=lambda train, rollout: None)
+    return roles

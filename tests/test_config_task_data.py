@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 
 from flowrl.config import load_run_config, warn_no_effect
@@ -65,3 +68,11 @@ def test_chat_template_wraps_prompts(tiny_model_path):
     plain, wrapped = (next(PromptStream(ArithmeticTask(), tok, 1, chat_template=c)) for c in (False, True))
     text = tok.decode(plain["prompt_ids"][0])
     assert tok.decode(wrapped["prompt_ids"][0]) == f"<{text}>="
+
+
+def test_executor_is_validated_and_ray_stays_optional():
+    with pytest.raises(ValueError, match=r"train\.executor: Input should be 'local' or 'ray'"):
+        load_run_config(None, ["train.executor=dask"])
+    code = "import sys, flowrl.trainer, flowrl.cli; assert 'ray' not in sys.modules, 'ray imported'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -78,8 +78,11 @@ def test_bad_signature_rejected():
 
 
 def test_dapo_has_fill_after_filter():
-    _, order = dapo.trace(INPUTS, ROLE_CLASSES)
+    graph, order = dapo.trace(INPUTS, ROLE_CLASSES)
     assert order.index("drop_uniform_groups") < order.index("_fill") < order.index("actor.logprobs")
+    # the filter and the fill change rows: what follows depends on them, not just on generate
+    assert graph.has_edge("drop_uniform_groups", "_fill") and graph.has_edge("_fill", "actor.logprobs")
+    assert not graph.has_edge("rollout.generate", "actor.logprobs")
 
 
 def test_ppo_uses_critic():
@@ -96,7 +99,9 @@ def test_remax_scores_a_greedy_rollout_as_the_baseline():
     assert order.index("keep_as_baseline") < order.index("rollout.generate#2")
     # the advantage reads the greedy baseline kept before resampling, and the sampled scores
     assert "baseline_scores" in graph.nodes["remax_advantage"]["node"].reads
-    assert graph.has_edge("keep_as_baseline", "remax_advantage")
+    # the baseline reaches the advantage through the resampling, which repeats its rows
+    assert graph.has_edge("keep_as_baseline", "rollout.generate#2")
+    assert graph.has_edge("rollout.generate#2", "remax_advantage")
     assert graph.has_edge("reward.score#2", "remax_advantage")
     assert not graph.has_edge("reward.score", "remax_advantage")
 

@@ -1,0 +1,125 @@
+"""The Ray executor on one local cluster: equal to the local executor, FSDP2 pools, overlap, bad input."""
+
+import functools
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import flowrl as fl
+from flowrl.config import RunConfig, load_run_config
+from flowrl.data import PromptStream
+from flowrl.roles import ROLE_CLASSES
+from flowrl.trainer import train
+from fakes import FakeTokenizer, ParityTask, build_fake_roles
+from transformers import AutoModelForCausalLM
+
+ray = pytest.importorskip("ray")
+from flowrl.ray_executor import RayExecutor  # noqa: E402  (needs ray)
+
+INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer"}
+SPLIT = ('placement={"pools": [{"name": "train", "roles": ["actor", "ref"]}, '
+         '{"name": "gen", "roles": ["rollout"]}]}')
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    """One local Ray cluster for the module; workers find `fakes` on PYTHONPATH."""
+    path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield
+    ray.shutdown()
+
+
+def config(tmp_path, *overrides):
+    return load_run_config(None, [f"train.output_dir={tmp_path}", *overrides])
+
+
+def test_ray_equals_local_on_a_split_placement(tmp_path):
+    """The rollout pool's copy is refreshed from the actor pool each step (without that sync the runs part)."""
+    common = ["task.name=fakes:ParityTask", "train.steps=3", "train.batch_size=8", "train.eval_every=3",
+              "train.eval_prompts=8", SPLIT]
+    local = train(config(tmp_path / "local", *common), progress=False)
+    remote = train(config(tmp_path / "ray", *common, "train.executor=ray"), progress=False)
+    assert len({row["reward/mean"] for row in local}) == 3  # the policy moves
+    for key in ("reward/mean", "actor/pg_loss", "response_length/mean", "actor/grad_norm"):
+        assert [row[key] for row in remote] == pytest.approx([row[key] for row in local], abs=1e-6), key
+    assert remote[-1]["eval/reward/mean"] == pytest.approx(local[-1]["eval/reward/mean"], abs=1e-6)
+    rows = [json.loads(line) for line in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0: the evaluation before training
+    exported = [AutoModelForCausalLM.from_pretrained(tmp_path / run / "final").state_dict() for run in ("local", "ray")]
+    assert all(torch.allclose(exported[0][k], exported[1][k], atol=1e-6) for k in exported[0])
+
+
+def test_a_two_rank_fsdp_pool_trains_checkpoints_and_resumes(tmp_path):
+    wide = ('placement={"pools": [{"name": "train", "roles": ["actor", "ref"], "world_size": 2}, '
+            '{"name": "gen", "roles": ["rollout"]}]}')
+    common = ["train.executor=ray", "task.name=fakes:ParityTask", "train.batch_size=4", "algo.group_size=4",
+              "train.eval_every=0", "train.save_every=2"]
+    first = train(config(tmp_path, *common, "train.steps=2", wide), progress=False)
+    assert [row["step"] for row in first] == [1, 2]
+    assert all(math.isfinite(row["actor/pg_loss"]) and row["actor/grad_norm"] > 0 for row in first)
+    assert (tmp_path / "checkpoints" / "step_000002" / "actor" / "engine.pt").exists()
+    # resume on one pool of two ranks (the rollout keeps its own copy, synced inside the workers): checkpoints
+    # hold full state dicts, so any placement loads them
+    hybrid = 'placement={"pools": [{"name": "all", "roles": ["actor", "ref", "rollout"], "world_size": 2}]}'
+    resumed = train(config(tmp_path, *common, "train.steps=3", hybrid), progress=False)
+    assert [row["step"] for row in resumed] == [3]
+    assert math.isfinite(resumed[0]["actor/pg_loss"]) and 0.0 <= resumed[0]["reward/mean"] <= 1.0
+    rows = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [1, 2, 3]
+    assert (tmp_path / "checkpoints" / "step_000003" / "actor" / "engine.pt").exists()
+
+
+@fl.algorithm
+def two_forwards(batch, actor, rollout, ref):
+    batch = rollout.generate(batch, n=2)
+    batch = actor.logprobs(batch)
+    return ref.logprobs(batch)
+
+
+def fake_executor(placement, algo=two_forwards, forward_s=0.0, cfg=None):
+    plan = fl.compile_plan(algo, placement, INPUTS, ROLE_CLASSES)
+    return RayExecutor(plan, cfg or RunConfig(), ParityTask(), Path("unused"),
+                       builder=functools.partial(build_fake_roles, forward_s=forward_s))
+
+
+def test_independent_nodes_on_two_pools_overlap():
+    placement = fl.Placement(pools=[fl.Pool(name="a", roles=["actor", "rollout"]), fl.Pool(name="b", roles=["ref"])])
+    executor = fake_executor(placement, forward_s=0.5)
+    try:
+        stream = PromptStream(ParityTask(), FakeTokenizer(), batch_size=2)
+        executor.run_step(0, stream)  # warm up
+        batch, logged = executor.run_step(1, stream)
+    finally:
+        executor.close()
+    expected = -0.1 * batch["response_ids"].float() * batch["response_mask"]
+    assert torch.equal(batch["old_logprobs"], expected) and torch.equal(batch["ref_logprobs"], expected)
+    assert logged["timing_s/actor.logprobs"] >= 0.5 and logged["timing_s/ref.logprobs"] >= 0.5
+    assert logged["timing_s/step"] < 0.9, logged  # one after the other would take 1 s and more
+
+
+def test_rows_that_do_not_split_over_a_pool_are_named():
+    placement = fl.Placement(pools=[fl.Pool(name="a", roles=["actor", "ref"]),
+                                    fl.Pool(name="gen", roles=["rollout"], world_size=2)])
+    executor = fake_executor(placement)
+    try:
+        batch, _ = executor.run_step(0, PromptStream(ParityTask(), FakeTokenizer(), batch_size=4))
+        assert batch.batch_size[0] == 8 and torch.equal(batch["group"], batch["uid"])
+        with pytest.raises(ValueError, match="pool 'gen': rollout.generate got 3 rows, which do not split evenly"):
+            executor.run_step(1, PromptStream(ParityTask(), FakeTokenizer(), batch_size=3))
+    finally:
+        executor.close()
+    with pytest.raises(ValueError, match="train.mini_batch_size=5 must be divisible by the world_size 2 of pool 'gen'"):
+        fake_executor(placement, cfg=config("unused", "train.mini_batch_size=5"))
+
+
+def test_fill_needs_pools_of_one_rank():
+    from flowrl.algorithms import dapo
+
+    placement = fl.Placement(pools=[fl.Pool(name="g", roles=["actor", "rollout"], world_size=2)])
+    with pytest.raises(fl.PlanError, match="dynamic sampling .* give pool 'g' world_size 1"):
+        fake_executor(placement, algo=dapo)
