@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    apply_activation_checkpointing, checkpoint_wrapper)
 
 from flowrl.config import OptimConfig, RunConfig
 from flowrl.engines.hf_rollout import HFRolloutEngine
@@ -65,17 +67,30 @@ def build_subset(cfg: RunConfig, names: tuple[str, ...], shares_actor_module: bo
         roles["reward"] = Reward(fn=task.reward, tokenizer=tokenizer, meta_keys=task.meta_keys)
     settings = _settings(cfg)
     if "actor" in names:
-        engine = _train_engine(load_causal_lm(path, dtype), "actor", cfg.actor, device)
+        engine = _train_engine(_trainable(load_causal_lm(path, dtype), cfg), "actor", cfg.actor, device)
         roles["actor"] = Actor(engine=engine, settings=settings)
     if "ref" in names:
         ref_engine = _train_engine(load_causal_lm(path, dtype).requires_grad_(False), "actor", cfg.actor, device)
         roles["ref"] = Ref(engine=ref_engine, settings=settings)
     if "critic" in names:
-        roles["critic"] = Critic(engine=_train_engine(load_value_model(path, dtype), "critic", cfg.critic, device),
-                                 settings=settings)
+        critic = _trainable(load_value_model(path, dtype), cfg)
+        roles["critic"] = Critic(engine=_train_engine(critic, "critic", cfg.critic, device), settings=settings)
     if "rollout" in names:
         roles["rollout"] = _rollout(cfg, shares_actor_module, roles.get("actor"), tokenizer, path, dtype, device)
     return roles
+
+
+def _trainable(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
+    """With model.gradient_checkpointing, each decoder layer recomputes its activations in backward.
+
+    torch's checkpoint wrapper (what FSDP2 setups use) rather than transformers' switch, whose name
+    differs across transformers 5 releases; state-dict keys stay unchanged.
+    """
+    if cfg.model.gradient_checkpointing:
+        layers = set(model.model.layers)
+        apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,
+                                       check_fn=lambda module: module in layers)
+    return model
 
 
 def _rollout(cfg: RunConfig, shares_actor_module: bool, actor: Actor | None, tokenizer: Any, path: Path,

@@ -133,3 +133,11 @@ def test_a_custom_task_plugs_in_by_name(tmp_path):
         train(config(tmp_path, "task.name=fakes:Nope"), progress=False)
     with pytest.raises(ValueError, match="task.name: unknown 'gsm8k'"):
         train(config(tmp_path, "task.name=gsm8k"), progress=False)
+
+
+def test_gradient_checkpointing_trains_the_same(tmp_path):
+    plain = train(config(tmp_path / "a", "train.steps=2", "train.eval_every=0"), progress=False)
+    saved = train(config(tmp_path / "b", "train.steps=2", "train.eval_every=0", "model.gradient_checkpointing=true"),
+                  progress=False)
+    for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm"):
+        assert [r[key] for r in saved] == pytest.approx([r[key] for r in plain], abs=1e-5), key
