@@ -1,0 +1,60 @@
+"""Activation checkpointing: peak memory and time of one actor update, off vs on.
+
+Prints both and their ratios. Usage: python benchmarks/activation_checkpointing.py cuda
+(on CPU only the time is measured).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+
+import torch
+
+from flowrl import losses
+from flowrl.build import _trainable
+from flowrl.config import load_run_config
+from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.models.loading import load_causal_lm
+from flowrl.models.tiny import build_tiny_model
+from flowrl.roles import Actor, UpdateSettings
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from deferred_logprobs import make_batch  # noqa: E402  (same synthetic batch)
+
+
+def measure(path: str, checkpointing: bool, device: str, batch) -> tuple[float, float]:
+    cfg = load_run_config(None, [f"model.gradient_checkpointing={str(checkpointing).lower()}"])
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = _trainable(load_causal_lm(path, dtype), cfg)
+    actor = Actor(engine=HFTrainEngine(model, kind="actor", lr=1e-6, device=device),
+                  settings=UpdateSettings(mini_batch_size=batch.batch_size[0], micro_batch_size=16))
+    run = lambda: actor.update(actor.logprobs(batch.clone(), on_policy=True), loss=losses.ppo_loss())  # noqa: E731
+    run()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(3):
+        run()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    return (time.perf_counter() - start) / 3, peak
+
+
+def main() -> None:
+    device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+    big = device == "cuda"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_tiny_model(tmp + "/m", hidden_size=1024 if big else 64, num_layers=12 if big else 2,
+                                num_heads=16 if big else 4, max_position_embeddings=2048)
+        batch = make_batch(64 if big else 16, 64, 1024 if big else 16, vocab=14)
+        (t_off, m_off), (t_on, m_on) = (measure(str(path), flag, device, batch) for flag in (False, True))
+    print(f"device={device} off: {t_off:.3f}s {m_off:.2f}GiB  on: {t_on:.3f}s {m_on:.2f}GiB  "
+          f"memory off/on={m_off / m_on:.2f}x time on/off={t_on / t_off:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
