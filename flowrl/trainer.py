@@ -24,7 +24,7 @@ from flowrl.executor import Executor, LocalExecutor
 from flowrl.models.loading import load_tokenizer
 from flowrl.planner import MODEL_ROLES, Placement, Plan, compile_plan
 from flowrl.roles import ROLE_CLASSES
-from flowrl.tasks import make_task
+from flowrl.tasks import Task, make_task
 
 SHOWN = {"reward/mean": "reward", "eval/reward/mean": "eval", "actor/pg_loss": "pg_loss", "critic/vf_loss": "vf_loss",
          "response_length/mean": "len", "timing_s/step": "s/step"}
@@ -80,10 +80,13 @@ class Session:
         return Path(self.cfg.train.output_dir)
 
 
-def setup(cfg: RunConfig, algo: Algorithm | None = None) -> Session:
-    """Compile (no model loaded yet), build the roles, resume; the first graph or config error stops here."""
+def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = None) -> Session:
+    """Compile (no model loaded yet), build the roles, resume; the first graph or config error stops here.
+
+    `algo` and `task` override cfg.algorithm and cfg.task.name with objects (for use from Python).
+    """
     algo = algo or resolve_algorithm(cfg.algorithm)
-    task = make_task(cfg.task.name, cfg.task.max_operand)
+    task = task or make_task(cfg.task.name, cfg.task.max_operand)
     if cfg.train.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
     rank, world = distributed.setup(cfg.train.device)
@@ -126,9 +129,9 @@ OnStep = Callable[[int, dict[str, float]], None]
 
 
 def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
-          on_step: OnStep | None = None) -> list[dict[str, float]]:
+          on_step: OnStep | None = None, task: Task | None = None) -> list[dict[str, float]]:
     """Run cfg.train.steps steps (resuming if a checkpoint exists); returns this run's metrics per step."""
-    s = setup(cfg, algo)
+    s = setup(cfg, algo, task)
     try:
         return _loop(s, progress, on_step)
     finally:

@@ -125,6 +125,13 @@ def test_split_placement_matches_the_hybrid_engine(tmp_path):
         assert [row[key] for row in separate] == pytest.approx([row[key] for row in hybrid], abs=1e-6), key
 
 
+def test_a_task_object_can_be_passed_from_python(tmp_path):
+    from fakes import ParityTask
+
+    history = train(config(tmp_path, "train.steps=1", "train.eval_every=0"), progress=False, task=ParityTask())
+    assert len(history) == 1 and "reward/mean" in history[0]
+
+
 def test_a_custom_task_plugs_in_by_name(tmp_path):
     history = train(config(tmp_path, "task.name=fakes:ParityTask", "train.steps=2", "train.eval_every=0"),
                     progress=False)
