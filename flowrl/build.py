@@ -21,7 +21,7 @@ from flowrl.engines.weight_sync import choose_weight_sync
 from flowrl.models.loading import load_causal_lm, load_tokenizer, load_value_model
 from flowrl.models.tiny import build_tiny_model
 from flowrl.planner import Plan
-from flowrl.roles import Actor, Critic, Ref, Reward, Rollout, UpdateSettings
+from flowrl.roles import Actor, Critic, Ref, Reward, RewardModel, Rollout, UpdateSettings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -29,12 +29,16 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def model_path(cfg: RunConfig, task: Any) -> Path:
     """The configured model folder, or the built-in tiny model (built once) for the task's alphabet."""
     if cfg.model.path is not None:
-        if not (Path(cfg.model.path) / "config.json").is_file():
-            raise ValueError(f"model.path: {cfg.model.path!r} is not a Hugging Face model folder (no config.json)")
-        return Path(cfg.model.path)
+        return _model_folder(cfg.model.path, "model.path")
     return build_tiny_model(Path(cfg.train.output_dir) / "tiny-model", chars=task.chars,
                             hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_num_layers,
                             seed=cfg.train.seed)
+
+
+def _model_folder(path: str, field: str) -> Path:
+    if not (Path(path) / "config.json").is_file():
+        raise ValueError(f"{field}: {path!r} is not a Hugging Face model folder (no config.json)")
+    return Path(path)
 
 
 def _settings(cfg: RunConfig) -> UpdateSettings:
@@ -63,9 +67,9 @@ def build_subset(cfg: RunConfig, names: tuple[str, ...], shares_actor_module: bo
     dtype, device = DTYPES[cfg.model.dtype], cfg.train.device
     tokenizer = load_tokenizer(path)
     roles: dict[str, Any] = {}
-    if "reward" in names:
-        roles["reward"] = Reward(fn=task.reward, tokenizer=tokenizer, meta_keys=task.meta_keys)
     settings = _settings(cfg)
+    if "reward" in names:
+        roles["reward"] = _reward(cfg, task, tokenizer, settings, dtype, device)
     if "actor" in names:
         engine = _train_engine(_trainable(load_causal_lm(path, dtype), cfg), "actor", cfg.actor, device)
         roles["actor"] = Actor(engine=engine, settings=settings)
@@ -78,6 +82,19 @@ def build_subset(cfg: RunConfig, names: tuple[str, ...], shares_actor_module: bo
     if "rollout" in names:
         roles["rollout"] = _rollout(cfg, shares_actor_module, roles.get("actor"), tokenizer, path, dtype, device)
     return roles
+
+
+def _reward(cfg: RunConfig, task: Any, tokenizer: Any, settings: UpdateSettings, dtype: torch.dtype,
+            device: str) -> Reward | RewardModel:
+    """The task's reward function, or the reward model at model.reward_path."""
+    if cfg.model.reward_path is None:
+        return Reward(fn=task.reward, tokenizer=tokenizer, meta_keys=task.meta_keys)
+    model = load_value_model(_model_folder(cfg.model.reward_path, "model.reward_path"), dtype)
+    if model.config.vocab_size != len(tokenizer):
+        raise ValueError(f"model.reward_path: the reward model's vocab_size {model.config.vocab_size} differs from "
+                         f"the policy tokenizer's {len(tokenizer)}; it must share the policy's tokenizer")
+    engine = HFTrainEngine(model.requires_grad_(False), kind="reward", device=device)
+    return RewardModel(engine=engine, settings=settings)
 
 
 def _trainable(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:

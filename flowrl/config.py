@@ -25,6 +25,9 @@ class ModelConfig(Section):
     path: str | None = Field(None, description="Local Hugging Face model folder; None builds the tiny built-in "
                                                "model under train.output_dir.")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype of every model role.")
+    reward_path: str | None = Field(None, description="Local reward model folder (a num_labels=1 classification "
+                                                      "checkpoint sharing the policy's tokenizer); None scores "
+                                                      "with the task's reward function.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (actor, critic): "
                                                            "less memory, about a third more compute.")
     tiny_hidden_size: int = Field(64, ge=8, description="Hidden size of the built-in tiny model.")

@@ -174,6 +174,26 @@ class Reward:
         return batch
 
 
+@dataclass
+class RewardModel:
+    """A learned reward (verl's reward model): a scalar-head model's output at each response's last token.
+
+    The engine is a TrainEngine of kind "reward" over a token- or sequence-classification checkpoint
+    (num_labels=1) that shares the policy's tokenizer; it is only ever run forward.
+    """
+
+    engine: TrainEngine
+    settings: UpdateSettings = field(default_factory=UpdateSettings)
+
+    @graph_method(reads=MODEL_INPUT, writes=("scores",))
+    def score(self, batch: TensorDict, metric: str = "reward") -> TensorDict:
+        scores_BR = self.engine.forward(batch, micro_batch_size=self.settings.micro_batch_size)["scores"]
+        last_B = (batch["response_mask"].sum(-1) - 1).clamp(min=0)
+        batch["scores"] = scores_BR.gather(1, last_B.unsqueeze(-1)).squeeze(-1)
+        metrics.log(f"{metric}/mean", batch["scores"].mean())
+        return batch
+
+
 def decode_responses(tokenizer: Any, batch: TensorDict) -> list[str]:
     ids, mask = batch["response_ids"], batch["response_mask"].bool()
     eos = tokenizer.eos_token_id

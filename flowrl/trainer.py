@@ -23,7 +23,7 @@ from flowrl.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan
 from flowrl.executor import Executor, LocalExecutor
 from flowrl.models.loading import load_tokenizer
 from flowrl.planner import MODEL_ROLES, Placement, Plan, compile_plan
-from flowrl.roles import ROLE_CLASSES
+from flowrl.roles import ROLE_CLASSES, RewardModel
 from flowrl.tasks import Task, make_task
 
 SHOWN = {"reward/mean": "reward", "eval/reward/mean": "eval", "actor/pg_loss": "pg_loss", "critic/vf_loss": "vf_loss",
@@ -53,13 +53,14 @@ def make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int = 1) -
         values.setdefault("max_response_len", cfg.rollout.max_new_tokens)
     algo_cfg = validate(algo.config_cls, {**algo.overrides, **values}, prefix="algo")
     inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
+    classes = {**ROLE_CLASSES, "reward": RewardModel} if cfg.model.reward_path else ROLE_CLASSES
     placement = cfg.placement
     if placement is None:  # colocate exactly the model roles this configuration uses
-        graph, order = algo.trace(inputs, ROLE_CLASSES, algo_cfg)
+        graph, order = algo.trace(inputs, classes, algo_cfg)
         used = {graph.nodes[n]["node"].role for n in order}
         placement = Placement.colocated(tuple(r for r in MODEL_ROLES if r in used), world_size=world_size,
                                         device=cfg.train.device)
-    return compile_plan(algo, placement, inputs, ROLE_CLASSES, algo_cfg)
+    return compile_plan(algo, placement, inputs, classes, algo_cfg)
 
 
 @dataclass

@@ -40,7 +40,7 @@ class HFTrainEngine:
     lr * min(1, (s + 1) / warmup_steps). `eps` is AdamW's epsilon.
     """
 
-    def __init__(self, model: torch.nn.Module, *, kind: Literal["actor", "critic"], lr: float = 1e-6,
+    def __init__(self, model: torch.nn.Module, *, kind: Literal["actor", "critic", "reward"], lr: float = 1e-6,
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  grad_clip: float = 1.0, warmup_steps: int = 0, device: str | torch.device = "cpu"):
         _check_args(kind=kind, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip, warmup_steps=warmup_steps)
@@ -150,9 +150,12 @@ class HFTrainEngine:
         mask = torch.cat([mb["prompt_mask"].long(), mb["response_mask"].long()], dim=1)
         inputs = dict(input_ids=torch.cat([prompt_ids, response_ids], dim=1), attention_mask=mask,
                       position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False)
-        if self.kind == "critic":
+        if self.kind == "critic":  # the value of the state before each response token
             logits = self.model(**inputs).logits
             return {"values": logits[:, num_prompt - 1:num_prompt + num_response - 1, 0].float()}
+        if self.kind == "reward":  # the score after each response token (a reward model reads the last one)
+            logits = self.model(**inputs).logits
+            return {"scores": logits[:, num_prompt:num_prompt + num_response, 0].float()}
         # the last R + 1 positions are P - 1 .. P + R - 1; the very last predicts past the response
         logits_BRV = self.model(**inputs, logits_to_keep=num_response + 1).logits[:, :-1].float() / temperature
         logprobs_BRV = torch.log_softmax(logits_BRV, dim=-1)
@@ -253,8 +256,8 @@ def _fully_shard(model: torch.nn.Module, device_type: str, world_size: int) -> N
 
 
 def _check_args(*, kind: str, lr: float, weight_decay: float, grad_clip: float, warmup_steps: int) -> None:
-    if kind not in ("actor", "critic"):
-        raise ValueError(f"kind must be 'actor' or 'critic', got {kind!r}")
+    if kind not in ("actor", "critic", "reward"):
+        raise ValueError(f"kind must be 'actor', 'critic' or 'reward', got {kind!r}")
     _check_positive(lr=lr, grad_clip=grad_clip)
     if weight_decay < 0:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
