@@ -12,6 +12,7 @@ import tempfile
 import time
 
 import torch
+from tensordict import TensorDict
 
 from flowrl import losses
 from flowrl.batch import prompt_batch
@@ -21,7 +22,7 @@ from flowrl.models.tiny import build_tiny_model
 from flowrl.roles import Actor, UpdateSettings
 
 
-def make_batch(rows: int, prompt_len: int, response_len: int, vocab: int) -> "TensorDict":
+def make_batch(rows: int, prompt_len: int, response_len: int, vocab: int) -> TensorDict:
     gen = torch.Generator().manual_seed(0)
     batch = prompt_batch(torch.randint(2, vocab, (rows, prompt_len), generator=gen).tolist(), 0, range(rows))
     batch["response_ids"] = torch.randint(2, vocab, (rows, response_len), generator=gen)

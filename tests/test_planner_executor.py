@@ -1,5 +1,3 @@
-import itertools
-import warnings
 
 import pytest
 import torch
