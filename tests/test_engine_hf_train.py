@@ -161,3 +161,19 @@ def test_critic_values(tiny_model_path):
     torch.testing.assert_close(engine.forward(shifted)["values"][:, :4][mask], values[mask], atol=1e-5, rtol=0)
     metrics = engine.update(batch, ValueMSE(), mini_batch_size=6, micro_batch_size=3)
     assert engine.update(batch, ValueMSE(), mini_batch_size=6)["value_loss"] < metrics["value_loss"]
+
+
+def test_padding_columns_cost_nothing_and_change_nothing(tiny_model_path):
+    """Extra all-padding columns on both sides are trimmed per micro-batch; outputs keep the batch's width."""
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor")
+    batch = make_batch(ROWS)
+    wide = batch.clone()
+    wide["prompt_ids"] = torch.nn.functional.pad(batch["prompt_ids"], (5, 0))
+    wide["prompt_mask"] = torch.nn.functional.pad(batch["prompt_mask"], (5, 0))
+    wide["response_ids"] = torch.nn.functional.pad(batch["response_ids"], (0, 7))
+    wide["response_mask"] = torch.nn.functional.pad(batch["response_mask"], (0, 7))
+    narrow_out = engine.forward(batch, micro_batch_size=2)["logprobs"]
+    wide_out = engine.forward(wide, micro_batch_size=2)["logprobs"]
+    assert wide_out.shape == (len(ROWS), batch["response_ids"].shape[1] + 7)
+    torch.testing.assert_close(wide_out[:, :narrow_out.shape[1]], narrow_out, atol=1e-5, rtol=0)
+    assert (wide_out[:, narrow_out.shape[1]:] == 0).all()

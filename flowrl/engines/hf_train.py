@@ -145,6 +145,14 @@ class HFTrainEngine:
             dist.barrier()
 
     def _outputs(self, mb: TensorDict, temperature: float, with_entropy: bool) -> dict[str, torch.Tensor]:
+        """Outputs [B, R] for the micro-batch, 0 on padding, computed without the columns that are padding
+        in every row."""
+        mask = mb["response_mask"].bool()
+        out = self._outputs_dense(_trim_padding(mb), temperature, with_entropy)
+        return {key: torch.where(mask, torch.nn.functional.pad(value, (0, mask.shape[1] - value.shape[1])), 0)
+                for key, value in out.items()}
+
+    def _outputs_dense(self, mb: TensorDict, temperature: float, with_entropy: bool) -> dict[str, torch.Tensor]:
         prompt_ids, response_ids = mb["prompt_ids"], mb["response_ids"]
         num_prompt, num_response = prompt_ids.shape[1], response_ids.shape[1]
         mask = torch.cat([mb["prompt_mask"].long(), mb["response_mask"].long()], dim=1)
@@ -253,6 +261,19 @@ def _fully_shard(model: torch.nn.Module, device_type: str, world_size: int) -> N
     for layer in layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+
+
+def _trim_padding(mb: TensorDict) -> TensorDict:
+    """Drop leading prompt columns and trailing response columns that no row uses (keeping one of each):
+    a micro-batch of short rows then costs what its rows need, not the whole batch's width."""
+    prompt_used = mb["prompt_mask"].bool().any(0)
+    response_used = mb["response_mask"].bool().any(0)
+    start = min(int(prompt_used.long().argmax()) if prompt_used.any() else 0, prompt_used.numel() - 1)
+    end = max(int(response_used.nonzero().max()) + 1 if response_used.any() else 1, 1)
+    trimmed = mb.select("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+    return TensorDict(prompt_ids=trimmed["prompt_ids"][:, start:], prompt_mask=trimmed["prompt_mask"][:, start:],
+                      response_ids=trimmed["response_ids"][:, :end], response_mask=trimmed["response_mask"][:, :end],
+                      batch_size=mb.batch_size, device=mb.device)
 
 
 def _check_args(*, kind: str, lr: float, weight_decay: float, grad_clip: float, warmup_steps: int) -> None:

@@ -55,7 +55,8 @@ class TrainEngine(Protocol):
 
     def forward(self, batch: TensorDict, *, temperature: float = 1.0, micro_batch_size: int = 8,
                 with_entropy: bool = False) -> dict[str, torch.Tensor]:
-        """No-grad outputs aligned to the response: "logprobs" or "values" [B, R]."""
+        """No-grad outputs aligned to the response, 0 on padding: "logprobs" (actor), "values" (critic)
+        or "scores" (reward model), each [B, R]."""
         ...
 
     def update(self, batch: TensorDict, loss_fn: LossFn, *, temperature: float = 1.0,
