@@ -177,3 +177,18 @@ def test_padding_columns_cost_nothing_and_change_nothing(tiny_model_path):
     assert wide_out.shape == (len(ROWS), batch["response_ids"].shape[1] + 7)
     torch.testing.assert_close(wide_out[:, :narrow_out.shape[1]], narrow_out, atol=1e-5, rtol=0)
     assert (wide_out[:, narrow_out.shape[1]:] == 0).all()
+
+
+def test_length_grouped_micro_batches_change_no_output_and_no_step(tiny_model_path):
+    batch = make_batch(ROWS)
+    results = []
+    for by_length in (False, True):
+        torch.manual_seed(0)
+        engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=1e-2, eps=1.0, by_length=by_length)
+        logprobs = engine.forward(batch, micro_batch_size=2)["logprobs"]  # rows come back in the batch's order
+        engine.update(batch, TokenMeanNLL(), mini_batch_size=len(ROWS), micro_batch_size=2)
+        results.append((logprobs, engine.model.state_dict()))
+    (lp_plain, state_plain), (lp_grouped, state_grouped) = results
+    torch.testing.assert_close(lp_grouped, lp_plain, atol=1e-5, rtol=0)
+    for key, value in state_plain.items():
+        torch.testing.assert_close(state_grouped[key], value, atol=1e-6, rtol=0)

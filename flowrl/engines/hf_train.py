@@ -42,9 +42,12 @@ class HFTrainEngine:
 
     def __init__(self, model: torch.nn.Module, *, kind: Literal["actor", "critic", "reward"], lr: float = 1e-6,
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 grad_clip: float = 1.0, warmup_steps: int = 0, device: str | torch.device = "cpu"):
+                 grad_clip: float = 1.0, warmup_steps: int = 0, device: str | torch.device = "cpu",
+                 by_length: bool = True):
+        """by_length: group rows of similar length into micro-batches (and trim their padding); False keeps
+        the batch's row order, as fixed-width micro-batches of verl without dynamic batch size do."""
         _check_args(kind=kind, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip, warmup_steps=warmup_steps)
-        self.kind = kind
+        self.kind, self.by_length = kind, by_length
         self.grad_clip = grad_clip
         self.world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.sharded = self.world_size > 1
@@ -65,10 +68,13 @@ class HFTrainEngine:
         """No-grad outputs aligned to the response, on the device of batch["prompt_ids"]."""
         _check_positive(temperature=temperature, micro_batch_size=micro_batch_size)
         self._check_same_rows(batch.batch_size[0])
+        order = self._order(batch)
         outs = [self._outputs(mb.to(self.device), temperature, with_entropy)
-                for mb in batch.split(micro_batch_size)]
+                for mb in batch[order].split(micro_batch_size)]
         home = batch["prompt_ids"].device
-        return {key: torch.cat([out[key] for out in outs]).to(home) for key in outs[0]}
+        unsort = torch.empty_like(order)
+        unsort[order] = torch.arange(order.numel())
+        return {key: torch.cat([out[key] for out in outs])[unsort.to(self.device)].to(home) for key in outs[0]}
 
     def update(self, batch: TensorDict, loss_fn: LossFn, *, temperature: float = 1.0,
                mini_batch_size: int = 8, micro_batch_size: int = 8, epochs: int = 1,
@@ -176,7 +182,7 @@ class HFTrainEngine:
     def _step(self, mini: TensorDict, loss_fn: LossFn, temperature: float, micro_batch_size: int,
               sums: dict[str, list[float]], old_from_current: bool = False) -> float | None:
         """One optimizer step on a mini-batch; the grad norm, or None when the step was skipped."""
-        micro = mini.split(micro_batch_size)
+        micro = mini[self._order(mini)].split(micro_batch_size)
         weights = [float(loss_fn.weight(mb)) for mb in micro]
         total = self._all_reduce_sum(sum(weights))
         if total <= 0:
@@ -211,6 +217,14 @@ class HFTrainEngine:
         self.optimizer.step()
         self.scheduler.step()
         return norm.item()
+
+    def _order(self, batch: TensorDict) -> torch.Tensor:
+        """Rows longest first (with `by_length`), so each micro-batch's padding trims away; the loss is a
+        weighted sum over micro-batches, so their makeup leaves the step unchanged."""
+        if not self.by_length:
+            return torch.arange(batch.batch_size[0])
+        lengths = batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)
+        return torch.argsort(lengths.cpu(), descending=True, stable=True)
 
     def _rank(self) -> int:
         return dist.get_rank() if self.sharded else 0
