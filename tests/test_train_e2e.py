@@ -148,3 +148,9 @@ def test_gradient_checkpointing_trains_the_same(tmp_path):
                   progress=False)
     for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm"):
         assert [r[key] for r in saved] == pytest.approx([r[key] for r in plain], abs=1e-5), key
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_cuda_without_a_gpu_is_named(tmp_path):
+    with pytest.raises(ValueError, match="train.device: 'cuda', but torch sees no CUDA device"):
+        train(config(tmp_path, "train.device=cuda"), progress=False)
