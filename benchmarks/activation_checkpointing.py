@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -21,7 +20,7 @@ from flowrl.models.tiny import build_tiny_model
 from flowrl.roles import Actor, UpdateSettings
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from deferred_logprobs import make_batch  # noqa: E402  (same synthetic batch)
+from common import make_batch, seconds_per_call  # noqa: E402
 
 
 def measure(path: str, checkpointing: bool, device: str, batch) -> tuple[float, float]:
@@ -31,17 +30,11 @@ def measure(path: str, checkpointing: bool, device: str, batch) -> tuple[float, 
     actor = Actor(engine=HFTrainEngine(model, kind="actor", lr=1e-6, device=device),
                   settings=UpdateSettings(mini_batch_size=batch.batch_size[0], micro_batch_size=16))
     run = lambda: actor.update(actor.logprobs(batch.clone(), on_policy=True), loss=losses.ppo_loss())  # noqa: E731
-    run()
     if device == "cuda":
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    for _ in range(3):
-        run()
-    if device == "cuda":
-        torch.cuda.synchronize()
+    elapsed = seconds_per_call(run, device, warmup=1)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-    return (time.perf_counter() - start) / 3, peak
+    return elapsed, peak
 
 
 def main() -> None:

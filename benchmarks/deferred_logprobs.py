@@ -9,26 +9,17 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import time
 
 import torch
-from tensordict import TensorDict
 
 from flowrl import losses
-from flowrl.batch import prompt_batch
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.models.loading import load_causal_lm
 from flowrl.models.tiny import build_tiny_model
 from flowrl.roles import Actor, UpdateSettings
 
-
-def make_batch(rows: int, prompt_len: int, response_len: int, vocab: int) -> TensorDict:
-    gen = torch.Generator().manual_seed(0)
-    batch = prompt_batch(torch.randint(2, vocab, (rows, prompt_len), generator=gen).tolist(), 0, range(rows))
-    batch["response_ids"] = torch.randint(2, vocab, (rows, response_len), generator=gen)
-    batch["response_mask"] = torch.ones(rows, response_len, dtype=torch.long)
-    batch["advantages"] = torch.randn(rows, 1, generator=gen).expand(rows, response_len).contiguous()
-    return batch
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from common import make_batch, seconds_per_call  # noqa: E402
 
 
 def seconds(actor: Actor, batch, on_policy: bool, repeats: int, device: str) -> float:
@@ -36,16 +27,7 @@ def seconds(actor: Actor, batch, on_policy: bool, repeats: int, device: str) -> 
         b = actor.logprobs(batch.clone(), on_policy=on_policy)
         actor.update(b, loss=losses.ppo_loss())
 
-    for _ in range(2):  # warm up kernels, allocator and optimizer state
-        once()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        once()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / repeats
+    return seconds_per_call(once, device, repeats)
 
 
 def main() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -20,7 +19,7 @@ from flowrl.models.tiny import build_tiny_model
 from flowrl.roles import Actor, UpdateSettings
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from deferred_logprobs import make_batch  # noqa: E402
+from common import make_batch, seconds_per_call  # noqa: E402
 
 
 def variable_lengths(batch, longest: int):
@@ -37,15 +36,7 @@ def seconds(path, by_length: bool, batch, device: str, big: bool) -> float:
     engine = HFTrainEngine(model, kind="actor", lr=1e-6, device=device, by_length=by_length)
     actor = Actor(engine=engine, settings=UpdateSettings(mini_batch_size=batch.batch_size[0], micro_batch_size=8))
     run = lambda: actor.update(actor.logprobs(batch.clone()), loss=losses.ppo_loss())  # noqa: E731
-    run()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(3):
-        run()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / 3
+    return seconds_per_call(run, device, warmup=1)
 
 
 def main() -> None:

@@ -1,0 +1,35 @@
+"""What the benchmark scripts share: a synthetic batch and a wall-clock timer that syncs CUDA."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+from tensordict import TensorDict
+
+from flowrl.batch import prompt_batch
+
+
+def make_batch(rows: int, prompt_len: int, response_len: int, vocab: int) -> TensorDict:
+    """Random prompts and full-length responses, with one advantage per row."""
+    gen = torch.Generator().manual_seed(0)
+    batch = prompt_batch(torch.randint(2, vocab, (rows, prompt_len), generator=gen).tolist(), 0, range(rows))
+    batch["response_ids"] = torch.randint(2, vocab, (rows, response_len), generator=gen)
+    batch["response_mask"] = torch.ones(rows, response_len, dtype=torch.long)
+    batch["advantages"] = torch.randn(rows, 1, generator=gen).expand(rows, response_len).contiguous()
+    return batch
+
+
+def seconds_per_call(fn: Callable[[], object], device: str, repeats: int = 3, warmup: int = 2) -> float:
+    """Mean seconds of fn() after `warmup` calls (kernels, allocator, optimizer state)."""
+    for _ in range(warmup):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats
