@@ -94,18 +94,19 @@ class LocalExecutor:
     def _run(self, nodes: list[Node], batch: TensorDict) -> TensorDict:
         for node in nodes:
             start = time.perf_counter()
-            batch = self._call(node, batch)
+            batch = call_node(node, self.roles, batch)
             metrics.log(f"timing_s/{node.name}", time.perf_counter() - start)
             if batch.batch_size[0] == 0 and node is not nodes[-1]:
                 return batch
         return batch
 
-    def _call(self, node: Node, batch: TensorDict) -> TensorDict:
-        if node.kind == "fill":
-            return batch
-        if node.role is not None:
-            return getattr(self.roles[node.role], node.method)(batch, **node.kwargs)
-        return node.fn(batch, **node.kwargs)
+def call_node(node: Node, roles: dict[str, Any], batch: TensorDict) -> TensorDict:
+    """Run one node in this process: a role method on `roles`, or a stage (a fill node is a no-op here)."""
+    if node.kind == "fill":
+        return batch
+    if node.role is not None:
+        return getattr(roles[node.role], node.method)(batch, **node.kwargs)
+    return node.fn(batch, **node.kwargs)
 
 
 def fill_index(plan: Plan) -> int | None:

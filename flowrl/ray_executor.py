@@ -35,7 +35,7 @@ from flowrl.build import build_subset
 from flowrl.config import RunConfig
 from flowrl.distributed import average
 from flowrl.errors import PlanError
-from flowrl.executor import TRAINABLE_ROLES, fill_index, run_with_fill
+from flowrl.executor import TRAINABLE_ROLES, call_node, fill_index, run_with_fill
 from flowrl.planner import DRIVER, Plan, Pool
 from flowrl.ray_worker import Builder, PoolWorker
 from flowrl.trace import Node
@@ -175,7 +175,7 @@ class RayExecutor:
             elif node.pool == DRIVER:
                 todo.remove(node)
                 start = time.perf_counter()
-                batch = self._run_local(node, batch)
+                batch = call_node(node, self.driver_roles, batch)
                 metrics.log(f"timing_s/{node.name}", time.perf_counter() - start)
             else:
                 todo.remove(node)
@@ -183,13 +183,6 @@ class RayExecutor:
             if batch.batch_size[0] == 0 and todo and not inflight:
                 return batch
         return batch
-
-    def _run_local(self, node: Node, batch: TensorDict) -> TensorDict:
-        if node.kind == "fill":
-            return batch
-        if node.role is not None:
-            return getattr(self.driver_roles[node.role], node.method)(batch, **node.kwargs)
-        return node.fn(batch, **node.kwargs)
 
     def _launch(self, node: Node, batch: TensorDict) -> _Launched:
         start = time.perf_counter()
