@@ -16,11 +16,10 @@ from flowrl.build import _trainable
 from flowrl.config import load_run_config
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.models.loading import load_causal_lm
-from flowrl.models.tiny import build_tiny_model
 from flowrl.roles import Actor, UpdateSettings
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from common import make_batch, seconds_per_call  # noqa: E402
+from common import bench_model, make_batch, seconds_per_call  # noqa: E402
 
 
 def measure(path: str, checkpointing: bool, device: str, batch) -> tuple[float, float]:
@@ -41,8 +40,7 @@ def main() -> None:
     device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
     big = device == "cuda"
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_model(tmp + "/m", hidden_size=1024 if big else 64, num_layers=12 if big else 2,
-                                num_heads=16 if big else 4, max_position_embeddings=2048)
+        path = bench_model(tmp, device, 2048)
         batch = make_batch(64 if big else 16, 64, 1024 if big else 16, vocab=14)
         (t_off, m_off), (t_on, m_on) = (measure(str(path), flag, device, batch) for flag in (False, True))
     print(f"device={device} off: {t_off:.3f}s {m_off:.2f}GiB  on: {t_on:.3f}s {m_on:.2f}GiB  "

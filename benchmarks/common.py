@@ -1,4 +1,4 @@
-"""What the benchmark scripts share: a synthetic batch and a wall-clock timer that syncs CUDA."""
+"""What the benchmark scripts share: the model, a synthetic batch and a wall-clock timer that syncs CUDA."""
 
 from __future__ import annotations
 
@@ -9,6 +9,14 @@ import torch
 from tensordict import TensorDict
 
 from flowrl.batch import prompt_batch
+from flowrl.models.tiny import build_tiny_model
+
+
+def bench_model(folder: str, device: str, max_positions: int):
+    """The benchmark model: 12 layers of width 1024 on CUDA (about 150M parameters), the tiny one on CPU."""
+    big = device == "cuda"
+    return build_tiny_model(folder + "/m", hidden_size=1024 if big else 64, num_layers=12 if big else 2,
+                            num_heads=16 if big else 4, max_position_embeddings=max_positions)
 
 
 def make_batch(rows: int, prompt_len: int, response_len: int, vocab: int) -> TensorDict:

@@ -15,11 +15,10 @@ import torch
 from flowrl import losses
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.models.loading import load_causal_lm
-from flowrl.models.tiny import build_tiny_model
 from flowrl.roles import Actor, UpdateSettings
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from common import make_batch, seconds_per_call  # noqa: E402
+from common import bench_model, make_batch, seconds_per_call  # noqa: E402
 
 
 def seconds(actor: Actor, batch, on_policy: bool, repeats: int, device: str) -> float:
@@ -34,8 +33,7 @@ def main() -> None:
     device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
     big = device == "cuda"
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_model(tmp + "/m", hidden_size=1024 if big else 64, num_layers=12 if big else 2,
-                                num_heads=16 if big else 4, max_position_embeddings=1024)
+        path = bench_model(tmp, device, 1024)
         model = load_causal_lm(path, torch.bfloat16 if big else torch.float32)
     rows, response_len = (64, 512) if big else (32, 16)
     settings = UpdateSettings(mini_batch_size=rows, micro_batch_size=16 if big else 32)

@@ -15,11 +15,10 @@ import torch
 from flowrl import losses
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.models.loading import load_causal_lm
-from flowrl.models.tiny import build_tiny_model
 from flowrl.roles import Actor, UpdateSettings
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from common import make_batch, seconds_per_call  # noqa: E402
+from common import bench_model, make_batch, seconds_per_call  # noqa: E402
 
 
 def variable_lengths(batch, longest: int):
@@ -44,8 +43,7 @@ def main() -> None:
     big = device == "cuda"
     longest = 2048 if big else 64
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_model(tmp + "/m", hidden_size=1024 if big else 64, num_layers=12 if big else 2,
-                                num_heads=16 if big else 4, max_position_embeddings=longest + 128)
+        path = bench_model(tmp, device, longest + 128)
         batch = variable_lengths(make_batch(64 if big else 32, 64, longest, vocab=14), longest)
         in_order, grouped = (seconds(path, flag, batch, device, big) for flag in (False, True))
     print(f"device={device} rows={batch.batch_size[0]} longest={longest} in_order={in_order:.3f}s "
