@@ -176,11 +176,6 @@ def _eval_due(cfg: RunConfig, step: int) -> bool:
     return step == cfg.train.steps or step % cfg.train.eval_every == 0
 
 
-def _log(s: Session, bar: tqdm, logged: dict[str, float], progress: bool) -> None:
-    if s.main:
-        _report(bar, s.out, logged, progress)
-
-
 def _per_rank_config(cfg: RunConfig, world: int) -> RunConfig:
     """Batch sizes are global in the config; each rank takes its share."""
     if world == 1:
@@ -191,8 +186,11 @@ def _per_rank_config(cfg: RunConfig, world: int) -> RunConfig:
     return cfg.model_copy(update={"train": t.model_copy(update=shares)})
 
 
-def _report(bar: tqdm, out: Path, logged: dict[str, float], progress: bool) -> None:
-    _append_jsonl(out / "metrics.jsonl", logged)
+def _log(s: Session, bar: tqdm, logged: dict[str, float], progress: bool) -> None:
+    """Rank 0 appends the row to metrics.jsonl, updates the bar and prints the step line."""
+    if not s.main:
+        return
+    _append_jsonl(s.out / "metrics.jsonl", logged)
     bar.set_postfix({short: f"{logged[k]:.3g}" for k, short in SHOWN.items() if k in logged})
     if progress:
         bar.write(_format(logged))
@@ -235,8 +233,8 @@ def _append_jsonl(path: Path, row: dict[str, float]) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-LINE = ("eval/reward/mean", "reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/clipfrac", "actor/grad_norm", "critic/vf_loss",
-        "response_length/mean", "sampling/groups")
+LINE = ("eval/reward/mean", "reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/clipfrac", "actor/grad_norm",
+        "critic/vf_loss", "response_length/mean", "sampling/groups")
 
 
 def _format(logged: dict[str, float]) -> str:
