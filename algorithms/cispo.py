@@ -3,8 +3,8 @@
 from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
-from flowrl import losses, stages
-from flowrl.subgraphs import critic_free_step
+from flowrl.rl import losses, stages
+from flowrl.rl.subgraphs import critic_free_step
 
 
 class CISPOConfig(BaseModel):

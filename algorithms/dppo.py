@@ -5,9 +5,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
-from flowrl import losses, stages
-from flowrl.subgraphs import critic_free_step
-from flowrl.ops.aggregate import AggMode
+from flowrl.rl import losses, stages
+from flowrl.rl.subgraphs import critic_free_step
+from flowrl.rl.ops.aggregate import AggMode
 
 DIVERGENCE_LOSSES = {"tv": losses.dppo_tv_loss, "kl": losses.dppo_kl_loss}
 
@@ -22,7 +22,7 @@ class DPPOConfig(BaseModel):
     clip_high: float = Field(0.15, ge=0, le=1, description="Divergence bound for tokens with A > 0.")
     ratio_cap: float = Field(20.0, ge=1, description="Truncation of the detached IS ratio (verl's clip_ratio_c).")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
-    loss_agg_mode: AggMode = Field("token-mean", description="How token losses are averaged (flowrl.ops.aggregate).")
+    loss_agg_mode: AggMode = Field("token-mean", description="How token losses are averaged (flowrl.rl.ops.aggregate).")
 
 
 @fl.algorithm(config=DPPOConfig)

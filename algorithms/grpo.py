@@ -3,9 +3,9 @@
 from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
-from flowrl import losses, stages
-from flowrl.subgraphs import critic_free_step
-from flowrl.ops.aggregate import AggMode
+from flowrl.rl import losses, stages
+from flowrl.rl.subgraphs import critic_free_step
+from flowrl.rl.ops.aggregate import AggMode
 
 
 class GRPOConfig(BaseModel):
@@ -14,7 +14,7 @@ class GRPOConfig(BaseModel):
     clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range, the same on both sides.")
     kl_coef: float = Field(0.001, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
     norm_by_std: bool = Field(True, description="Divide by the group's std; False gives Dr.GRPO.")
-    loss_agg_mode: AggMode = Field("token-mean", description="How token losses are averaged (flowrl.ops.aggregate).")
+    loss_agg_mode: AggMode = Field("token-mean", description="How token losses are averaged (flowrl.rl.ops.aggregate).")
     entropy_coef: float = Field(0.0, description="Entropy bonus weight.")
 
 

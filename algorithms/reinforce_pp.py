@@ -3,7 +3,7 @@
 from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
-from flowrl import losses, stages
+from flowrl.rl import losses, stages
 
 
 class ReinforcePPConfig(BaseModel):

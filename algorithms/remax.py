@@ -3,8 +3,8 @@
 from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
-from flowrl import losses, stages
-from flowrl.ops.aggregate import AggMode
+from flowrl.rl import losses, stages
+from flowrl.rl.ops.aggregate import AggMode
 
 
 class ReMaxConfig(BaseModel):
@@ -12,7 +12,7 @@ class ReMaxConfig(BaseModel):
     group_size: int = Field(4, ge=1, description="Sampled responses per prompt besides the greedy one "
                                                  "(1 is the paper's setting).")
     clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range.")
-    loss_agg_mode: AggMode = Field("token-mean", description="How token losses are averaged (flowrl.ops.aggregate).")
+    loss_agg_mode: AggMode = Field("token-mean", description="How token losses are averaged (flowrl.rl.ops.aggregate).")
 
 
 @fl.algorithm(config=ReMaxConfig)

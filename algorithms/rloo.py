@@ -3,9 +3,9 @@
 from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
-from flowrl import losses, stages
-from flowrl.subgraphs import critic_free_step
-from flowrl.ops.aggregate import AggMode
+from flowrl.rl import losses, stages
+from flowrl.rl.subgraphs import critic_free_step
+from flowrl.rl.ops.aggregate import AggMode
 
 
 class RLOOConfig(BaseModel):

@@ -8,8 +8,8 @@ from typing import Callable
 import torch
 from tensordict import TensorDict
 
-from flowrl.batch import prompt_batch
-from flowrl.models.tiny import build_tiny_model
+from flowrl.data.batch import prompt_batch
+from flowrl.engines.tiny_model import build_tiny_model
 
 
 def bench_model(folder: str, device: str, max_positions: int):

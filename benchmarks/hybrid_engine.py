@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from flowrl.config import load_run_config
-from flowrl.trainer import train
+from flowrl.runtime.trainer import train
 
 SPLIT = '{"pools": [{"name": "train", "roles": ["actor", "ref"], "device": "%s"}, ' \
         '{"name": "gen", "roles": ["rollout"], "device": "%s"}]}'

@@ -12,9 +12,9 @@ import tempfile
 
 import torch
 
-from flowrl import losses
+from flowrl.rl import losses
 from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.models.loading import load_causal_lm
+from flowrl.engines.hf_models import load_causal_lm
 from flowrl.roles import Actor, UpdateSettings
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])

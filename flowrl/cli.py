@@ -28,8 +28,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def print_config(algorithm: str | None) -> None:
-    from flowrl.describe import config_lines
-    from flowrl.trainer import resolve_algorithm
+    from flowrl.config import config_lines
+    from flowrl.runtime.trainer import resolve_algorithm
 
     for line in config_lines(RunConfig):
         print(line)
@@ -49,12 +49,13 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from flowrl import trainer  # heavy imports after argument errors
+    from flowrl.runtime import trainer  # heavy imports after argument errors
 
     try:
         if args.command == "config":
             print_config(args.algorithm)
             return 0
+        trainer.resolve_algorithm(args.algorithm)  # imports it first: the roles it registers may be placed
         cfg = config_from_args(args)
         if args.command == "plan":
             algo = trainer.resolve_algorithm(cfg.algorithm)

@@ -12,9 +12,13 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Iterator
 
-from flowrl.planner import Placement
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
+
+from flowrl.engines.configs import RolloutEngineConfig, TrainEngineConfig
+from flowrl.graph.role import ROLES
+from flowrl.plan.placement import Placement
 
 
 class Section(BaseModel):
@@ -32,21 +36,6 @@ class ModelConfig(Section):
                                                            "less memory, about a third more compute.")
     tiny_hidden_size: int = Field(64, ge=8, description="Hidden size of the built-in tiny model.")
     tiny_num_layers: int = Field(2, ge=1, description="Decoder layers of the built-in tiny model.")
-
-
-class RolloutConfig(Section):
-    max_new_tokens: int = Field(2, ge=1, description="Longest response, in tokens.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature; logprobs use the same one.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    top_k: int = Field(0, ge=0, description="Top-k sampling; 0 is off.")
-
-
-class OptimConfig(Section):
-    lr: float = Field(2e-3, gt=0, description="AdamW learning rate (the default suits the tiny model; "
-                                              "use about 1e-6 for real LLMs).")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
-    warmup_steps: int = Field(0, ge=0, description="Linear LR warmup, in optimizer steps.")
 
 
 class TrainConfig(Section):
@@ -74,7 +63,7 @@ class TrainConfig(Section):
 
 class TaskConfig(Section):
     name: str = Field("arithmetic", description="'arithmetic' (built in) or 'module:attribute' of your own "
-                                                "task (see flowrl.tasks).")
+                                                "task (see flowrl.data.tasks).")
     max_operand: int = Field(4, ge=1, le=99, description="Arithmetic task: operands are drawn from 0..max_operand.")
     chat_template: bool = Field(False, description="Wrap each prompt as a user turn with the tokenizer's chat "
                                                    "template (for instruct models).")
@@ -83,14 +72,42 @@ class TaskConfig(Section):
 class RunConfig(Section):
     algorithm: str = Field("grpo", description="A name in flowrl.algorithms.REGISTRY or 'module:attribute'.")
     model: ModelConfig = Field(default_factory=ModelConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    actor: OptimConfig = Field(default_factory=OptimConfig)
-    critic: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=5e-3))
+    rollout: SerializeAsAny[RolloutEngineConfig] = Field(
+        default_factory=lambda: RolloutEngineConfig.model_validate({}), description="The rollout engine (`rollout.engine`, a name in "
+                                                     "flowrl.engines.ROLLOUT_ENGINES) and its options.")
+    actor: SerializeAsAny[TrainEngineConfig] = Field(
+        default_factory=lambda: TrainEngineConfig.model_validate({}), description="The actor's train engine (`actor.engine`, a name in "
+                                                   "flowrl.engines.TRAIN_ENGINES) and its options; the "
+                                                   "reference and reward models run on the same engine.")
+    critic: SerializeAsAny[TrainEngineConfig] = Field(default_factory=lambda: TrainEngineConfig.model_validate({"lr": 5e-3}),
+                                                      description="The critic's train engine and its options.")
     train: TrainConfig = Field(default_factory=TrainConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     placement: Placement | None = Field(None, description="Resource pools; None colocates every model role.")
     algo: dict[str, Any] = Field(default_factory=dict, description="The algorithm's own options, validated "
                                                                    "by its config class.")
+    roles: dict[str, str] = Field(default_factory=dict, description="Bind an algorithm's role parameter to "
+                                                                    "another registered role class, e.g. "
+                                                                    "{'reward': 'reward_model'}.")
+
+    @model_validator(mode="after")
+    def _reward_model_binding(self) -> "RunConfig":
+        """model.reward_path scores the `reward` role with the learned reward model unless roles says otherwise."""
+        if self.model.reward_path is not None and "reward" not in self.roles:
+            self.roles = {**self.roles, "reward": "reward_model"}
+        return self
+
+    @field_validator("roles")
+    @classmethod
+    def _registered(cls, roles: dict[str, str]) -> dict[str, str]:
+        for name, impl in roles.items():
+            if impl not in ROLES:
+                raise ValueError(f"{name}: unknown role {impl!r}; registered roles are {ROLES.names()}")
+        return roles
+
+    def role_classes(self) -> dict[str, type]:
+        """The classes bound to role names for this run (every other role keeps its registered class)."""
+        return {name: ROLES.get(impl).cls for name, impl in self.roles.items()}
 
 
 def format_error(err: ValidationError, prefix: str = "") -> str:
@@ -155,7 +172,18 @@ def warn_no_effect(cfg: RunConfig, used_roles: tuple[str, ...]) -> None:
                       f"has no effect: micro-batches never exceed a mini-batch", stacklevel=2)
     if cfg.task.name != "arithmetic" and cfg.task.max_operand != default.task.max_operand:
         warnings.warn("task.max_operand has no effect: task.name is not 'arithmetic'", stacklevel=2)
-    if "critic" not in used_roles and cfg.critic != default.critic:
-        warnings.warn("critic.* has no effect: the algorithm uses no critic", stacklevel=2)
-    if "actor" not in used_roles and cfg.actor != default.actor:
-        warnings.warn("actor.* has no effect: the algorithm uses no actor", stacklevel=2)
+    for section in ("critic", "actor", "rollout"):  # config sections named after the roles that use them
+        if section not in used_roles and getattr(cfg, section) != getattr(default, section):
+            warnings.warn(f"{section}.* has no effect: the algorithm uses no {section}", stacklevel=2)
+
+
+def config_lines(model: type[BaseModel], prefix: str = "", values: BaseModel | None = None) -> Iterator[str]:
+    """One line per leaf field with its default and description (the one place they are documented);
+    `values` (an instance) supplies defaults set by a parent's default_factory."""
+    for name, info in model.model_fields.items():
+        key = f"{prefix}{name}"
+        default: Any = getattr(values, name) if values is not None else info.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            yield from config_lines(type(default), f"{key}.", default)
+            continue
+        yield f"{key:32s} {default!r:>14}  {info.description or ''}"

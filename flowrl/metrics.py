@@ -2,18 +2,23 @@
 
 One mechanism for all nodes keeps node functions returning just the batch, so
 an algorithm runs the same eagerly (plain calls) and compiled (executor).
+Executors run each node inside `node(name)`: values one node logs under one
+name several times (over dynamic-sampling rounds, or micro-batches) are
+averaged, but when two nodes (two calls of one role method, say) log the same
+name, the first keeps it and the later ones get `name#2`, `name#3`, ...
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections import defaultdict
 from typing import Iterator
 
 import torch
 
-_SINK: contextvars.ContextVar[dict[str, list[float]] | None] = contextvars.ContextVar("flowrl_metrics", default=None)
+_SINK: contextvars.ContextVar[dict[str, dict[str, list[float]]] | None] = contextvars.ContextVar(
+    "flowrl_metrics", default=None)
+_NODE: contextvars.ContextVar[str] = contextvars.ContextVar("flowrl_metrics_node", default="")
 
 
 def log(name: str, value: float | torch.Tensor) -> None:
@@ -23,7 +28,7 @@ def log(name: str, value: float | torch.Tensor) -> None:
         return
     if isinstance(value, torch.Tensor):
         value = value.detach().float().mean().item()
-    sink[name].append(float(value))
+    sink.setdefault(name, {}).setdefault(_NODE.get(), []).append(float(value))
 
 
 def log_dict(prefix: str, values: dict[str, float]) -> None:
@@ -32,13 +37,25 @@ def log_dict(prefix: str, values: dict[str, float]) -> None:
 
 
 @contextlib.contextmanager
+def node(name: str) -> Iterator[None]:
+    """Metrics logged inside the block belong to graph node `name`."""
+    token = _NODE.set(name)
+    try:
+        yield
+    finally:
+        _NODE.reset(token)
+
+
+@contextlib.contextmanager
 def collect() -> Iterator[dict[str, float]]:
     """Collect metrics logged inside the block; the yielded dict fills on exit with means."""
-    sink: dict[str, list[float]] = defaultdict(list)
+    sink: dict[str, dict[str, list[float]]] = {}
     result: dict[str, float] = {}
     token = _SINK.set(sink)
     try:
         yield result
     finally:
         _SINK.reset(token)
-        result.update({k: sum(v) / len(v) for k, v in sink.items() if v})
+        for name, by_node in sink.items():
+            for i, values in enumerate(by_node.values()):
+                result[name if i == 0 else f"{name}#{i + 1}"] = sum(values) / len(values)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flowrl.models.tiny import build_tiny_model
+from flowrl.engines.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="session")

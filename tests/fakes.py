@@ -109,7 +109,7 @@ class SleepyTrainEngine(FakeTrainEngine):
 
 
 def build_fake_roles(cfg, names, shares_actor_module, task, path, forward_s=0.0):
-    """flowrl.build.build_subset's contract over fakes (for RayExecutor's `builder`)."""
+    """flowrl.runtime.factory.build_subset's contract over fakes (for RayExecutor's `builder`)."""
     from flowrl.roles import Actor, Ref, Reward, Rollout
 
     roles = {}

@@ -1,7 +1,7 @@
 import torch
 from tensordict import TensorDict
 
-from flowrl.batch import column, concat, first_groups, left_pad, prompt_batch, repeat_rows
+from flowrl.data.batch import column, concat, first_groups, left_pad, prompt_batch, repeat_rows
 
 
 def test_left_pad_and_prompt_batch_keep_metadata_aligned():

@@ -2,9 +2,9 @@
 
 import torch
 
-from flowrl.build import _trainable
+from flowrl.runtime.factory import _trainable
 from flowrl.config import load_run_config
-from flowrl.models.loading import load_causal_lm
+from flowrl.engines.hf_models import load_causal_lm
 
 
 def test_gradient_checkpointing_recomputes_layers_and_keeps_state_dict_keys(tiny_model_path):

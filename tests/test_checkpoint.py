@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from flowrl import checkpoint
+from flowrl.runtime import checkpoint
 from fakes import FakeTrainEngine
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from flowrl.config import load_run_config, warn_no_effect
 from flowrl.data import PromptStream
-from flowrl.tasks.arithmetic import ArithmeticTask
+from flowrl.data.tasks.arithmetic import ArithmeticTask
 from fakes import FakeTokenizer
 
 
@@ -58,7 +58,7 @@ def test_values_without_effect_warn():
 
 
 def test_chat_template_wraps_prompts(tiny_model_path):
-    from flowrl.models.loading import load_tokenizer
+    from flowrl.engines.hf_models import load_tokenizer
 
     tok = load_tokenizer(tiny_model_path)
     with pytest.raises(ValueError, match="task.chat_template: the tokenizer has no chat template"):
@@ -73,6 +73,6 @@ def test_chat_template_wraps_prompts(tiny_model_path):
 def test_executor_is_validated_and_ray_stays_optional():
     with pytest.raises(ValueError, match=r"train\.executor: Input should be 'local' or 'ray'"):
         load_run_config(None, ["train.executor=dask"])
-    code = "import sys, flowrl.trainer, flowrl.cli; assert 'ray' not in sys.modules, 'ray imported'"
+    code = "import sys, flowrl.runtime.trainer, flowrl.cli; assert 'ray' not in sys.modules, 'ray imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -10,7 +10,7 @@ from tensordict import TensorDict
 from torch.distributed.tensor import DTensor
 
 from flowrl.engines import FullStateSync, HFRolloutEngine, HFTrainEngine, SamplingParams
-from flowrl.models.loading import load_causal_lm, load_tokenizer
+from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from fakes import TokenMeanNLL
 
 WORLD = 2

@@ -4,7 +4,7 @@ from tensordict import TensorDict
 
 from flowrl.engines import (FullStateSync, HFRolloutEngine, HFTrainEngine, SamplingParams, SharedModuleSync,
                             choose_weight_sync, mask_after_eos)
-from flowrl.models.loading import load_causal_lm, load_tokenizer
+from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from fakes import TokenMeanNLL
 
 PROMPTS = ["12+3=", "7*8=", "9-4=", "1+1=", "22+22=", "5=", "3*3=", "60-7="]

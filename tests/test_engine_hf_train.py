@@ -5,7 +5,7 @@ import torch
 from tensordict import TensorDict
 
 from flowrl.engines import HFTrainEngine
-from flowrl.models.loading import load_causal_lm, load_tokenizer, load_value_model
+from flowrl.engines.hf_models import load_causal_lm, load_tokenizer, load_value_model
 from fakes import TokenMeanNLL
 
 PAD = 0

@@ -7,9 +7,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from flowrl.losses import (PolicyLoss, ValueLoss, cispo_loss, clip_higher_loss, dppo_kl_loss, dppo_tv_loss,
+from flowrl.rl.losses import (PolicyLoss, ValueLoss, cispo_loss, clip_higher_loss, dppo_kl_loss, dppo_tv_loss,
                            gspo_loss, ppo_loss)
-from flowrl.ops.policy_loss import dppo_kl, dppo_tv, ppo_clip
+from flowrl.rl.ops.policy_loss import dppo_kl, dppo_tv, ppo_clip
 
 NAN = float("nan")
 
@@ -27,7 +27,7 @@ def policy_batch(pad=0.0):
         "old_logprobs": torch.zeros(2, 3),
         "advantages": t([1, 1, 1], [-4, -4, -4]),
         "ref_logprobs": t([0, 1, 0], [-1, 0, 0]),
-        "response_mask": MASK,
+        "response_mask": MASK, "loss_mask": MASK,
     }, batch_size=[2])
     for key in ("old_logprobs", "advantages", "ref_logprobs"):
         mb[key][~MASK.bool()] = pad
@@ -68,7 +68,7 @@ def test_policy_loss_padding_garbage_changes_neither_loss_nor_gradient():
 
 
 def test_reads_entropy_and_weight():
-    assert ppo_loss().reads == ("old_logprobs", "advantages", "response_mask")
+    assert ppo_loss().reads == ("old_logprobs", "advantages", "loss_mask")
     assert ppo_loss(kl_coef=0.1).reads[-1] == "ref_logprobs"
     assert not ppo_loss().needs_entropy and ppo_loss(entropy_coef=1e-3).needs_entropy
     # without kl/entropy the loss reads neither ref_logprobs nor entropy
@@ -97,7 +97,7 @@ def test_grpo_is_symmetric_clip_higher():
     assert (grpo.loss_agg_mode, grpo.kl_coef) == (ppo.loss_agg_mode, ppo.kl_coef)
     out = {"logprobs": t([[math.log(1.5)]])}
     mb = TensorDict({"old_logprobs": torch.zeros(1, 1), "advantages": torch.ones(1, 1),
-                     "response_mask": torch.ones(1, 1)}, batch_size=[1])
+                     "response_mask": torch.ones(1, 1), "loss_mask": torch.ones(1, 1)}, batch_size=[1])
     # A = 1, r = 1.5: GRPO/PPO clip at 1.2 -> -1.2; DAPO's default clip_high .28 -> -1.28
     assert grpo(out, mb)[0].item() == pytest.approx(-1.2)
     assert clip_higher_loss()(out, mb)[0].item() == pytest.approx(-1.28)
@@ -158,10 +158,10 @@ def test_settings_without_effect_warn():
 
 def test_value_loss():
     loss_fn = ValueLoss(clip=0.5)
-    assert loss_fn.reads == ("values", "returns", "response_mask") and not loss_fn.needs_entropy
+    assert loss_fn.reads == ("values", "returns", "loss_mask") and not loss_fn.needs_entropy
     mb = TensorDict({"values": t([0.0, 0.0, 1.0], [NAN, NAN, NAN]),  # old values from the rollout
                      "returns": t([2.0, 1.0, 1.0], [NAN, NAN, NAN]),
-                     "response_mask": t([1, 1, 1], [0, 0, 0])}, batch_size=[2])
+                     "response_mask": t([1, 1, 1], [0, 0, 0]), "loss_mask": t([1, 1, 1], [0, 0, 0])}, batch_size=[2])
     values = t([1.0, 0.0, 2.0], [5.0, 5.0, 5.0]).requires_grad_(True)
     loss, metrics = loss_fn({"values": values}, mb)
     # per token [1.125 (clipped), .5, .5] (see test_clipped_value_loss): mean .708333

@@ -2,12 +2,12 @@
 
 import torch
 
-from flowrl import losses
-from flowrl.batch import prompt_batch
+from flowrl.rl import losses
+from flowrl.data.batch import prompt_batch
 from flowrl.engines.hf_rollout import HFRolloutEngine
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
-from flowrl.models.loading import load_causal_lm, load_tokenizer
+from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from flowrl.roles import Actor, UpdateSettings
 
 
@@ -18,6 +18,7 @@ def rollout_batch(path):
     out = HFRolloutEngine(load_causal_lm(path), tok).generate(prompts["prompt_ids"], prompts["prompt_mask"],
                                                               SamplingParams(max_new_tokens=3), seed=0)
     prompts["response_ids"], prompts["response_mask"] = out["response_ids"], out["response_mask"]
+    prompts["loss_mask"] = out["response_mask"]
     prompts["advantages"] = torch.tensor([1.0, -0.5, 0.25])[:, None] * out["response_mask"]
     return prompts
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from flowrl.ops.advantages import dr_grpo, gae, grpo, group_std, reinforce_pp, remax, rloo
-from flowrl.ops.masked import masked_whiten
+from flowrl.rl.ops.advantages import dr_grpo, gae, grpo, group_std, reinforce_pp, remax, rloo
+from flowrl.rl.ops.masked import masked_whiten
 
 NAN = float("nan")
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from flowrl.ops.policy_loss import binary_kl, cispo, dppo_kl, dppo_tv
+from flowrl.rl.ops.policy_loss import binary_kl, cispo, dppo_kl, dppo_tv
 
 
 def t(*values):

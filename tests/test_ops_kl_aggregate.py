@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from flowrl.ops.aggregate import AGG_MODES, agg_loss, agg_weight
-from flowrl.ops.kl import kl_penalty
-from flowrl.ops.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from flowrl.rl.ops.aggregate import AGG_MODES, agg_loss, agg_weight
+from flowrl.rl.ops.kl import kl_penalty
+from flowrl.rl.ops.masked import masked_mean, masked_sum, masked_var, masked_whiten
 
 NAN = float("nan")
 

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from flowrl.ops.aggregate import agg_loss
-from flowrl.ops.policy_loss import cispo, dppo_kl, dppo_tv, entropy_from_logits, gspo, ppo_clip
-from flowrl.ops.value_loss import clipped_value_loss
+from flowrl.rl.ops.aggregate import agg_loss
+from flowrl.rl.ops.policy_loss import cispo, dppo_kl, dppo_tv, entropy_from_logits, gspo, ppo_clip
+from flowrl.rl.ops.value_loss import clipped_value_loss
 
 NAN = float("nan")
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flowrl.ops.rewards import kl_in_reward, overlong_penalty, token_rewards
+from flowrl.rl.ops.rewards import kl_in_reward, overlong_penalty, token_rewards
 
 
 def t(*rows):

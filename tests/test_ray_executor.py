@@ -13,12 +13,12 @@ import flowrl as fl
 from flowrl.config import RunConfig, load_run_config
 from flowrl.data import PromptStream
 from flowrl.roles import ROLE_CLASSES
-from flowrl.trainer import train
+from flowrl.runtime.trainer import train
 from fakes import FakeTokenizer, ParityTask, build_fake_roles
 from transformers import AutoModelForCausalLM
 
 ray = pytest.importorskip("ray")
-from flowrl.ray_executor import RayExecutor  # noqa: E402  (needs ray)
+from flowrl.runtime.ray_executor import RayExecutor  # noqa: E402  (needs ray)
 
 INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer"}
 SPLIT = ('placement={"pools": [{"name": "train", "roles": ["actor", "ref"]}, '

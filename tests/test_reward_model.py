@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from flowrl.batch import prompt_batch
+from flowrl.data.batch import prompt_batch
 from flowrl.config import load_run_config
 from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.models.loading import load_tokenizer, load_value_model
-from flowrl.models.tiny import build_tiny_model
+from flowrl.engines.hf_models import load_tokenizer, load_value_model
+from flowrl.engines.tiny_model import build_tiny_model
 from flowrl.roles import RewardModel
-from flowrl.tasks.arithmetic import ArithmeticTask
-from flowrl.trainer import train
+from flowrl.data.tasks.arithmetic import ArithmeticTask
+from flowrl.runtime.trainer import train
 
 
 def save_reward_model(base_path, path):

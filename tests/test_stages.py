@@ -3,8 +3,8 @@
 import torch
 from tensordict import TensorDict
 
-from flowrl import stages
-from flowrl.batch import repeat_rows
+from flowrl.rl import stages
+from flowrl.data.batch import repeat_rows
 
 
 def test_remax_baseline_rides_along_as_rows_repeat():

@@ -7,7 +7,7 @@ from tensordict import TensorDict
 import flowrl as fl
 from flowrl.algorithms import dapo, dppo, grpo, ppo, reinforce_pp, remax
 from flowrl.roles import ROLE_CLASSES
-from flowrl.trace import SOURCE
+from flowrl.graph.trace import SOURCE
 
 INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer"}
 
@@ -43,7 +43,7 @@ def test_missing_field_names_field_and_node():
 
 
 def fl_loss():
-    from flowrl import losses
+    from flowrl.rl import losses
 
     return losses.ppo_loss()
 
@@ -115,7 +115,7 @@ def test_reinforce_pp_folds_kl_into_token_rewards_and_drops_ref_without_it():
 
 
 def test_dppo_divergence_picks_the_loss():
-    from flowrl.ops.policy_loss import dppo_kl, dppo_tv
+    from flowrl.rl.ops.policy_loss import dppo_kl, dppo_tv
 
     for divergence, objective in (("tv", dppo_tv), ("kl", dppo_kl)):
         graph, order = dppo.trace(INPUTS, ROLE_CLASSES, {"divergence": divergence})
@@ -167,7 +167,7 @@ def test_bad_call_arguments_fail_at_trace_time():
     with pytest.raises(fl.GraphError, match="n must be an int >= 1"):
         zero_samples.trace(INPUTS, ROLE_CLASSES)
 
-    from flowrl import stages
+    from flowrl.rl import stages
 
     @fl.algorithm
     def bad_stage_kwarg(batch, rollout, reward):

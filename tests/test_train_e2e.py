@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import flowrl as fl
-from flowrl import losses
+from flowrl.rl import losses
 from flowrl.config import load_run_config
-from flowrl.models.loading import load_tokenizer
-from flowrl.trainer import train
+from flowrl.engines.hf_models import load_tokenizer
+from flowrl.runtime.trainer import train
 from transformers import AutoModelForCausalLM
 
 

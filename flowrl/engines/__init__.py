@@ -1,12 +1,13 @@
-"""Engines: model backends behind the protocols roles depend on."""
+"""Engines: model backends behind the protocols roles depend on, each chosen by name from a registry.
 
-from flowrl.engines.hf_rollout import HFRolloutEngine, mask_after_eos
-from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.engines.protocols import (LossFn, RewardFn, RolloutEngine, SamplingParams, TrainEngine,
+Importing this package does not import transformers: the HF engines are
+registered lazily (flowrl.engines.configs) and load on first use.
+"""
+
+from flowrl.engines.configs import (ROLLOUT_ENGINES, TRAIN_ENGINES, ModelSource, RolloutEngineConfig,
+                                    TrainEngineConfig)
+from flowrl.engines.protocols import (FinishReason, LossFn, RewardFn, RolloutEngine, SamplingParams, TrainEngine,
                                       WeightSync)
-from flowrl.engines.weight_sync import FullStateSync, SharedModuleSync, choose_weight_sync
 
-__all__ = [
-    "FullStateSync", "HFRolloutEngine", "HFTrainEngine", "LossFn", "RewardFn", "RolloutEngine",
-    "SamplingParams", "SharedModuleSync", "TrainEngine", "WeightSync", "choose_weight_sync", "mask_after_eos",
-]
+__all__ = ["ROLLOUT_ENGINES", "TRAIN_ENGINES", "ModelSource", "RolloutEngineConfig", "TrainEngineConfig",
+           "FinishReason", "LossFn", "RewardFn", "RolloutEngine", "SamplingParams", "TrainEngine", "WeightSync"]

@@ -15,9 +15,11 @@ from typing import Iterator
 
 import torch
 from tensordict import TensorDict
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from flowrl.engines.protocols import SamplingParams
+from flowrl.engines.protocols import FinishReason, SamplingParams, TrainEngine, WeightSync
+from flowrl.engines.weight_sync import choose_weight_sync
 
 
 class HFRolloutEngine:
@@ -38,32 +40,45 @@ class HFRolloutEngine:
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
                  *, seed: int | None = None) -> TensorDict:
-        """Responses right-padded with pad_id; the mask is 1 through the first eos, 0 after."""
+        """Responses right-padded with pad_id; the mask is 1 through the first eos, 0 after; the sampler's
+        logprob of each token (0 on padding) and each row's finish reason."""
         config = self._generation_config(params)
         was_training = self.model.training
         self.model.eval()
         try:
             with _seeded(seed, self.device), torch.inference_mode():
-                chunks = [self._generate_chunk(ids, mask, config) for ids, mask in
+                chunks = [self._generate_chunk(ids, mask, config, params) for ids, mask in
                           zip(prompt_ids_BP.split(self.micro_batch_size), prompt_mask_BP.split(self.micro_batch_size))]
         finally:
             self.model.train(was_training)
         # clone outside inference mode: inference tensors cannot be saved for a later backward
-        response_ids_BR = _right_pad_cat([chunk.clone() for chunk in chunks], self.pad_id)
+        response_ids_BR = _right_pad_cat([ids.clone() for ids, _ in chunks], self.pad_id)
+        logprobs_BR = _right_pad_cat([logprobs.clone() for _, logprobs in chunks], 0.0)
         response_ids_BR, response_mask_BR = mask_after_eos(response_ids_BR, self.eos_id, self.pad_id)
+        stopped_B = ((response_ids_BR == self.eos_id) & response_mask_BR.bool()).any(-1)
+        finish_B = torch.where(stopped_B, int(FinishReason.STOP), int(FinishReason.LENGTH))
         home = prompt_ids_BP.device
         return TensorDict(response_ids=response_ids_BR.to(home), response_mask=response_mask_BR.to(home),
+                          rollout_logprobs=(logprobs_BR * response_mask_BR).to(home), finish_reason=finish_B.to(home),
                           batch_size=[prompt_ids_BP.shape[0]])
+
+    def weight_sync(self, train: TrainEngine) -> WeightSync:
+        """Nothing to move when this engine generates with `train`'s own module, else a full-state copy."""
+        return choose_weight_sync(getattr(train, "model", None), self.model)
 
     @torch.no_grad()
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copies a full (unsharded) state dict into the rollout model; strict."""
         self.model.load_state_dict(state_dict, strict=True)
 
-    def _generate_chunk(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
+    def _generate_chunk(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, config: GenerationConfig,
+                        params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """(response ids, the sampler's logprob of each)."""
+        recorder = _SampledLogprobs(params)
         out = self.model.generate(input_ids=ids_BP.to(self.device), attention_mask=mask_BP.to(self.device),
-                                  generation_config=config)
-        return out[:, ids_BP.shape[1]:]
+                                  generation_config=config, logits_processor=LogitsProcessorList([recorder]))
+        response_BR = out[:, ids_BP.shape[1]:]
+        return response_BR, recorder.finish(response_BR)
 
     def _generation_config(self, params: SamplingParams) -> GenerationConfig:
         _check_params(params)
@@ -76,6 +91,43 @@ class HFRolloutEngine:
             num_beams=1, num_return_sequences=1, eos_token_id=self.eos_id, pad_token_id=self.pad_id)
 
 
+class _SampledLogprobs(LogitsProcessor):
+    """Records the logprob of each sampled token under the distribution it was sampled from.
+
+    generate() runs user processors before its own temperature / top-k / top-p warpers, so this sees the
+    raw scores and applies the same warpers (transformers' own classes) to a copy. The token sampled from
+    step t's scores is only known at step t + 1 (the last column of input_ids), so one step's
+    log-probabilities are kept until then.
+    """
+
+    def __init__(self, params: SamplingParams):
+        warpers = [] if params.greedy else [TemperatureLogitsWarper(params.temperature)]
+        if not params.greedy and params.top_k:
+            warpers.append(TopKLogitsWarper(top_k=params.top_k))
+        if not params.greedy and params.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(top_p=params.top_p))
+        self.warpers = LogitsProcessorList(warpers)
+        self.pending: torch.Tensor | None = None  # [B, V] logprobs of the step whose token is not yet seen
+        self.logprobs: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.pending is not None:
+            self._take(input_ids[:, -1])
+        self.pending = torch.log_softmax(self.warpers(input_ids, scores.float()), dim=-1)
+        return scores
+
+    def finish(self, response_BR: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            self._take(response_BR[:, len(self.logprobs)])
+        width = response_BR.shape[1]
+        assert len(self.logprobs) == width, (len(self.logprobs), width)
+        return torch.stack(self.logprobs, dim=1) if width else response_BR.float()
+
+    def _take(self, token_B: torch.Tensor) -> None:
+        self.logprobs.append(self.pending.gather(-1, token_B.unsqueeze(-1)).squeeze(-1))
+        self.pending = None
+
+
 def mask_after_eos(response_ids_BR: torch.Tensor, eos_id: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids with pad_id after the first eos, mask 1 through the first eos and 0 after)."""
     is_eos_BR = response_ids_BR == eos_id
@@ -83,7 +135,7 @@ def mask_after_eos(response_ids_BR: torch.Tensor, eos_id: int, pad_id: int) -> t
     return response_ids_BR.masked_fill(after_eos_BR, pad_id), (~after_eos_BR).long()
 
 
-def _right_pad_cat(chunks: list[torch.Tensor], pad_id: int) -> torch.Tensor:
+def _right_pad_cat(chunks: list[torch.Tensor], pad_id: int | float) -> torch.Tensor:
     width = max(chunk.shape[1] for chunk in chunks)
     padded = [torch.nn.functional.pad(chunk, (0, width - chunk.shape[1]), value=pad_id) for chunk in chunks]
     return torch.cat(padded, dim=0)

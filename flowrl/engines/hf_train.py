@@ -28,7 +28,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from flowrl.engines.protocols import LossFn
-from flowrl.models.loading import atomic_dir
+from flowrl.engines.hf_models import atomic_dir
 
 CHECKPOINT_FILE = "engine.pt"
 

@@ -7,17 +7,29 @@ size [B]):
 - prompt_ids_BP / prompt_mask_BP: left-padded prompts.
 - response_ids_BR / response_mask_BR: right-padded responses; the mask is 1 on
   every generated token, the eos token included, and 0 on padding.
+- loss_mask_BR: 1 on the response tokens the losses count (the policy's own
+  tokens; tool output spliced into a response is in response_mask only).
+- rollout_logprobs_BR: the sampler's logprob of each response token under the
+  distribution it was sampled from (temperature, top-k, top-p applied).
+- finish_reason_B: a FinishReason per row; policy_version_B: the update count
+  of the weights that generated the row.
 - The model input is cat(prompt, response) along time, so the logprob of
   response token t comes from the logits at position P - 1 + t.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
 from tensordict import TensorDict
+
+
+class FinishReason(enum.IntEnum):
+    STOP = 0  # the response ended with eos
+    LENGTH = 1  # it reached max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -84,10 +96,15 @@ class RolloutEngine(Protocol):
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor,
                  params: SamplingParams, *, seed: int | None = None) -> TensorDict:
-        """Returns TensorDict(response_ids [B, R], response_mask [B, R]); R <= max_new_tokens."""
+        """Returns TensorDict(response_ids [B, R], response_mask [B, R], rollout_logprobs [B, R],
+        finish_reason [B]); R <= max_new_tokens."""
         ...
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
+
+    def weight_sync(self, train: TrainEngine) -> "WeightSync":
+        """How the weights of `train` (a train engine in this process) reach this engine."""
+        ...
 
 
 class WeightSync(Protocol):

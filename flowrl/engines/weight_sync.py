@@ -9,18 +9,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
-from flowrl.engines.hf_rollout import HFRolloutEngine
-from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.protocols import RolloutEngine, TrainEngine, WeightSync
 
 
 class SharedModuleSync:
     """Nothing to move: train and rollout engines hold the same nn.Module."""
 
-    def __call__(self, train: HFTrainEngine, rollout: HFRolloutEngine) -> None:
+    def __call__(self, train: Any, rollout: Any) -> None:
         assert train.model is rollout.model, "SharedModuleSync needs one module shared by both engines"
 
 
@@ -31,7 +31,7 @@ class FullStateSync:
         rollout.load_weights(train.full_state_dict())
 
 
-def choose_weight_sync(train_model: torch.nn.Module, rollout_model: torch.nn.Module) -> WeightSync:
+def choose_weight_sync(train_model: torch.nn.Module | None, rollout_model: torch.nn.Module) -> WeightSync:
     """SharedModuleSync when both engines hold one module, else FullStateSync.
 
     A shared module cannot be FSDP2-sharded: generate() stops after a

@@ -1,0 +1,49 @@
+"""Prompt streams: endless, deterministic, resumable batches of task prompts."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from tensordict import TensorDict
+
+from flowrl.data.batch import prompt_batch
+
+
+class PromptStream(Iterator[TensorDict]):
+    """Yields prompt batches; prompt i is task.example(seed, i), its uid is i.
+
+    With several ranks each takes every world_size-th prompt, so groups never
+    straddle ranks. `state()`/`restore()` carry the position across a resume.
+    """
+
+    def __init__(self, task: Any, tokenizer: Any, batch_size: int, seed: int = 0,
+                 rank: int = 0, world_size: int = 1, chat_template: bool = False):
+        if batch_size < 1:
+            raise ValueError(f"train.batch_size must be >= 1, got {batch_size}")
+        self.task, self.tokenizer, self.batch_size = task, tokenizer, batch_size
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.next_index = 0
+        self.chat_template = chat_template
+        if chat_template and not tokenizer.chat_template:
+            raise ValueError("task.chat_template: the tokenizer has no chat template")
+
+    def __next__(self) -> TensorDict:
+        start = self.next_index
+        uids = [(start + i) * self.world_size + self.rank for i in range(self.batch_size)]
+        self.next_index += self.batch_size
+        examples = [self.task.example(self.seed, uid) for uid in uids]
+        ids = [self._encode(text) for text, _ in examples]
+        meta = {key: [m[key] for _, m in examples] for key in self.task.meta_keys}
+        return prompt_batch(ids, self.tokenizer.pad_token_id, uids, meta)
+
+    def _encode(self, text: str) -> list[int]:
+        if self.chat_template:  # the prompt as one user turn, ending where the assistant's reply starts
+            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                                           add_generation_prompt=True, return_dict=False))
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def state(self) -> dict[str, int]:
+        return {"next_index": self.next_index}
+
+    def restore(self, state: dict[str, int]) -> None:
+        self.next_index = int(state["next_index"])

@@ -1,0 +1,39 @@
+"""Tasks: where prompts come from and how responses are scored.
+
+A task is any object with `meta_keys` (per-prompt metadata columns the reward
+needs), `chars` (the alphabet of the built-in tiny model; unused with
+model.path), `example(seed, index) -> (prompt text, metadata)` and
+`reward(responses, metadata) -> scores`. `task.name` picks a built-in one or
+names your own as "package.module:attribute" (a class or factory called with
+no arguments).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Protocol
+
+from flowrl.data.arithmetic import ArithmeticTask
+
+
+class Task(Protocol):
+    meta_keys: tuple[str, ...]
+    chars: str
+
+    def example(self, seed: int, index: int) -> tuple[str, dict[str, Any]]: ...
+
+    def reward(self, responses: list[str], meta: list[dict[str, Any]]) -> list[float]: ...
+
+
+def make_task(name: str, max_operand: int) -> Task:
+    """The built-in task `name`, or the user's task at "module:attribute"."""
+    if name == "arithmetic":
+        return ArithmeticTask(max_operand=max_operand)
+    module, sep, attr = name.partition(":")
+    if not sep:
+        raise ValueError(f"task.name: unknown {name!r}; built in: ['arithmetic'], or 'module:attribute'")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"task.name: cannot load {name!r}: {err}") from None
+    return factory()

@@ -1,0 +1,82 @@
+"""Engine configs: each engine is chosen by name and builds itself from its own pydantic config.
+
+`actor.engine`, `critic.engine` and `rollout.engine` name an entry of
+TRAIN_ENGINES or ROLLOUT_ENGINES; validating a section's dict picks that
+entry's config class, so each engine adds its own options (and their
+documentation) without touching the run config. Entries may be registered
+lazily as "module:Class", so an engine's imports cost nothing until chosen:
+
+    ROLLOUT_ENGINES.register("vllm", "flowrl.engines.vllm_rollout:VLLMRolloutConfig")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from flowrl.engines.protocols import RolloutEngine, SamplingParams, TrainEngine
+from flowrl.graph.registry import Registry
+
+Head = Literal["actor", "critic", "reward"]  # what the model outputs: logprobs, values, or a scalar score
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where an engine loads its model from, and how."""
+
+    path: Path
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    gradient_checkpointing: bool = False
+
+
+class EngineConfig(BaseModel):
+    """Base of engine configs; validating a dict against the base picks the registered class by `engine`."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    registry: ClassVar[Registry[type["EngineConfig"]]]
+    engine: str = Field("hf", description="Engine, by registered name.")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _dispatch(cls, data: Any, handler: Any) -> Any:
+        if isinstance(data, dict) and cls.__dict__.get("registry") is not None:  # a base class: pick the engine
+            chosen = cls.registry.get(data.get("engine", "hf"))
+            if not (isinstance(chosen, type) and issubclass(chosen, cls)):
+                raise ValueError(f"engine {data.get('engine')!r} is registered with {chosen!r}, not a {cls.__name__}")
+            return chosen.model_validate(data)
+        return handler(data)
+
+
+class TrainEngineConfig(EngineConfig):
+    registry: ClassVar[Registry[type[EngineConfig]]] = Registry("train engine")
+
+    def build(self, source: ModelSource, *, head: Head, device: str, trainable: bool = True) -> TrainEngine:
+        raise NotImplementedError(f"{type(self).__name__} must implement build()")
+
+
+class RolloutEngineConfig(EngineConfig):
+    """Sampling options every rollout engine honours; engines add their own."""
+
+    registry: ClassVar[Registry[type[EngineConfig]]] = Registry("rollout engine")
+    max_new_tokens: int = Field(2, ge=1, description="Longest response, in tokens.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature; logprobs use the same one.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling; 0 is off.")
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.top_k)
+
+    def build(self, source: ModelSource, *, tokenizer: Any, device: str,
+              share: TrainEngine | None = None) -> RolloutEngine:
+        """The engine; with `share` (a train engine in this process) it generates with that engine's weights."""
+        raise NotImplementedError(f"{type(self).__name__} must implement build()")
+
+
+TRAIN_ENGINES = TrainEngineConfig.registry
+ROLLOUT_ENGINES = RolloutEngineConfig.registry
+TRAIN_ENGINES.register("hf", "flowrl.engines.hf_configs:HFTrainConfig")
+ROLLOUT_ENGINES.register("hf", "flowrl.engines.hf_configs:HFRolloutConfig")

@@ -1,0 +1,154 @@
+"""Roles: classes registered by name whose `@graph_method`s become graph nodes.
+
+    @flowrl.role("judge", on_driver=True)
+    class Judge:
+        @flowrl.graph_method(reads=("response_ids", "response_mask"), writes=("judge_scores",))
+        def score(self, batch): ...
+
+An algorithm parameter named after a registered role declares that role. The
+registration says what plans need to know, so no planner or executor ever
+compares role names:
+
+- trainable: the role holds a TrainEngine at `.engine` whose state checkpoints save and load;
+- exported: its model is the policy written out at the end of a run;
+- on_driver: it may run in the driver process (a reward function); otherwise it needs a pool;
+- weights_from: the role whose weights it follows (a rollout follows the actor); the planner
+  inserts its SYNC method before its first node of a step, and colocated on one rank the two
+  share one module (the hybrid engine);
+- a graph method's `defer_to` and `updates_weights` (see trace.Spec).
+
+Instances are built by `cls.build(ctx)` when the class defines `build` (the
+built-in roles build their engines from the run's configs), else by `cls()`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from flowrl.errors import GraphError
+from flowrl.graph.registry import Registry
+from flowrl.graph.trace import Fields, NodeKind, Spec, SymBatch, check_call
+
+SPEC_ATTR = "__flowrl_spec__"
+ROLE_ATTR = "__flowrl_role__"
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    name: str
+    cls: type
+    trainable: bool = False
+    exported: bool = False
+    on_driver: bool = False
+    weights_from: str | None = None
+
+    def methods(self) -> dict[str, Spec]:
+        return graph_methods(self.cls)
+
+    def sync_method(self) -> str:
+        syncs = [name for name, spec in self.methods().items() if spec.kind is NodeKind.SYNC]
+        assert len(syncs) == 1, f"role {self.name!r} follows weights but has sync methods {syncs}"
+        return syncs[0]
+
+    def build(self, ctx: Any) -> Any:
+        builder = getattr(self.cls, "build", None)
+        return builder(ctx) if builder is not None else self.cls()
+
+
+ROLES: Registry[RoleSpec] = Registry("role")
+
+
+def role(name: str | type | None = None, *, trainable: bool = False, exported: bool = False,
+         on_driver: bool = False, weights_from: str | None = None) -> Any:
+    """Register a role class; bare (`@flowrl.role`, named after the class in snake_case) or with arguments."""
+
+    def register(cls: type) -> type:
+        role_name = name if isinstance(name, str) else _snake(cls.__name__)
+        spec = RoleSpec(role_name, cls, trainable=trainable, exported=exported, on_driver=on_driver,
+                        weights_from=weights_from)
+        methods = graph_methods(cls)
+        if not methods:
+            raise GraphError(f"role {role_name!r} ({cls.__name__}) has no @flowrl.graph_method")
+        syncs = [m for m, s in methods.items() if s.kind is NodeKind.SYNC]
+        if weights_from is not None and len(syncs) != 1:
+            raise GraphError(f"role {role_name!r} follows {weights_from!r}'s weights, so it needs exactly one "
+                             f"graph method of kind 'sync'; it has {syncs}")
+        for method, mspec in methods.items():
+            if mspec.defer_to is not None and mspec.defer_to not in methods:
+                raise GraphError(f"{role_name}.{method}: defer_to={mspec.defer_to!r} is not a graph method of "
+                                 f"the role")
+        setattr(cls, ROLE_ATTR, spec)
+        ROLES.register(role_name, spec, replace=_redefined(role_name, cls))
+        return cls
+
+    return register(name) if isinstance(name, type) else register
+
+
+def graph_method(fn: Callable | None = None, *, reads: Fields = (), writes: Fields = (), kind: str = "map",
+                 check: Callable[..., None] | None = None, defer_to: str | None = None,
+                 updates_weights: bool = False) -> Callable:
+    """Mark a role method as a graph node that reads and writes the named batch fields (bare or with arguments).
+
+    kind: "map" keeps rows, "rows" changes them, "sync" moves weights. check(**kwargs) validates a call's
+    arguments at trace time. defer_to / updates_weights: see flowrl.graph.trace.Spec.
+    """
+    spec = Spec(reads=reads, writes=writes, kind=NodeKind(kind), check=check, defer_to=defer_to,
+                updates_weights=updates_weights)
+
+    def mark(method: Callable) -> Callable:
+        setattr(method, SPEC_ATTR, spec)
+        return method
+
+    return mark(fn) if fn is not None else mark
+
+
+def graph_methods(cls: type) -> dict[str, Spec]:
+    return {name: getattr(getattr(cls, name), SPEC_ATTR) for name in dir(cls)
+            if getattr(getattr(cls, name, None), SPEC_ATTR, None) is not None}
+
+
+def role_spec(name: str, cls: type | None = None) -> RoleSpec:
+    """The registration of role `name`; with `cls`, that class bound to the name (its traits, `name` kept)."""
+    if cls is None:
+        return ROLES.get(name)
+    spec = getattr(cls, ROLE_ATTR, None)
+    if spec is None:
+        raise GraphError(f"role {name!r}: {cls.__name__} is not a @flowrl.role class")
+    return spec if spec.name == name else RoleSpec(name, cls, spec.trainable, spec.exported, spec.on_driver,
+                                                   spec.weights_from)
+
+
+class RoleHandle:
+    """Stands in for a role during tracing; attribute access yields its graph methods."""
+
+    def __init__(self, name: str, cls: type):
+        self._name, self._cls = name, cls
+
+    def __getattr__(self, method: str) -> Callable[..., SymBatch]:
+        methods = graph_methods(self._cls)
+        if method not in methods:
+            raise GraphError(f"role {self._name!r} has no graph method {method!r}; it has {sorted(methods)}")
+        spec = methods[method]
+
+        def call(batch: SymBatch, **kwargs: Any) -> SymBatch:
+            if not isinstance(batch, SymBatch):
+                raise GraphError(f"{self._name}.{method} got {type(batch).__name__}, expected the traced batch")
+            check_call(f"{self._name}.{method}", getattr(self._cls, method), None, batch, **kwargs)
+            if spec.check is not None:
+                spec.check(**kwargs)
+            return batch.tracer.record(batch, f"{self._name}.{method}", spec, kwargs,
+                                       role=self._name, method=method)
+
+        return call
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _redefined(name: str, cls: type) -> bool:
+    """The same class defined again (a re-run notebook cell, a worker unpickling it) replaces its entry."""
+    return name in ROLES and ROLES.get(name).cls.__qualname__ == cls.__qualname__ and \
+        ROLES.get(name).cls.__module__ == cls.__module__

@@ -1,0 +1,60 @@
+"""`@stage`: a pure batch -> batch function that is also a graph node.
+
+Called on a TensorDict it just runs; called on a traced batch it records a
+node with the fields it reads and writes. Works bare or with arguments, keeps
+the wrapped signature, and `.options(**kw)` returns a copy with kwargs bound.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from tensordict import TensorDict
+
+from flowrl.errors import GraphError
+from flowrl.graph.trace import Fields, NodeKind, Spec, SymBatch, check_call
+
+
+class Stage:
+    def __init__(self, fn: Callable[..., TensorDict], spec: Spec, bound: dict[str, Any] | None = None):
+        self.fn, self.spec, self.bound = fn, spec, dict(bound or {})
+        functools.update_wrapper(self, fn)
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
+
+    def options(self, **kwargs: Any) -> "Stage":
+        return Stage(self.fn, self.spec, {**self.bound, **kwargs})
+
+    def __call__(self, batch: Any, **kwargs: Any) -> Any:
+        kwargs = {**self.bound, **kwargs}
+        if isinstance(batch, SymBatch):
+            check_call(f"stage {self.name}", self.fn, batch, **kwargs)
+            return batch.tracer.record(batch, self.name, self.spec, kwargs, fn=self.fn)
+        if not isinstance(batch, TensorDict):
+            raise GraphError(f"stage {self.name} got {type(batch).__name__}, expected a TensorDict batch")
+        return self.fn(batch, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Stage({self.name})"
+
+
+def stage(fn: Callable | None = None, *, reads: Fields = (), writes: Fields = (), rows: bool = False):
+    """Decorate a batch function; `rows=True` when it drops or reorders rows."""
+    spec = Spec(reads=reads, writes=writes, kind=NodeKind.ROWS if rows else NodeKind.MAP)
+    if fn is not None:
+        return Stage(fn, spec)
+    return lambda f: Stage(f, spec)
+
+
+def _fill(batch: TensorDict, num_groups: int | None = None, max_rounds: int = 4) -> TensorDict:
+    """Eagerly a no-op; the executor re-runs the nodes before it until full."""
+    return batch
+
+
+fill = Stage(_fill, Spec(reads=("group",), kind=NodeKind.FILL))
+fill.__doc__ = """Dynamic sampling: keep sampling fresh prompts through the nodes before this one
+until `num_groups` groups survive (default: the step's prompt count), at most
+`max_rounds` rounds; the batch is then cut to that many groups."""

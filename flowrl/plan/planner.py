@@ -1,0 +1,106 @@
+"""The planner: compile an algorithm's graph onto resource pools.
+
+compile_plan traces the algorithm with the classes of the roles the run
+gives, applies the rewrites roles declare (flowrl.plan.rewrites) and places
+every node: a role's nodes on its pool, stages and driver roles on the driver.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, replace
+
+import networkx as nx
+from pydantic import BaseModel
+
+from flowrl.errors import PlanError
+from flowrl.graph.algorithm import Algorithm
+from flowrl.graph.role import RoleSpec, role_spec
+from flowrl.graph.trace import SOURCE, Node, NodeKind, nodes_in_order
+from flowrl.plan.placement import DRIVER, Placement, Pool
+from flowrl.plan.rewrites import DEFER_KWARG, deferrable, insert_weight_syncs
+
+
+@dataclass(frozen=True)
+class Plan:
+    algorithm: str
+    graph: nx.DiGraph
+    nodes: list[Node]  # in trace order, a topological order of `graph`
+    pools: dict[str, Pool]  # role -> pool, for the placed roles the graph uses
+    roles: tuple[str, ...]  # roles the graph uses
+    specs: dict[str, RoleSpec]  # role -> its registration (with the class bound to it for this run)
+
+    def shares_weights(self, role: str) -> bool:
+        """The role and its weight source on one pool of one rank: it generates with the source's own module."""
+        source = self.specs[role].weights_from
+        mine, theirs = self.pools.get(role), self.pools.get(source)
+        return theirs is not None and mine is theirs and mine.world_size == 1
+
+    def shared(self) -> frozenset[str]:
+        return frozenset(role for role in self.roles if self.specs[role].weights_from and self.shares_weights(role))
+
+    def weight_links(self) -> list[tuple[str, str]]:
+        """(follower, source) for every role that follows another role of the graph."""
+        return [(r, s.weights_from) for r, s in self.specs.items() if s.weights_from in self.specs]
+
+    def trainable(self) -> tuple[str, ...]:
+        return tuple(r for r in self.roles if self.specs[r].trainable)
+
+    def versioned(self) -> tuple[str, ...]:
+        """Roles with a method that updates their weights: they keep a `version` count."""
+        return tuple(r for r in self.roles if any(m.updates_weights for m in self.specs[r].methods().values()))
+
+    def exported(self) -> tuple[str, ...]:
+        return tuple(r for r in self.roles if self.specs[r].exported)
+
+    def driver_roles(self) -> tuple[str, ...]:
+        return tuple(r for r in self.roles if r not in self.pools)
+
+    def describe(self) -> str:
+        lines = [f"plan {self.algorithm}:"]
+        for node in self.nodes:
+            deps = sorted(p for p in self.graph.predecessors(node.name) if p != SOURCE)
+            note = f"  (deferred to {node.role}.{self.specs[node.role].methods()[node.method].defer_to} when it " \
+                   f"is one step)" if node.kwargs.get(DEFER_KWARG) else ""
+            lines.append(f"  {node.label():40s} <- {', '.join(deps) or SOURCE}{note}")
+        return "\n".join(lines)
+
+
+def compile_plan(algo: Algorithm, placement: Placement, input_fields: set[str],
+                 role_classes: dict[str, type] | None = None, cfg: BaseModel | dict | None = None) -> Plan:
+    """Trace, apply the role-declared rewrites, and place every node.
+
+    role_classes binds role names to classes for this run (default: each role's registered class).
+    """
+    owner = placement.pool_of()
+    specs = {r: role_spec(r, (role_classes or {}).get(r)) for r in algo.roles}
+    given = {r: s.cls for r, s in specs.items() if r in owner or s.on_driver}
+    graph, order = algo.trace(input_fields, given, cfg)
+    used = tuple(r for r in algo.roles if any(graph.nodes[n]["node"].role == r for n in order))
+    for role in owner:
+        if role not in used:
+            warnings.warn(f"placement: role {role!r} is placed but {algo.name} does not use it", stacklevel=2)
+    specs = {r: specs[r] for r in used}
+    order = insert_weight_syncs(graph, order, specs)
+    fills = [n for n in order if graph.nodes[n]["node"].kind is NodeKind.FILL]
+    if len(fills) > 1:
+        raise PlanError(f"{algo.name}: at most one fill node per step, got {fills}")
+    deferred = deferrable(nodes_in_order(graph, order), specs)
+    nodes = []
+    for node in nodes_in_order(graph, order):
+        pool = owner[node.role].name if node.role in owner else DRIVER
+        kwargs = {**node.kwargs, DEFER_KWARG: True} if node.name in deferred else node.kwargs
+        placed = replace(node, pool=pool, kwargs=kwargs)
+        graph.nodes[node.name]["node"] = placed
+        nodes.append(placed)
+    return Plan(algorithm=algo.name, graph=graph, nodes=nodes, pools={r: owner[r] for r in used if r in owner},
+                roles=used, specs=specs)
+
+
+def model_roles(algo: Algorithm, input_fields: set[str], role_classes: dict[str, type] | None = None,
+                cfg: BaseModel | dict | None = None) -> tuple[str, ...]:
+    """The roles the traced graph uses that need a pool (for a default placement)."""
+    specs = {r: role_spec(r, (role_classes or {}).get(r)) for r in algo.roles}
+    graph, order = algo.trace(input_fields, {r: s.cls for r, s in specs.items()}, cfg)
+    used = {graph.nodes[n]["node"].role for n in order}
+    return tuple(r for r in algo.roles if r in used and not specs[r].on_driver)

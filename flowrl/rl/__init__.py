@@ -1,0 +1,1 @@
+"""The RL layer: pure-torch ops, loss objects, graph stages and shared subgraphs."""

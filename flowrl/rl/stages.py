@@ -1,0 +1,109 @@
+"""Graph stages over flowrl.rl.ops: advantages, reward shaping, group filters.
+
+Each is a thin batch wrapper: the math lives in flowrl.rl.ops (pure torch, unit
+tested); these declare which fields they read and write.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tensordict import TensorDict
+
+from flowrl import metrics
+from flowrl.data.batch import keep_rows, response_lengths
+from flowrl.rl.ops import advantages as adv_ops
+from flowrl.rl.ops import kl as kl_ops
+from flowrl.rl.ops import rewards as reward_ops
+from flowrl.graph.stage import stage
+
+
+def _log_advantages(batch: TensorDict) -> TensorDict:
+    mask = batch["response_mask"].bool()
+    metrics.log("advantages/mean", batch["advantages"][mask].mean() if mask.any() else 0.0)
+    return batch
+
+
+@stage(reads=("scores", "group", "response_mask"), writes=("advantages",))
+def group_advantage(batch: TensorDict, *, norm_by_std: bool = True, eps: float = 1e-6) -> TensorDict:
+    """GRPO (norm_by_std=True) or Dr.GRPO (False): score minus the group mean."""
+    batch["advantages"] = adv_ops.grpo(batch["scores"], batch["group"], batch["response_mask"],
+                                       eps=eps, norm_by_std=norm_by_std)
+    return _log_advantages(batch)
+
+
+@stage(reads=("scores", "group", "response_mask"), writes=("advantages",))
+def rloo_advantage(batch: TensorDict) -> TensorDict:
+    """RLOO: each sample's baseline is the mean score of the other samples of its prompt."""
+    batch["advantages"] = adv_ops.rloo(batch["scores"], batch["group"], batch["response_mask"])
+    return _log_advantages(batch)
+
+
+def _token_reward_reads(kl_coef: float = 0.0, **_: Any) -> tuple[str, ...]:
+    base = ("scores", "response_mask")
+    return base + ("old_logprobs", "ref_logprobs") if kl_coef > 0 else base
+
+
+@stage(reads=_token_reward_reads, writes=("token_rewards",))
+def token_rewards(batch: TensorDict, *, kl_coef: float = 0.0, kl_kind: str = "k1") -> TensorDict:
+    """The score on each response's last token, minus kl_coef * KL(actor || ref) per token."""
+    rewards = reward_ops.token_rewards(batch["scores"], batch["response_mask"])
+    if kl_coef > 0:
+        kl = kl_ops.kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], kl_kind) * batch["response_mask"]
+        rewards = reward_ops.kl_in_reward(rewards, kl, kl_coef)
+        metrics.log("reward/kl", (kl.sum(-1)).mean())
+    batch["token_rewards"] = rewards
+    return batch
+
+
+@stage(reads=("token_rewards", "values", "response_mask"), writes=("advantages", "returns"))
+def gae_advantage(batch: TensorDict, *, gamma: float = 1.0, lam: float = 1.0) -> TensorDict:
+    """PPO's generalized advantage estimate from critic values."""
+    batch["advantages"], batch["returns"] = adv_ops.gae(batch["token_rewards"], batch["values"],
+                                                        batch["response_mask"], gamma=gamma, lam=lam)
+    return _log_advantages(batch)
+
+
+@stage(reads=("token_rewards", "response_mask"), writes=("advantages", "returns"))
+def reinforce_pp_advantage(batch: TensorDict, *, gamma: float = 1.0) -> TensorDict:
+    """REINFORCE++: whitened discounted returns, no critic."""
+    batch["advantages"], batch["returns"] = adv_ops.reinforce_pp(batch["token_rewards"], batch["response_mask"],
+                                                                 gamma=gamma)
+    return _log_advantages(batch)
+
+
+@stage(reads=("scores", "response_mask"), writes=("scores",))
+def overlong_penalty(batch: TensorDict, *, max_len: int, buffer_len: int, factor: float = 1.0) -> TensorDict:
+    """DAPO's soft overlong punishment added to the sequence score."""
+    penalty = reward_ops.overlong_penalty(response_lengths(batch), max_len, buffer_len, factor)
+    batch["scores"] = batch["scores"] + penalty
+    metrics.log("reward/overlong_penalty", penalty.mean())
+    return batch
+
+
+@stage(reads=("scores", "group"), rows=True)
+def drop_uniform_groups(batch: TensorDict, *, key: str = "scores") -> TensorDict:
+    """DAPO dynamic sampling: drop groups whose samples all scored the same (no signal)."""
+    std = adv_ops.group_std(batch[key], batch["group"])
+    keep = std > 0
+    metrics.log("sampling/kept_fraction", keep.float().mean())
+    return keep_rows(batch, keep)
+
+
+@stage(reads=("scores",), writes=("baseline_scores",))
+def keep_as_baseline(batch: TensorDict) -> TensorDict:
+    """ReMax: keep the greedy rollout's scores as `baseline_scores`; they ride along as rows repeat."""
+    batch["baseline_scores"] = batch["scores"].clone()
+    return batch
+
+
+@stage(reads=("scores", "baseline_scores", "response_mask"), writes=("advantages", "returns"))
+def remax_advantage(batch: TensorDict) -> TensorDict:
+    """ReMax: each sample's score minus its prompt's greedy-rollout score (keep_as_baseline)."""
+    batch["advantages"], batch["returns"] = adv_ops.remax(batch["scores"], batch["baseline_scores"],
+                                                          batch["response_mask"])
+    return _log_advantages(batch)
+
+
+__all__ = ["group_advantage", "rloo_advantage", "token_rewards", "gae_advantage", "reinforce_pp_advantage",
+           "overlong_penalty", "drop_uniform_groups", "keep_as_baseline", "remax_advantage"]

@@ -1,0 +1,14 @@
+"""The built-in roles, registered by name on import (flowrl.graph.role.ROLES).
+
+actor, ref, critic (flowrl.roles.actor); rollout (flowrl.roles.rollout);
+reward and reward_model (flowrl.roles.reward). Your own roles register the
+same way with `@flowrl.role`.
+"""
+
+from flowrl.roles.actor import Actor, Critic, Ref
+from flowrl.roles.context import BuildContext, UpdateSettings
+from flowrl.roles.reward import Reward, RewardModel, decode_responses
+from flowrl.roles.rollout import Rollout
+
+__all__ = ["Actor", "Critic", "Ref", "BuildContext", "UpdateSettings", "Reward", "RewardModel", "decode_responses",
+           "Rollout"]

@@ -1,0 +1,107 @@
+"""The policy and its relatives: actor (trained, followed by the rollout), reference and critic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from flowrl import metrics
+from flowrl.data.batch import MODEL_INPUT
+from flowrl.engines.protocols import LossFn, TrainEngine
+from flowrl.graph.role import graph_method, role
+from flowrl.roles.context import BuildContext, UpdateSettings
+
+
+def _update_reads(loss: LossFn, **_: Any) -> tuple[str, ...]:
+    return MODEL_INPUT + tuple(loss.reads)
+
+
+def _logprobs(engine: TrainEngine, s: UpdateSettings, batch: TensorDict) -> torch.Tensor:
+    return engine.forward(batch, temperature=s.temperature, micro_batch_size=s.micro_batch_size)["logprobs"]
+
+
+def _update(engine: TrainEngine, s: UpdateSettings, batch: TensorDict, loss: LossFn, seed: int | None,
+            prefix: str, **kwargs: Any) -> None:
+    """One engine update; metrics logged under `prefix`."""
+    result = engine.update(batch, loss, mini_batch_size=s.mini_batch_size, micro_batch_size=s.micro_batch_size,
+                           epochs=s.epochs, shuffle_seed=seed, **kwargs)
+    metrics.log_dict(prefix, result)
+
+
+@role("actor", trainable=True, exported=True)
+@dataclass
+class Actor:
+    engine: TrainEngine
+    settings: UpdateSettings = field(default_factory=UpdateSettings)
+    version: int = 0  # bumped by every update; a role following these weights syncs when it lags
+    _deferred: bool = False  # old logprobs left to the coming single-step update
+
+    @classmethod
+    def build(cls, ctx: BuildContext) -> "Actor":
+        return cls(ctx.engine("actor").build(ctx.model, head="actor", device=ctx.device), ctx.settings)
+
+    @graph_method(reads=MODEL_INPUT, writes=("old_logprobs",), defer_to="update")
+    def logprobs(self, batch: TensorDict, deferred: bool = False) -> TensorDict:
+        """Old logprobs. The planner sets `deferred` when only actor.update reads them; then, if that
+        update is one optimizer step, they equal its current logprobs and are not computed here."""
+        if deferred and self._single_step(batch):
+            self._deferred = True
+            batch["old_logprobs"] = torch.full(batch["response_mask"].shape, float("nan"))
+            return batch
+        batch["old_logprobs"] = _logprobs(self.engine, self.settings, batch)
+        return batch
+
+    @graph_method(reads=_update_reads, updates_weights=True)
+    def update(self, batch: TensorDict, loss: LossFn, seed: int | None = None) -> TensorDict:
+        deferred, self._deferred = self._deferred, False
+        assert not deferred or self._single_step(batch), "deferred old logprobs need a single-step update"
+        _update(self.engine, self.settings, batch, loss, seed, "actor", temperature=self.settings.temperature,
+                old_logprobs_from_current=deferred)
+        self.version += 1
+        return batch
+
+    def _single_step(self, batch: TensorDict) -> bool:
+        return self.settings.epochs == 1 and batch.batch_size[0] <= self.settings.mini_batch_size
+
+
+@role("ref")
+@dataclass
+class Ref:
+    engine: TrainEngine
+    settings: UpdateSettings = field(default_factory=UpdateSettings)
+
+    @classmethod
+    def build(cls, ctx: BuildContext) -> "Ref":
+        """The actor's starting weights, frozen, on the actor's engine."""
+        engine = ctx.engine("actor").build(ctx.model, head="actor", device=ctx.device, trainable=False)
+        return cls(engine, ctx.settings)
+
+    @graph_method(reads=MODEL_INPUT, writes=("ref_logprobs",))
+    def logprobs(self, batch: TensorDict) -> TensorDict:
+        batch["ref_logprobs"] = _logprobs(self.engine, self.settings, batch)
+        return batch
+
+
+@role("critic", trainable=True)
+@dataclass
+class Critic:
+    engine: TrainEngine
+    settings: UpdateSettings = field(default_factory=UpdateSettings)
+
+    @classmethod
+    def build(cls, ctx: BuildContext) -> "Critic":
+        return cls(ctx.engine("critic").build(ctx.model, head="critic", device=ctx.device), ctx.settings)
+
+    @graph_method(reads=MODEL_INPUT, writes=("values",))
+    def values(self, batch: TensorDict) -> TensorDict:
+        out = self.engine.forward(batch, micro_batch_size=self.settings.micro_batch_size)
+        batch["values"] = out["values"] * batch["response_mask"]
+        return batch
+
+    @graph_method(reads=_update_reads)
+    def update(self, batch: TensorDict, loss: LossFn, seed: int | None = None) -> TensorDict:
+        _update(self.engine, self.settings, batch, loss, seed, "critic")
+        return batch

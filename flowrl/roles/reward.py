@@ -1,0 +1,90 @@
+"""Reward roles: the task's reward function (on the driver), or a learned reward model (on a pool)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from transformers import AutoConfig
+
+from flowrl import metrics
+from flowrl.data.batch import MODEL_INPUT, column
+from flowrl.engines.protocols import RewardFn, TrainEngine
+from flowrl.graph.role import graph_method, role
+from flowrl.roles.context import BuildContext, UpdateSettings
+
+
+def _scores_key(key: str = "scores", **_: Any) -> tuple[str, ...]:
+    return (key,)
+
+
+@role("reward", on_driver=True)
+@dataclass
+class Reward:
+    fn: RewardFn
+    tokenizer: Any
+    meta_keys: tuple[str, ...] = ()
+
+    @classmethod
+    def build(cls, ctx: BuildContext) -> "Reward":
+        if ctx.task is None:
+            raise ValueError("role 'reward' scores with the task's reward function, but no task was given")
+        return cls(fn=ctx.task.reward, tokenizer=ctx.tokenizer, meta_keys=tuple(ctx.task.meta_keys))
+
+    @graph_method(reads=("response_ids", "response_mask"), writes=_scores_key)
+    def score(self, batch: TensorDict, metric: str = "reward", key: str = "scores") -> TensorDict:
+        """Scores each response into `key`; logs `<metric>/mean` (a baseline pass names its own metric)."""
+        texts = decode_responses(self.tokenizer, batch)
+        meta = [dict(zip(self.meta_keys, row)) for row in zip(*(column(batch, k) for k in self.meta_keys))]
+        scores = torch.tensor(self.fn(texts, meta or [{}] * len(texts)), dtype=torch.float32)
+        if scores.shape != (len(texts),):
+            raise ValueError(f"reward function returned {tuple(scores.shape)} scores for {len(texts)} responses")
+        if not torch.isfinite(scores).all():
+            bad = int((~torch.isfinite(scores)).nonzero()[0])
+            raise ValueError(f"reward function returned {scores[bad].item()} for response {texts[bad]!r}; "
+                             f"scores must be finite")
+        batch[key] = scores
+        metrics.log(f"{metric}/mean", scores.mean())
+        return batch
+
+
+@role("reward_model")
+@dataclass
+class RewardModel:
+    """A learned reward (verl's reward model): a scalar-head model's output at each response's last token.
+
+    The engine is a TrainEngine with the "reward" head over a token- or sequence-classification checkpoint
+    (num_labels=1) that shares the policy's tokenizer; it is only ever run forward. Bind it to the `reward`
+    parameter (model.reward_path does) or use it beside a rule reward as the `reward_model` role.
+    """
+
+    engine: TrainEngine
+    settings: UpdateSettings = field(default_factory=UpdateSettings)
+
+    @classmethod
+    def build(cls, ctx: BuildContext) -> "RewardModel":
+        if ctx.reward_model is None:
+            raise ValueError(f"model.reward_path: role {ctx.name!r} is a learned reward model, so it needs "
+                             f"model.reward_path")
+        vocab_size = AutoConfig.from_pretrained(str(ctx.reward_model.path), local_files_only=True).vocab_size
+        if vocab_size != len(ctx.tokenizer):
+            raise ValueError(f"model.reward_path: the reward model's vocab_size {vocab_size} differs from the "
+                             f"policy tokenizer's {len(ctx.tokenizer)}; it must share the policy's tokenizer")
+        engine = ctx.engine("actor").build(ctx.reward_model, head="reward", device=ctx.device, trainable=False)
+        return cls(engine=engine, settings=ctx.settings)
+
+    @graph_method(reads=MODEL_INPUT, writes=_scores_key)
+    def score(self, batch: TensorDict, metric: str = "reward", key: str = "scores") -> TensorDict:
+        scores_BR = self.engine.forward(batch, micro_batch_size=self.settings.micro_batch_size)["scores"]
+        last_B = (batch["response_mask"].sum(-1) - 1).clamp(min=0)
+        batch[key] = scores_BR.gather(1, last_B.unsqueeze(-1)).squeeze(-1)
+        metrics.log(f"{metric}/mean", batch[key].mean())
+        return batch
+
+
+def decode_responses(tokenizer: Any, batch: TensorDict) -> list[str]:
+    ids, mask = batch["response_ids"], batch["response_mask"].bool()
+    eos = tokenizer.eos_token_id
+    return [tokenizer.decode([t for t in row[m].tolist() if t != eos]) for row, m in zip(ids, mask)]

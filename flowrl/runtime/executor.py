@@ -1,0 +1,106 @@
+"""Executors run a compiled plan one step at a time; the local one runs it in this process.
+
+`Executor` is what the trainer needs from an executor;
+`flowrl.runtime.ray_executor.RayExecutor` is the other one, with each pool's
+roles in Ray actors. Both run nodes in an order the plan's edges allow.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator, Protocol
+
+from tensordict import TensorDict
+
+from flowrl import metrics
+from flowrl.engines.protocols import TrainEngine
+from flowrl.errors import PlanError
+from flowrl.graph.context import StepCalls
+from flowrl.graph.trace import Node
+from flowrl.plan.planner import Plan
+from flowrl.runtime.scheduling import call_node, fill_index, run_with_fill, scheduled
+
+
+class Executor(Protocol):
+    plan: Plan
+
+    def run_step(self, step: int, prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]: ...
+
+    def for_plan(self, plan: Plan) -> "Executor":
+        """Runs another plan (e.g. the evaluation) over the same roles."""
+        ...
+
+    @property
+    def versions(self) -> dict[str, int]:
+        """Update counts of the roles whose weights change (saved in checkpoints; set on resume, which makes
+        the roles that follow them sync)."""
+        ...
+
+    @versions.setter
+    def versions(self, versions: dict[str, int]) -> None: ...
+
+    def train_engines(self) -> dict[str, TrainEngine]:
+        """What a checkpoint saves and loads (save/load of the trainable roles)."""
+        ...
+
+    def save_pretrained(self, role: str, path: str, tokenizer: Any = None) -> None:
+        """Exports the role's model as a Hugging Face folder."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    def __init__(self, plan: Plan, roles: dict[str, Any], world_size: int = 1):
+        missing = [r for r in plan.roles if r not in roles]
+        if missing:
+            raise PlanError(f"executor: role {missing[0]!r} of plan {plan.algorithm} has no instance")
+        for role, pool in plan.pools.items():
+            if pool.world_size != world_size:
+                raise PlanError(f"placement: pool {pool.name!r} has world_size {pool.world_size}, but the local "
+                                f"executor runs {world_size} rank(s); launch with torchrun or fix the pool")
+        self.plan, self.roles, self.world_size = plan, roles, world_size
+        self.nodes = scheduled(plan)
+        self.fill_at = fill_index(self.nodes)
+        if self.fill_at is not None and world_size > 1:
+            raise PlanError(f"{plan.algorithm}: dynamic sampling (fill) leaves ranks with unequal rows, which "
+                            f"FSDP cannot step together; run it with world_size 1")
+
+    def run_step(self, step: int, prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
+        """One training step over prompt batches drawn from `prompts`; returns the batch and metrics."""
+        calls = StepCalls(step)
+        with metrics.collect() as logged:
+            start = time.perf_counter()
+            batch = run_with_fill(self.nodes, self.fill_at, lambda nodes, b: self._run(nodes, b, calls), prompts)
+            metrics.log("timing_s/step", time.perf_counter() - start)
+        return batch, logged
+
+    def for_plan(self, plan: Plan) -> "LocalExecutor":
+        return LocalExecutor(plan, self.roles, self.world_size)
+
+    def train_engines(self) -> dict[str, TrainEngine]:
+        return {name: self.roles[name].engine for name in self.plan.trainable()}
+
+    @property
+    def versions(self) -> dict[str, int]:
+        return {name: self.roles[name].version for name in self.plan.versioned()}
+
+    @versions.setter
+    def versions(self, versions: dict[str, int]) -> None:
+        for name in self.plan.versioned():
+            self.roles[name].version = versions.get(name, 0)
+
+    def save_pretrained(self, role: str, path: str, tokenizer: Any = None) -> None:
+        self.roles[role].engine.save_pretrained(path, tokenizer)
+
+    def close(self) -> None:
+        """Nothing to release: the roles live in this process."""
+
+    def _run(self, nodes: list[Node], batch: TensorDict, calls: StepCalls) -> TensorDict:
+        for node in nodes:
+            start = time.perf_counter()
+            batch = call_node(node, self.roles, batch, calls)
+            metrics.log(f"timing_s/{node.name}", time.perf_counter() - start)
+            if batch.batch_size[0] == 0 and node is not nodes[-1]:
+                return batch
+        return batch

@@ -1,0 +1,98 @@
+"""Role factories: build a plan's roles from the run configuration, in whichever process hosts them.
+
+Executors receive a RoleFactory, never the run configuration: the local
+executor's roles come from `factory.build(names)`, and each Ray pool's ranks
+build theirs from `factory.for_pool(pool)` (the pool's device and its share of
+the batch sizes). Each role builds itself (`cls.build(ctx)`) from a
+BuildContext holding its engine's config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from flowrl.config import RunConfig
+from flowrl.engines.configs import ModelSource
+from flowrl.engines.tiny_model import build_tiny_model
+from flowrl.graph.role import RoleSpec
+from flowrl.plan.placement import Pool
+from flowrl.plan.planner import Plan
+from flowrl.roles.context import BuildContext, UpdateSettings
+
+
+def model_path(cfg: RunConfig, task: Any) -> Path:
+    """The configured model folder, or the built-in tiny model (built once) for the task's alphabet."""
+    if cfg.model.path is not None:
+        return model_folder(cfg.model.path, "model.path")
+    return build_tiny_model(Path(cfg.train.output_dir) / "tiny-model", chars=task.chars,
+                            hidden_size=cfg.model.tiny_hidden_size, num_layers=cfg.model.tiny_num_layers,
+                            seed=cfg.train.seed)
+
+
+def model_folder(path: str, field: str) -> Path:
+    if not (Path(path) / "config.json").is_file():
+        raise ValueError(f"{field}: {path!r} is not a Hugging Face model folder (no config.json)")
+    return Path(path)
+
+
+@dataclass(frozen=True)
+class RoleFactory:
+    """Builds roles by name in this process; picklable, so Ray workers build their pool's roles with it."""
+
+    context: BuildContext
+    specs: dict[str, RoleSpec]
+
+    @property
+    def seed(self) -> int:
+        return self.context.seed
+
+    def build(self, names: tuple[str, ...]) -> dict[str, Any]:
+        """The roles in `names`, each role's weight source (if among them) built first."""
+        built: dict[str, Any] = {}
+        base = replace(self.context, roles=built)
+        for name in _sources_first(names, self.specs):
+            built[name] = self.specs[name].build(base.named(name))
+        return built
+
+    def for_pool(self, pool: Pool) -> "RoleFactory":
+        """The factory a pool's ranks build from: its device, and its share of the (global) batch sizes."""
+        s = self.context.settings
+        for name in ("mini_batch_size", "micro_batch_size"):
+            if getattr(s, name) % pool.world_size:
+                raise ValueError(f"train.{name}={getattr(s, name)} must be divisible by the world_size "
+                                 f"{pool.world_size} of pool {pool.name!r}")
+        settings = replace(s, mini_batch_size=s.mini_batch_size // pool.world_size,
+                           micro_batch_size=s.micro_batch_size // pool.world_size)
+        return replace(self, context=replace(self.context, device=pool.device, settings=settings))
+
+
+def make_factory(cfg: RunConfig, plan: Plan, task: Any, path: Path, extra: dict[str, RoleSpec] | None = None) -> RoleFactory:
+    """The factory for `plan`'s roles (and `extra` ones, e.g. the evaluation's) under run config `cfg`."""
+    t, m = cfg.train, cfg.model
+    settings = UpdateSettings(mini_batch_size=t.mini_batch_size, micro_batch_size=t.micro_batch_size,
+                              epochs=t.epochs, temperature=cfg.rollout.temperature)
+    reward_model = None if m.reward_path is None else ModelSource(model_folder(m.reward_path, "model.reward_path"),
+                                                                  m.dtype)
+    context = BuildContext(model=ModelSource(path, m.dtype, m.gradient_checkpointing),
+                           engines={"actor": cfg.actor, "critic": cfg.critic, "rollout": cfg.rollout},
+                           device=t.device, settings=settings, seed=t.seed, task=task, reward_model=reward_model,
+                           shared=plan.shared())
+    return RoleFactory(context, {**(extra or {}), **plan.specs})
+
+
+def _sources_first(names: tuple[str, ...], specs: dict[str, RoleSpec]) -> list[str]:
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        source = specs[name].weights_from
+        if source in names:
+            visit(source)
+        order.append(name)
+
+    for name in names:
+        visit(name)
+    return order

@@ -1,0 +1,277 @@
+"""The Ray executor: a compiled plan over one Ray actor (`PoolWorker`) per rank of each pool.
+
+- Each pool's workers build only that pool's roles; a pool of several ranks is
+  its own torch.distributed group (gloo on CPU, NCCL on CUDA, rendezvous on a
+  driver-chosen port of 127.0.0.1, so one host), and its train engines shard
+  with FSDP2 over it; its ranks build their roles with the pool's
+  RoleFactory. Stage nodes and roles on no pool (the reward) run on the driver.
+- A role node splits the batch's rows evenly over its pool's ranks (generate
+  splits prompts, so a prompt's samples stay on one rank) and the results are
+  concatenated. A node starts once its predecessors in the plan's graph have
+  finished, so independent nodes (actor, ref and critic forwards) run at once
+  on their pools; the driver waits only for what it needs next. Worker
+  metrics come back per call and are averaged over the pool's ranks.
+- Weight sync across pools: every rank of the source role (the actor)
+  gathers the full state dict (collective under FSDP) and rank 0's ObjectRef
+  goes to every rank of the following role (the rollout).
+- Workers ask Ray for `WORKER_NUM_CPUS` CPUs (0: they fit on any machine,
+  however many pools) and one GPU each on CUDA pools.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import ray
+from tensordict import TensorDict
+
+from flowrl import metrics
+from flowrl.data.batch import concat
+from flowrl.errors import PlanError
+from flowrl.graph.context import StepCalls
+from flowrl.graph.trace import Node, NodeKind
+from flowrl.plan.placement import DRIVER, Pool
+from flowrl.plan.planner import Plan
+from flowrl.runtime.distributed import average
+from flowrl.runtime.ray_worker import PoolWorker
+from flowrl.runtime.scheduling import call_node, fill_index, ready, run_with_fill, scheduled
+
+WORKER_NUM_CPUS = 0  # Ray CPUs reserved per worker; torch still uses OMP_NUM_THREADS (Ray sets 1) threads
+_EMPTY = TensorDict({}, batch_size=[0])
+
+
+def init_ray() -> None:
+    """Start (or join, with RAY_ADDRESS) a Ray cluster unless this process already did."""
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False)
+
+
+@dataclass
+class _Versions:
+    """Updates dispatched per versioned role, and the source version each following role last loaded."""
+
+    updates: dict[str, int] = field(default_factory=dict)
+    synced: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Launched:
+    node: Node
+    batches: list[ray.ObjectRef]  # one per rank (for a cross-pool sync: the load_weights calls)
+    logged: list[ray.ObjectRef]  # one metrics dict per rank
+    start: float
+
+
+@dataclass(frozen=True)
+class PoolEngine:
+    """One trainable role across its pool's ranks, for flowrl.runtime.checkpoint: save and load call every rank."""
+
+    workers: tuple[Any, ...]
+    role: str
+
+    def save(self, path: str) -> None:
+        ray.get([w.save.remote(self.role, path) for w in self.workers])
+
+    def load(self, path: str) -> None:
+        ray.get([w.load.remote(self.role, path) for w in self.workers])
+
+
+class RayExecutor:
+    def __init__(self, plan: Plan, factory: Any, extra_driver_roles: tuple[str, ...] = ()):
+        """`factory` (a flowrl.runtime.factory.RoleFactory, or any object with build(names) and for_pool(pool))
+        builds the driver's roles here and each pool's roles in its workers."""
+        self.plan = plan
+        self.nodes, self.fill_at = _checked_nodes(plan)
+        pools = {pool.name: pool for pool in plan.pools.values()}
+        self.driver_roles = factory.build(tuple(dict.fromkeys((*plan.driver_roles(), *extra_driver_roles))))
+        self.workers: dict[str, list[Any]] = {}
+        setups = []
+        for name, pool in pools.items():
+            roles = tuple(r for r, p in plan.pools.items() if p.name == name)
+            self.workers[name], started = _start_pool(pool, factory.for_pool(pool), roles)
+            setups += started
+        try:
+            ray.get(setups)
+        except BaseException:
+            self.close()
+            raise
+        self._versions = _Versions({r: 0 for r in plan.versioned()})
+
+    def run_step(self, step: int, prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
+        """One training step over prompt batches drawn from `prompts`; returns the batch and metrics."""
+        calls = StepCalls(step)
+        with metrics.collect() as logged:
+            start = time.perf_counter()
+            batch = run_with_fill(self.nodes, self.fill_at, lambda nodes, b: self._run(nodes, b, calls), prompts)
+            metrics.log("timing_s/step", time.perf_counter() - start)
+        return batch, logged
+
+    def for_plan(self, plan: Plan) -> "RayExecutor":
+        """A view running `plan` (e.g. the evaluation) on these workers; its pools must be among them."""
+        for role, pool in plan.pools.items():
+            mine = self.plan.pools.get(role)
+            if mine is None or (mine.name, mine.world_size) != (pool.name, pool.world_size):
+                raise PlanError(f"executor: plan {plan.algorithm} puts role {role!r} on pool {pool.name!r}, "
+                                f"which these workers do not host")
+        view = copy.copy(self)
+        view.plan = plan
+        view.nodes, view.fill_at = _checked_nodes(plan)
+        return view
+
+    def call(self, role: str, method: str, batch: TensorDict, step: int = 0, **kwargs: Any) -> TensorDict:
+        """role.method(shard, **kwargs) on every rank of the role's pool, the rows split evenly; rows concatenated."""
+        if role not in self.plan.pools:
+            raise ValueError(f"role {role!r} is on no pool of plan {self.plan.algorithm}; pools host "
+                             f"{sorted(self.plan.pools)}")
+        node = Node(name=f"{role}.{method}", kind=NodeKind.ROWS, reads=frozenset(), writes=frozenset(),
+                    kwargs=kwargs, role=role, method=method, pool=self.plan.pools[role].name)
+        return self._resolve([self._launch(node, batch, StepCalls(step))], batch)
+
+    def train_engines(self) -> dict[str, PoolEngine]:
+        return {r: PoolEngine(tuple(self._workers_of(r)), r) for r in self.plan.trainable() if r in self.plan.pools}
+
+    @property
+    def versions(self) -> dict[str, int]:
+        return dict(self._versions.updates)
+
+    @versions.setter
+    def versions(self, versions: dict[str, int]) -> None:
+        """Set on resume (one past the saved counts), so the first step syncs the followers to the loaded weights."""
+        for role in self.plan.versioned():
+            self._versions.updates[role] = versions.get(role, 0)
+            ray.get([w.set_version.remote(role, self._versions.updates[role]) for w in self._workers_of(role)])
+
+    def save_pretrained(self, role: str, path: str, tokenizer: Any = None) -> None:
+        """The role's model as a Hugging Face folder (every rank gathers; rank 0 writes)."""
+        tokenizer_ref = ray.put(tokenizer)
+        ray.get([w.save_pretrained.remote(role, path, tokenizer_ref) for w in self._workers_of(role)])
+
+    def close(self) -> None:
+        """Ends the workers (of every view: close only the executor you built)."""
+        for workers in self.workers.values():
+            for worker in workers:
+                ray.kill(worker)
+        self.workers = {}
+
+    def _workers_of(self, role: str) -> list[Any]:
+        return self.workers[self.plan.pools[role].name]
+
+    def _run(self, nodes: list[Node], batch: TensorDict, calls: StepCalls) -> TensorDict:
+        """Start every node whose predecessors are done, remote ones first; wait only when none can start."""
+        todo, inflight, done, segment = list(nodes), [], set(), {node.name for node in nodes}
+        while todo or inflight:
+            startable = ready(self.plan, todo, segment, done)
+            remote = [node for node in startable if node.pool != DRIVER]
+            if remote:
+                for node in remote:
+                    todo.remove(node)
+                    inflight.append(self._launch(node, batch, calls))
+            elif startable:
+                node = startable[0]
+                todo.remove(node)
+                start = time.perf_counter()
+                batch = call_node(node, self.driver_roles, batch, calls)
+                metrics.log(f"timing_s/{node.name}", time.perf_counter() - start)
+                done.add(node.name)
+            else:
+                needed = [run for run in inflight if any(self.plan.graph.has_edge(run.node.name, n.name)
+                                                         for n in todo)] or inflight
+                inflight = [run for run in inflight if run not in needed]
+                batch = self._resolve(needed, batch)
+                done |= {run.node.name for run in needed}
+            if batch.batch_size[0] == 0 and todo and not inflight:
+                return batch
+        return batch
+
+    def _launch(self, node: Node, batch: TensorDict, calls: StepCalls) -> _Launched:
+        start = time.perf_counter()
+        info = calls.next(node.role, node.method)
+        if node.kind is NodeKind.SYNC and self._split_source(node.role) is not None:
+            return self._launch_sync(node, start)
+        workers = self.workers[node.pool]
+        shards = [_EMPTY] * len(workers) if node.kind is NodeKind.SYNC else _split(batch, node, len(workers))
+        keep = None if node.kind is NodeKind.ROWS else tuple(sorted(node.writes))
+        calls_ = [w.call.remote(node, ray.put(shard), info, keep) for w, shard in zip(workers, shards)]
+        if self.plan.specs[node.role].methods()[node.method].updates_weights:
+            self._versions.updates[node.role] += 1
+        return _Launched(node, [b for b, _ in calls_], [m for _, m in calls_], start)
+
+    def _split_source(self, role: str) -> str | None:
+        """The role's weight source when it lives on another pool (its weights must be sent), else None."""
+        source = self.plan.specs[role].weights_from
+        if source not in self.plan.pools or self.plan.pools[source] is self.plan.pools[role]:
+            return None
+        return source
+
+    def _launch_sync(self, node: Node, start: float) -> _Launched:
+        """Split pools: rank 0's full state into every rank of the follower, only when the source was updated
+        since the last sync."""
+        source = self._split_source(node.role)
+        version = self._versions.updates[source]
+        if self._versions.synced.get(node.role) == version:
+            return _Launched(node, [], [], start)
+        states = [w.full_state_dict.remote(source) for w in self._workers_of(source)]  # collective
+        loaded = [w.load_weights.remote(node.role, states[0], version) for w in self._workers_of(node.role)]
+        self._versions.synced[node.role] = version
+        return _Launched(node, loaded, [], start)
+
+    def _resolve(self, done: list[_Launched], batch: TensorDict) -> TensorDict:
+        """Wait for `done` (one ray.get) and merge their results into the batch in trace order."""
+        values = iter(ray.get([ref for run in done for ref in (*run.batches, *run.logged)]))
+        for launched in done:
+            outs = [next(values) for _ in launched.batches]
+            with metrics.node(launched.node.name):
+                for name, value in average([next(values) for _ in launched.logged]).items():
+                    metrics.log(name, value)
+            metrics.log(f"timing_s/{launched.node.name}", time.perf_counter() - launched.start)
+            batch = _merge(launched.node, outs, batch)
+        return batch
+
+
+def _merge(node: Node, outs: list[Any], batch: TensorDict) -> TensorDict:
+    if node.kind is NodeKind.ROWS:
+        return concat(outs)
+    if node.kind is NodeKind.MAP and node.writes:
+        written = concat(outs)
+        for key in sorted(node.writes):
+            batch[key] = written[key]
+    return batch
+
+
+def _split(batch: TensorDict, node: Node, num_ranks: int) -> list[TensorDict]:
+    rows = batch.batch_size[0]
+    if rows % num_ranks:
+        raise ValueError(f"pool {node.pool!r}: {node.name} got {rows} rows, which do not split evenly over its "
+                         f"world_size {num_ranks}; make train.batch_size (and train.eval_prompts) a multiple of it")
+    size = rows // num_ranks
+    return [batch[rank * size:(rank + 1) * size] for rank in range(num_ranks)]
+
+
+def _checked_nodes(plan: Plan) -> tuple[list[Node], int | None]:
+    nodes = scheduled(plan)
+    fill_at = fill_index(nodes)
+    wide = [pool.name for pool in plan.pools.values() if pool.world_size > 1]
+    if fill_at is not None and wide:
+        raise PlanError(f"{plan.algorithm}: dynamic sampling (fill) leaves ranks with unequal rows, which FSDP "
+                        f"cannot step together; give pool {wide[0]!r} world_size 1")
+    return nodes, fill_at
+
+
+def _start_pool(pool: Pool, factory: Any, roles: tuple[str, ...]) -> tuple[list[Any], list[ray.ObjectRef]]:
+    """The pool's workers and their setup calls (in flight: the ranks rendezvous with each other)."""
+    options = dict(num_cpus=WORKER_NUM_CPUS, num_gpus=1 if pool.device == "cuda" else 0)
+    workers = [ray.remote(PoolWorker).options(**options).remote() for _ in range(pool.world_size)]
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    setups = [w.setup.remote(factory, roles, pool.device, rank, pool.world_size, address)
+              for rank, w in enumerate(workers)]
+    return workers, setups
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

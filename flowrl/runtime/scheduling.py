@@ -1,0 +1,89 @@
+"""What both executors share: running one node in-process, the plan's schedule, dynamic sampling (fill).
+
+A fill node splits the step: the nodes before it are re-run on fresh prompts
+until enough groups survive, then the rest runs once on the filled batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import networkx as nx
+from tensordict import TensorDict
+
+from flowrl import metrics
+from flowrl.data.batch import concat, first_groups, num_groups
+from flowrl.graph.context import CallInfo, StepCalls, calling
+from flowrl.graph.contracts import call_checked, run_stage
+from flowrl.graph.trace import Node, NodeKind
+from flowrl.plan.planner import Plan
+
+RunNodes = Callable[[list[Node], TensorDict], TensorDict]
+
+
+def scheduled(plan: Plan) -> list[Node]:
+    """The plan's nodes in an order its edges allow (ties broken by trace order, which is such an order)."""
+    index = {node.name: i for i, node in enumerate(plan.nodes)}
+    graph = plan.graph.subgraph(index)
+    by_name = {node.name: node for node in plan.nodes}
+    return [by_name[name] for name in nx.lexicographical_topological_sort(graph, key=index.__getitem__)]
+
+
+def ready(plan: Plan, todo: list[Node], segment: set[str], done: set[str]) -> list[Node]:
+    """Nodes of `todo` whose predecessors in `segment` (the nodes being run) are all done."""
+    return [node for node in todo
+            if all(p not in segment or p in done for p in plan.graph.predecessors(node.name))]
+
+
+def call_role(node: Node, role: Any, batch: TensorDict, info: CallInfo) -> TensorDict:
+    """role.<method>(batch, **kwargs) under its contract, as call `info` of the step."""
+    method = getattr(role, node.method)
+    with calling(info):
+        return call_checked(node, lambda b: method(b, **node.kwargs), batch)
+
+
+def call_node(node: Node, roles: dict[str, Any], batch: TensorDict, calls: StepCalls) -> TensorDict:
+    """Run one node in this process: a role method on `roles`, or a stage (a fill node is a no-op here)."""
+    if node.kind is NodeKind.FILL:
+        return batch
+    with metrics.node(node.name):
+        if node.role is None:
+            return run_stage(node, batch)
+        return call_role(node, roles[node.role], batch, calls.next(node.role, node.method))
+
+
+def fill_index(nodes: list[Node]) -> int | None:
+    fills = [i for i, n in enumerate(nodes) if n.kind is NodeKind.FILL]
+    return fills[0] if fills else None
+
+
+def run_with_fill(nodes: list[Node], fill_at: int | None, run: RunNodes, prompts: Iterator[TensorDict]) -> TensorDict:
+    """A step's nodes over the next prompts; with a fill node, the nodes before it until enough groups survive."""
+    batch = next(prompts)
+    if fill_at is None:
+        return run(nodes, batch)
+    batch = _fill(nodes, fill_at, run, batch, prompts)
+    if batch.batch_size[0] == 0:
+        metrics.log("sampling/skipped_step", 1.0)
+        return batch
+    return run(nodes[fill_at + 1:], batch)
+
+
+def _fill(nodes: list[Node], fill_at: int, run: RunNodes, batch: TensorDict,
+          prompts: Iterator[TensorDict]) -> TensorDict:
+    node = nodes[fill_at]
+    target = node.kwargs.get("num_groups") or batch.batch_size[0]
+    max_rounds = node.kwargs.get("max_rounds", 4)
+    if max_rounds < 1:
+        raise ValueError(f"fill: max_rounds must be >= 1, got {max_rounds}")
+    kept: list[TensorDict] = []
+    for round_ in range(max_rounds):
+        if round_:
+            batch = next(prompts)
+        kept.append(run(nodes[:fill_at], batch))
+        if sum(num_groups(b) for b in kept) >= target:
+            break
+    filled = concat(kept)
+    metrics.log("sampling/rounds", round_ + 1)
+    metrics.log("sampling/groups", min(num_groups(filled), target))
+    return first_groups(filled, target) if filled.batch_size[0] else filled

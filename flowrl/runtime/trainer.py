@@ -1,0 +1,248 @@
+"""The training loop: compile, build, resume, step, log, checkpoint."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import transformers
+from tqdm import tqdm
+
+from flowrl.config import RunConfig, validate, warn_no_effect
+from flowrl.data.prompts import PromptStream
+from flowrl.data.tasks import Task, make_task
+from flowrl.engines.hf_models import load_tokenizer
+from flowrl.graph.algorithm import Algorithm
+from flowrl.plan.placement import Placement
+from flowrl.plan.planner import Plan, compile_plan, model_roles
+from flowrl.runtime import checkpoint, distributed
+from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan
+from flowrl.runtime.executor import Executor, LocalExecutor
+from flowrl.runtime.factory import RoleFactory, make_factory, model_path
+
+SHOWN = {"reward/mean": "reward", "eval/reward/mean": "eval", "actor/pg_loss": "pg_loss", "critic/vf_loss": "vf_loss",
+         "response_length/mean": "len", "timing_s/step": "s/step"}
+
+
+def resolve_algorithm(name: str) -> Algorithm:
+    """A registry name ("grpo") or "package.module:attribute"."""
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        algo = getattr(importlib.import_module(module), attr)
+    else:
+        from flowrl.algorithms import REGISTRY
+
+        if name not in REGISTRY:
+            raise ValueError(f"algorithm: unknown {name!r}; built in: {sorted(REGISTRY)} (or 'module:attribute')")
+        algo = REGISTRY[name]
+    if not isinstance(algo, Algorithm):
+        raise ValueError(f"algorithm: {name!r} is a {type(algo).__name__}, not an @flowrl.graph.algorithm")
+    return algo
+
+
+def make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int = 1) -> Plan:
+    """Validate the algorithm's options and compile its graph; loads no model."""
+    values = dict(cfg.algo)
+    if "max_response_len" in algo.config_cls.model_fields:
+        values.setdefault("max_response_len", cfg.rollout.max_new_tokens)
+    algo_cfg = validate(algo.config_cls, {**algo.overrides, **values}, prefix="algo")
+    inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
+    classes = cfg.role_classes()
+    placement = cfg.placement
+    if placement is None:  # colocate exactly the model roles this configuration uses
+        placement = Placement.colocated(model_roles(algo, inputs, classes, algo_cfg), world_size=world_size,
+                                        device=cfg.train.device)
+    return compile_plan(algo, placement, inputs, classes, algo_cfg)
+
+
+@dataclass
+class Session:
+    """Everything one run holds, built before the first step."""
+
+    cfg: RunConfig
+    algo: Algorithm
+    executor: Executor
+    stream: PromptStream
+    evaluate: Evaluator | None
+    model_path: Path
+    start: int
+    main: bool
+
+    @property
+    def out(self) -> Path:
+        return Path(self.cfg.train.output_dir)
+
+
+def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = None) -> Session:
+    """Compile (no model loaded yet), build the roles, resume; the first graph or config error stops here.
+
+    `algo` and `task` override cfg.algorithm and cfg.task.name with objects (for use from Python).
+    """
+    algo = algo or resolve_algorithm(cfg.algorithm)
+    task = task or make_task(cfg.task.name, cfg.task.max_operand)
+    if cfg.train.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
+    rank, world = distributed.setup(cfg.train.device)
+    if cfg.train.executor == "ray" and world > 1:
+        raise ValueError("train.executor: 'ray' starts its own workers from one process; run it without torchrun")
+    plan = make_plan(cfg, algo, task, world)
+    warn_no_effect(cfg, plan.roles)
+    _seed(cfg.train.seed)
+    transformers.utils.logging.disable_progress_bar()
+    path = model_path(cfg, task) if rank == 0 else None
+    distributed.barrier()  # rank 0 builds the tiny model once; the others then load it
+    path = path or model_path(cfg, task)
+    local, tokenizer = _per_rank_config(cfg, world), load_tokenizer(path)
+    evaluation = eval_plan(plan, task, cfg.role_classes()) if cfg.train.eval_every else None
+    factory = make_factory(local, plan, task, path, extra=evaluation.specs if evaluation else None)
+    executor = _executor(local, plan, factory, world, evaluation)
+    try:
+        stream = PromptStream(task, tokenizer, local.train.batch_size, seed=cfg.train.seed, rank=rank,
+                              world_size=world, chat_template=cfg.task.chat_template)
+        evaluate = None
+        if evaluation is not None:
+            eval_stream = PromptStream(task, tokenizer, local.train.eval_prompts, rank=rank, world_size=world,
+                                       seed=cfg.train.seed + EVAL_SEED_OFFSET, chat_template=cfg.task.chat_template)
+            evaluate = Evaluator(executor.for_plan(evaluation), next(eval_stream))
+        start = _resume(cfg, executor, stream)
+    except BaseException:
+        executor.close()
+        raise
+    return Session(cfg, algo, executor, stream, evaluate, path, start, main=rank == 0)
+
+
+def _executor(cfg: RunConfig, plan: Plan, factory: RoleFactory, world: int, evaluation: Plan | None) -> Executor:
+    """The executor for `plan`; its roles include those the evaluation plan uses."""
+    if cfg.train.executor == "ray":
+        from flowrl.runtime.ray_executor import RayExecutor, init_ray  # ray is optional: imported only when asked
+
+        init_ray()
+        return RayExecutor(plan, factory, extra_driver_roles=evaluation.driver_roles() if evaluation else ())
+    names = tuple(dict.fromkeys((*plan.roles, *(evaluation.roles if evaluation else ()))))
+    return LocalExecutor(plan, factory.build(names), world_size=world)
+
+
+OnStep = Callable[[int, dict[str, float]], None]
+
+
+def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
+          on_step: OnStep | None = None, task: Task | None = None) -> list[dict[str, float]]:
+    """Run cfg.train.steps steps (resuming if a checkpoint exists); returns this run's metrics per step."""
+    s = setup(cfg, algo, task)
+    try:
+        return _loop(s, progress, on_step)
+    finally:
+        s.executor.close()
+
+
+def _loop(s: Session, progress: bool, on_step: OnStep | None) -> list[dict[str, float]]:
+    cfg = s.cfg
+    if s.main:
+        _truncate_jsonl(s.out / "metrics.jsonl", s.start)
+    bar = tqdm(range(s.start, cfg.train.steps), initial=s.start, total=cfg.train.steps,
+               disable=not (progress and s.main), desc=s.algo.name, dynamic_ncols=True)
+    if s.start == 0 and s.evaluate is not None:
+        _log(s, bar, {**_evaluate(s, 0), "step": 0}, progress)
+    history: list[dict[str, float]] = []
+    for step in bar:
+        _, logged = s.executor.run_step(step, s.stream)
+        logged = distributed.mean_over_ranks(logged)
+        if s.evaluate is not None and _eval_due(cfg, step + 1):
+            logged.update(_evaluate(s, step + 1))
+        logged["step"] = step + 1
+        history.append(logged)
+        _log(s, bar, logged, progress)
+        if on_step is not None:
+            on_step(step + 1, logged)
+        if _due(cfg, step + 1):
+            checkpoint.save(s.out / "checkpoints", step + 1, s.executor.train_engines(),
+                            {"stream": s.stream.state(), "versions": s.executor.versions},
+                            keep=cfg.train.keep_checkpoints, is_main=s.main)
+            distributed.barrier()
+    exported = s.executor.plan.exported()
+    if cfg.train.export and history:
+        for role in exported:  # final/, or final/<role> when several roles are exported
+            path = s.out / "final" if len(exported) == 1 else s.out / "final" / role
+            s.executor.save_pretrained(role, str(path), load_tokenizer(s.model_path))
+    return history
+
+
+def _evaluate(s: Session, step: int) -> dict[str, float]:
+    return distributed.mean_over_ranks(s.evaluate(step))
+
+
+def _eval_due(cfg: RunConfig, step: int) -> bool:
+    return step == cfg.train.steps or step % cfg.train.eval_every == 0
+
+
+def _per_rank_config(cfg: RunConfig, world: int) -> RunConfig:
+    """Batch sizes are global in the config; each rank takes its share."""
+    if world == 1:
+        return cfg
+    t = cfg.train
+    shares = {name: distributed.per_rank(getattr(t, name), world, f"train.{name}")
+              for name in ("batch_size", "mini_batch_size", "micro_batch_size", "eval_prompts")}
+    return cfg.model_copy(update={"train": t.model_copy(update=shares)})
+
+
+def _log(s: Session, bar: tqdm, logged: dict[str, float], progress: bool) -> None:
+    """Rank 0 appends the row to metrics.jsonl, updates the bar and prints the step line."""
+    if not s.main:
+        return
+    _append_jsonl(s.out / "metrics.jsonl", logged)
+    bar.set_postfix({short: f"{logged[k]:.3g}" for k, short in SHOWN.items() if k in logged})
+    if progress:
+        bar.write(_format(logged))
+
+
+def _due(cfg: RunConfig, step: int) -> bool:
+    every = cfg.train.save_every
+    return step == cfg.train.steps or (every > 0 and step % every == 0)
+
+
+def _resume(cfg: RunConfig, executor: Executor, stream: PromptStream) -> int:
+    found = checkpoint.latest(Path(cfg.train.output_dir) / "checkpoints") if cfg.train.resume else None
+    if found is None:
+        return 0
+    state = checkpoint.load(found, executor.train_engines())
+    stream.restore(state["stream"])
+    # one past the saved counts: the roles that follow these weights sync to the loaded ones
+    executor.versions = {role: version + 1 for role, version in state["versions"].items()}
+    return int(state["step"])
+
+
+def _seed(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Drop rows past the resumed step: a crash after logging them left no checkpoint for them."""
+    if not path.exists():
+        return
+    rows = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(f"{line}\n" for line in rows))
+    os.replace(tmp, path)
+
+
+def _append_jsonl(path: Path, row: dict[str, float]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+LINE = ("eval/reward/mean", "reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/clipfrac", "actor/grad_norm",
+        "critic/vf_loss", "response_length/mean", "sampling/groups")
+
+
+def _format(logged: dict[str, float]) -> str:
+    body = " ".join(f"{k}={logged[k]:.4g}" for k in LINE if k in logged)
+    timing = f" time={logged['timing_s/step']:.2f}s" if "timing_s/step" in logged else ""
+    return f"step {int(logged['step'])}: {body}{timing}"
