@@ -28,7 +28,7 @@ def measure(path: str, checkpointing: bool, device: str, batch) -> tuple[float, 
     model = _trainable(load_causal_lm(path, dtype), cfg)
     actor = Actor(engine=HFTrainEngine(model, kind="actor", lr=1e-6, device=device),
                   settings=UpdateSettings(mini_batch_size=batch.batch_size[0], micro_batch_size=16))
-    run = lambda: actor.update(actor.logprobs(batch.clone(), on_policy=True), loss=losses.ppo_loss())  # noqa: E731
+    run = lambda: actor.update(actor.logprobs(batch.clone(), deferred=True), loss=losses.ppo_loss())  # noqa: E731
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     elapsed = seconds_per_call(run, device, warmup=1)

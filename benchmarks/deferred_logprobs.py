@@ -23,7 +23,7 @@ from common import bench_model, make_batch, seconds_per_call  # noqa: E402
 
 def seconds(actor: Actor, batch, on_policy: bool, repeats: int, device: str) -> float:
     def once() -> None:
-        b = actor.logprobs(batch.clone(), on_policy=on_policy)
+        b = actor.logprobs(batch.clone(), deferred=on_policy)
         actor.update(b, loss=losses.ppo_loss())
 
     return seconds_per_call(once, device, repeats)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from flowrl.engines.protocols import SamplingParams
+from flowrl.engines.protocols import FinishReason, SamplingParams
+from flowrl.graph.role import ROLES, RoleSpec
+
+ROLE_CLASSES = {name: ROLES.get(name).cls for name in ("actor", "rollout", "ref", "critic", "reward")}
 
 
 class FakeTokenizer:
@@ -61,10 +64,15 @@ class FakeRolloutEngine:
         rows = prompt_ids_BP.shape[0]
         digit = (prompt_ids_BP.sum(-1) + (seed or 0) + torch.arange(rows)) % 10
         ids = torch.stack([digit + 1, torch.full((rows,), 11)], dim=1)
-        return TensorDict({"response_ids": ids, "response_mask": torch.ones_like(ids)}, batch_size=[rows])
+        return TensorDict({"response_ids": ids, "response_mask": torch.ones_like(ids),
+                           "rollout_logprobs": -0.1 * ids.float(),
+                           "finish_reason": torch.full((rows,), int(FinishReason.STOP))}, batch_size=[rows])
 
     def load_weights(self, state_dict):
         pass
+
+    def weight_sync(self, train):
+        return lambda train, rollout: None
 
 
 class ParityTask:
@@ -108,18 +116,32 @@ class SleepyTrainEngine(FakeTrainEngine):
         return super().forward(batch, **kwargs)
 
 
-def build_fake_roles(cfg, names, shares_actor_module, task, path, forward_s=0.0):
-    """flowrl.runtime.factory.build_subset's contract over fakes (for RayExecutor's `builder`)."""
+def fake_specs(forward_s: float = 0.0) -> dict[str, RoleSpec]:
+    """The built-in roles' registrations with classes that build over fakes (for a RoleFactory's `specs`)."""
     from flowrl.roles import Actor, Ref, Reward, Rollout
 
-    roles = {}
-    if "reward" in names:
-        roles["reward"] = Reward(fn=task.reward, tokenizer=FakeTokenizer(), meta_keys=task.meta_keys)
-    if "actor" in names:
-        roles["actor"] = Actor(engine=SleepyTrainEngine(forward_s))
-    if "ref" in names:
-        roles["ref"] = Ref(engine=SleepyTrainEngine(forward_s))
-    if "rollout" in names:
-        roles["rollout"] = Rollout(engine=FakeRolloutEngine(), params=SamplingParams(max_new_tokens=2),
-                                   actor=roles.get("actor"), weight_sync=lambda train, rollout: None)
-    return roles
+    class FakeActor(Actor):
+        @classmethod
+        def build(cls, ctx):
+            return Actor(engine=SleepyTrainEngine(forward_s))
+
+    class FakeRef(Ref):
+        @classmethod
+        def build(cls, ctx):
+            return Ref(engine=SleepyTrainEngine(forward_s))
+
+    class FakeRollout(Rollout):
+        @classmethod
+        def build(cls, ctx):
+            return Rollout(engine=FakeRolloutEngine(), params=SamplingParams(max_new_tokens=2),
+                           source=ctx.roles.get("actor"), weight_sync=lambda train, rollout: None)
+
+    class FakeReward(Reward):
+        @classmethod
+        def build(cls, ctx):
+            return Reward(fn=ctx.task.reward, tokenizer=FakeTokenizer(), meta_keys=ctx.task.meta_keys)
+
+    fakes = {"actor": FakeActor, "ref": FakeRef, "rollout": FakeRollout, "reward": FakeReward}
+    return {name: RoleSpec(name, cls, **{k: getattr(ROLES.get(name), k) for k in
+                                         ("trainable", "exported", "on_driver", "weights_from")})
+            for name, cls in fakes.items()}

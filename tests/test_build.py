@@ -2,15 +2,14 @@
 
 import torch
 
-from flowrl.runtime.factory import _trainable
-from flowrl.config import load_run_config
+from flowrl.engines.configs import ModelSource, TrainEngineConfig
 from flowrl.engines.hf_models import load_causal_lm
 
 
 def test_gradient_checkpointing_recomputes_layers_and_keeps_state_dict_keys(tiny_model_path):
-    model = load_causal_lm(tiny_model_path)
-    keys = set(model.state_dict())
-    model = _trainable(model, load_run_config(None, ["model.gradient_checkpointing=true"]))
+    keys = set(load_causal_lm(tiny_model_path).state_dict())
+    source = ModelSource(tiny_model_path, gradient_checkpointing=True)
+    model = TrainEngineConfig.model_validate({"engine": "hf"}).build(source, head="actor", device="cpu").model
     assert set(model.state_dict()) == keys  # checkpoints and HF export see the same names
     calls = []
     inner = model.model.layers[0]._checkpoint_wrapped_module

@@ -5,7 +5,7 @@ import pytest
 
 from flowrl.config import load_run_config, warn_no_effect
 from flowrl.data import PromptStream
-from flowrl.data.tasks.arithmetic import ArithmeticTask
+from flowrl.data.arithmetic import ArithmeticTask
 from fakes import FakeTokenizer
 
 

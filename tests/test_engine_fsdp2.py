@@ -9,7 +9,10 @@ import torch.multiprocessing as mp
 from tensordict import TensorDict
 from torch.distributed.tensor import DTensor
 
-from flowrl.engines import FullStateSync, HFRolloutEngine, HFTrainEngine, SamplingParams
+from flowrl.engines.hf_rollout import HFRolloutEngine
+from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.protocols import SamplingParams
+from flowrl.engines.weight_sync import FullStateSync
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from fakes import TokenMeanNLL
 

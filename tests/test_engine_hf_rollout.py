@@ -2,8 +2,10 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from flowrl.engines import (FullStateSync, HFRolloutEngine, HFTrainEngine, SamplingParams, SharedModuleSync,
-                            choose_weight_sync, mask_after_eos)
+from flowrl.engines.hf_rollout import HFRolloutEngine, mask_after_eos
+from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.protocols import SamplingParams
+from flowrl.engines.weight_sync import FullStateSync, SharedModuleSync, choose_weight_sync
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from fakes import TokenMeanNLL
 

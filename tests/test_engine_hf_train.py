@@ -4,7 +4,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from flowrl.engines import HFTrainEngine
+from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer, load_value_model
 from fakes import TokenMeanNLL
 

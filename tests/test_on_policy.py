@@ -27,7 +27,7 @@ def step(path, batch, on_policy):
     torch.manual_seed(0)
     actor = Actor(engine=HFTrainEngine(load_causal_lm(path), kind="actor", lr=1e-2),
                   settings=UpdateSettings(mini_batch_size=8, micro_batch_size=2))
-    batch = actor.logprobs(batch.clone(), on_policy=on_policy)
+    batch = actor.logprobs(batch.clone(), deferred=on_policy)
     actor.update(batch, loss=losses.ppo_loss())
     return batch, actor.engine.model.state_dict()
 

@@ -6,8 +6,8 @@ import flowrl as fl
 from flowrl.algorithms import dapo, grpo
 from flowrl.data import PromptStream
 from flowrl.engines.protocols import SamplingParams
-from flowrl.roles import ROLE_CLASSES, Actor, Ref, Reward, Rollout
-from fakes import FakeRolloutEngine, FakeTokenizer, FakeTrainEngine, ParityTask
+from flowrl.roles import Actor, Ref, Reward, Rollout
+from fakes import ROLE_CLASSES, FakeRolloutEngine, FakeTokenizer, FakeTrainEngine, ParityTask
 
 INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer"}
 
@@ -17,7 +17,7 @@ def make_roles(task=ParityTask()):
     return {
         "actor": actor,
         "ref": Ref(engine=FakeTrainEngine()),
-        "rollout": Rollout(engine=FakeRolloutEngine(), params=SamplingParams(max_new_tokens=2), actor=actor,
+        "rollout": Rollout(engine=FakeRolloutEngine(), params=SamplingParams(max_new_tokens=2), source=actor,
                            weight_sync=lambda train, rollout: None),
         "reward": Reward(fn=task.reward, tokenizer=FakeTokenizer(), meta_keys=task.meta_keys),
     }
@@ -26,7 +26,7 @@ def make_roles(task=ParityTask()):
 def test_colocated_plan_inserts_sync_and_shares_module():
     plan = fl.compile_plan(grpo, fl.Placement.colocated(("actor", "rollout", "ref")), INPUTS, ROLE_CLASSES)
     assert [n.name for n in plan.nodes][:2] == ["rollout.sync_weights", "rollout.generate"]
-    assert plan.shares_actor_module()
+    assert plan.shares_weights("rollout")
     assert {n.pool for n in plan.nodes if n.role == "actor"} == {"global"}
     assert next(n for n in plan.nodes if n.name == "group_advantage").pool == "driver"
     assert "actor.update @global" in plan.describe()
@@ -36,7 +36,7 @@ def test_split_plan_does_not_share_module():
     placement = fl.Placement(pools=[fl.Pool(name="train", roles=["actor", "ref"]),
                                     fl.Pool(name="gen", roles=["rollout"])])
     plan = fl.compile_plan(grpo, placement, INPUTS, ROLE_CLASSES)
-    assert not plan.shares_actor_module()
+    assert not plan.shares_weights("rollout")
     assert plan.pools["rollout"].name == "gen"
 
 
@@ -65,7 +65,6 @@ def test_executor_equals_hand_written_loop():
     batch, logged = fl.LocalExecutor(plan, compiled).run_step(0, stream)
 
     eager = make_roles()
-    eager["rollout"].begin_step(0)
     prompts = next(PromptStream(task, FakeTokenizer(), batch_size=3, seed=1))
     expected = grpo(prompts, actor=eager["actor"], rollout=eager["rollout"], ref=eager["ref"],
                     reward=eager["reward"], cfg=grpo.make_config({"group_size": 4}))
@@ -127,7 +126,7 @@ def test_old_logprobs_deferred_only_when_update_is_their_only_reader():
     from flowrl.algorithms import ppo
 
     grpo_plan = fl.compile_plan(grpo, fl.Placement.colocated(("actor", "rollout", "ref")), INPUTS, ROLE_CLASSES)
-    assert next(n for n in grpo_plan.nodes if n.name == "actor.logprobs").kwargs == {"on_policy": True}
+    assert next(n for n in grpo_plan.nodes if n.name == "actor.logprobs").kwargs == {"deferred": True}
     ppo_plan = fl.compile_plan(ppo, fl.Placement.colocated(), INPUTS, ROLE_CLASSES)  # KL-in-reward reads them
     assert next(n for n in ppo_plan.nodes if n.name == "actor.logprobs").kwargs == {}
 

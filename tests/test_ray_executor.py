@@ -1,6 +1,6 @@
 """The Ray executor on one local cluster: equal to the local executor, FSDP2 pools, overlap, bad input."""
 
-import functools
+import dataclasses
 import json
 import math
 import os
@@ -12,9 +12,9 @@ import torch
 import flowrl as fl
 from flowrl.config import RunConfig, load_run_config
 from flowrl.data import PromptStream
-from flowrl.roles import ROLE_CLASSES
+from flowrl.runtime.factory import make_factory
 from flowrl.runtime.trainer import train
-from fakes import FakeTokenizer, ParityTask, build_fake_roles
+from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask, fake_specs
 from transformers import AutoModelForCausalLM
 
 ray = pytest.importorskip("ray")
@@ -83,8 +83,8 @@ def two_forwards(batch, actor, rollout, ref):
 
 def fake_executor(placement, algo=two_forwards, forward_s=0.0, cfg=None):
     plan = fl.compile_plan(algo, placement, INPUTS, ROLE_CLASSES)
-    return RayExecutor(plan, cfg or RunConfig(), ParityTask(), Path("unused"),
-                       builder=functools.partial(build_fake_roles, forward_s=forward_s))
+    factory = make_factory(cfg or RunConfig(), plan, ParityTask(), Path("unused"))
+    return RayExecutor(plan, dataclasses.replace(factory, specs=fake_specs(forward_s)))
 
 
 def test_independent_nodes_on_two_pools_overlap():

@@ -9,7 +9,7 @@ from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.hf_models import load_tokenizer, load_value_model
 from flowrl.engines.tiny_model import build_tiny_model
 from flowrl.roles import RewardModel
-from flowrl.data.tasks.arithmetic import ArithmeticTask
+from flowrl.data.arithmetic import ArithmeticTask
 from flowrl.runtime.trainer import train
 
 

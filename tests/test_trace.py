@@ -6,7 +6,7 @@ from tensordict import TensorDict
 
 import flowrl as fl
 from flowrl.algorithms import dapo, dppo, grpo, ppo, reinforce_pp, remax
-from flowrl.roles import ROLE_CLASSES
+from fakes import ROLE_CLASSES
 from flowrl.graph.trace import SOURCE
 
 INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer"}

@@ -39,8 +39,8 @@ class Algorithm:
             raise GraphError(f"algorithm {fn.__name__}: the first parameter must be the batch")
         unknown = [p for p in params[1:] if p not in ROLES and p != "cfg"]
         if unknown:
-            raise GraphError(f"algorithm {fn.__name__}: parameter {unknown[0]!r} is neither a registered role "
-                             f"{ROLES.names()} nor 'cfg'")
+            raise GraphError(f"algorithm {fn.__name__}: parameter {unknown[0]!r} is neither a role (registered: "
+                             f"{ROLES.names()}) nor 'cfg'")
         self.roles = tuple(p for p in params[1:] if p in ROLES)
         self._takes_cfg = "cfg" in params
 
