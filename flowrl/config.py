@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
-from typing import Iterator
-
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator
 
 from flowrl.engines.configs import RolloutEngineConfig, TrainEngineConfig
 from flowrl.graph.role import ROLES
@@ -70,7 +68,8 @@ class TaskConfig(Section):
 
 
 class RunConfig(Section):
-    algorithm: str = Field("grpo", description="A name in flowrl.algorithms.REGISTRY or 'module:attribute'.")
+    algorithm: str = Field("grpo", description="A registered name (flowrl.graph.algorithm.ALGORITHMS: the prebuilt ones) "
+                                                  "or 'module:attribute'.")
     model: ModelConfig = Field(default_factory=ModelConfig)
     rollout: SerializeAsAny[RolloutEngineConfig] = Field(
         default_factory=lambda: RolloutEngineConfig.model_validate({}), description="The rollout engine (`rollout.engine`, a name in "
@@ -90,13 +89,6 @@ class RunConfig(Section):
                                                                     "another registered role class, e.g. "
                                                                     "{'reward': 'reward_model'}.")
 
-    @model_validator(mode="after")
-    def _reward_model_binding(self) -> "RunConfig":
-        """model.reward_path scores the `reward` role with the learned reward model unless roles says otherwise."""
-        if self.model.reward_path is not None and "reward" not in self.roles:
-            self.roles = {**self.roles, "reward": "reward_model"}
-        return self
-
     @field_validator("roles")
     @classmethod
     def _registered(cls, roles: dict[str, str]) -> dict[str, str]:
@@ -105,9 +97,16 @@ class RunConfig(Section):
                 raise ValueError(f"{name}: unknown role {impl!r}; registered roles are {ROLES.names()}")
         return roles
 
-    def role_classes(self) -> dict[str, type]:
-        """The classes bound to role names for this run (every other role keeps its registered class)."""
-        return {name: ROLES.get(impl).cls for name, impl in self.roles.items()}
+    def role_classes(self, algorithm_roles: tuple[str, ...] = ()) -> dict[str, type]:
+        """The classes bound to role names for this run (every other role keeps its registered class).
+
+        model.reward_path alone scores the `reward` role with the learned reward model, unless the algorithm
+        uses the `reward_model` role itself (then `reward` stays the task's reward function).
+        """
+        bindings = dict(self.roles)
+        if self.model.reward_path is not None and "reward_model" not in algorithm_roles:
+            bindings.setdefault("reward", "reward_model")
+        return {name: ROLES.get(impl).cls for name, impl in bindings.items()}
 
 
 def format_error(err: ValidationError, prefix: str = "") -> str:

@@ -121,3 +121,51 @@ def test_full_state_sync(tiny_model_path, tokenizer):
     shared = HFRolloutEngine(train.model, tokenizer)  # the train model itself, for reference
     assert not torch.equal(after, before)
     assert torch.equal(after, shared.generate(ids, mask, GREEDY)["response_ids"])
+
+
+def sampled_batch(engine, tokenizer, params, seed=5):
+    ids, mask = left_pad(tokenizer, PROMPTS)
+    out = engine.generate(ids, mask, params, seed=seed)
+    return TensorDict(prompt_ids=ids, prompt_mask=mask, response_ids=out["response_ids"],
+                      response_mask=out["response_mask"], batch_size=[len(PROMPTS)]), out
+
+
+@pytest.mark.parametrize("temperature", [1.0, 1.5])
+def test_sampler_logprobs_equal_the_trainers_in_fp32(tiny_model_path, tokenizer, temperature):
+    model = load_causal_lm(tiny_model_path)
+    engine = HFRolloutEngine(model, tokenizer, micro_batch_size=3)
+    batch, out = sampled_batch(engine, tokenizer, SamplingParams(max_new_tokens=12, temperature=temperature))
+    trainer = HFTrainEngine(model, kind="actor").forward(batch, temperature=temperature, micro_batch_size=4)
+    mask = batch["response_mask"].bool()
+    assert mask.sum() > 20 and (out["rollout_logprobs"][~mask] == 0).all()
+    assert torch.allclose(out["rollout_logprobs"][mask], trainer["logprobs"][mask], atol=1e-4)
+
+
+def test_sampler_logprobs_follow_top_k_truncation(tiny_model_path, tokenizer):
+    """With top_k the sampler's distribution is the top k logits renormalised: computed here by hand."""
+    model = load_causal_lm(tiny_model_path)
+    batch, out = sampled_batch(HFRolloutEngine(model, tokenizer), tokenizer,
+                               SamplingParams(max_new_tokens=8, temperature=1.2, top_k=3))
+    prompt_len = batch["prompt_ids"].shape[1]
+    ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1)
+    attn = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)).logits
+    logits = logits[:, prompt_len - 1:-1].float() / 1.2
+    kth = logits.topk(3, dim=-1).values[..., -1:]
+    expected = torch.log_softmax(logits.masked_fill(logits < kth, float("-inf")), -1)
+    expected = expected.gather(-1, batch["response_ids"].unsqueeze(-1)).squeeze(-1)
+    mask = batch["response_mask"].bool()
+    assert torch.allclose(out["rollout_logprobs"][mask], expected[mask], atol=1e-4)
+    untruncated = torch.log_softmax(logits, -1).gather(-1, batch["response_ids"].unsqueeze(-1)).squeeze(-1)
+    assert (out["rollout_logprobs"][mask] - untruncated[mask]).abs().max() > 1e-2  # the truncation shows
+
+
+def test_finish_reason_is_stop_at_eos_and_length_at_the_cap(tiny_model_path, tokenizer):
+    engine = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer)
+    _, out = sampled_batch(engine, tokenizer, SamplingParams(max_new_tokens=4, temperature=1.5), seed=1)
+    stopped = ((out["response_ids"] == tokenizer.eos_token_id) & out["response_mask"].bool()).any(-1)
+    assert stopped.any() and (~stopped).any()  # both kinds occur in this sample
+    assert out["finish_reason"].tolist() == [0 if s else 1 for s in stopped.tolist()]
+    _, long = sampled_batch(engine, tokenizer, SamplingParams(max_new_tokens=4, temperature=1.5, ignore_eos=True))
+    assert long["response_mask"].sum(-1).tolist() == [4] * len(PROMPTS) and (long["finish_reason"] == 1).all()

@@ -65,10 +65,12 @@ class RolloutEngineConfig(EngineConfig):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; logprobs use the same one.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 is off.")
+    ignore_eos: bool = Field(False, description="Never stop at eos: every response is max_new_tokens long "
+                                                "(for benchmarks).")
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k)
+                              top_k=self.top_k, ignore_eos=self.ignore_eos)
 
     def build(self, source: ModelSource, *, tokenizer: Any, device: str,
               share: TrainEngine | None = None) -> RolloutEngine:

@@ -87,7 +87,8 @@ class HFRolloutEngine:
             else dict(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=0.0, typical_p=1.0)
         return GenerationConfig(
             max_new_tokens=params.max_new_tokens, do_sample=not params.greedy, **sampling,
-            repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0,
+            repetition_penalty=1.0, no_repeat_ngram_size=0,
+            min_new_tokens=params.max_new_tokens if params.ignore_eos else 0,
             num_beams=1, num_return_sequences=1, eos_token_id=self.eos_id, pad_token_id=self.pad_id)
 
 

@@ -41,6 +41,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     greedy: bool = False
+    ignore_eos: bool = False  # every response runs to max_new_tokens (vLLM's ignore_eos; for benchmarks)
 
 
 class LossFn(Protocol):

@@ -21,6 +21,7 @@ import networkx as nx
 from pydantic import BaseModel, ConfigDict
 
 from flowrl.errors import GraphError
+from flowrl.graph.registry import Registry
 from flowrl.graph.role import ROLES, RoleHandle
 from flowrl.graph.trace import SymBatch, Tracer
 
@@ -103,3 +104,9 @@ class _MissingRole:
     def __getattr__(self, method: str) -> Any:
         raise GraphError(f"algorithm {self._algo} uses role {self._role!r} ({self._role}.{method}), "
                          f"which was not given; given roles: {self._given}")
+
+
+ALGORITHMS: Registry[Algorithm] = Registry("algorithm")
+"""Algorithms by name (`flowrl train NAME`); the prebuilt ones load on first use."""
+for _name in ("ppo", "grpo", "dapo", "rloo", "reinforce_pp", "remax", "gspo", "cispo", "dppo"):
+    ALGORITHMS.register(_name, f"flowrl.algorithms.{_name}:{_name}")

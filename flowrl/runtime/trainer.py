@@ -18,7 +18,7 @@ from flowrl.config import RunConfig, validate, warn_no_effect
 from flowrl.data.prompts import PromptStream
 from flowrl.data.tasks import Task, make_task
 from flowrl.engines.hf_models import load_tokenizer
-from flowrl.graph.algorithm import Algorithm
+from flowrl.graph.algorithm import ALGORITHMS, Algorithm
 from flowrl.plan.placement import Placement
 from flowrl.plan.planner import Plan, compile_plan, model_roles
 from flowrl.runtime import checkpoint, distributed
@@ -31,16 +31,14 @@ SHOWN = {"reward/mean": "reward", "eval/reward/mean": "eval", "actor/pg_loss": "
 
 
 def resolve_algorithm(name: str) -> Algorithm:
-    """A registry name ("grpo") or "package.module:attribute"."""
+    """A registered name ("grpo", see flowrl.graph.algorithm.ALGORITHMS) or "package.module:attribute"."""
     if ":" in name:
         module, _, attr = name.partition(":")
         algo = getattr(importlib.import_module(module), attr)
     else:
-        from flowrl.algorithms import REGISTRY
-
-        if name not in REGISTRY:
-            raise ValueError(f"algorithm: unknown {name!r}; built in: {sorted(REGISTRY)} (or 'module:attribute')")
-        algo = REGISTRY[name]
+        if name not in ALGORITHMS:
+            raise ValueError(f"algorithm: unknown {name!r}; built in: {ALGORITHMS.names()} (or 'module:attribute')")
+        algo = ALGORITHMS.get(name)
     if not isinstance(algo, Algorithm):
         raise ValueError(f"algorithm: {name!r} is a {type(algo).__name__}, not an @flowrl.graph.algorithm")
     return algo
@@ -53,7 +51,7 @@ def make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int = 1) -
         values.setdefault("max_response_len", cfg.rollout.max_new_tokens)
     algo_cfg = validate(algo.config_cls, {**algo.overrides, **values}, prefix="algo")
     inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
-    classes = cfg.role_classes()
+    classes = cfg.role_classes(algo.roles)
     placement = cfg.placement
     if placement is None:  # colocate exactly the model roles this configuration uses
         placement = Placement.colocated(model_roles(algo, inputs, classes, algo_cfg), world_size=world_size,
@@ -99,7 +97,7 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     distributed.barrier()  # rank 0 builds the tiny model once; the others then load it
     path = path or model_path(cfg, task)
     local, tokenizer = _per_rank_config(cfg, world), load_tokenizer(path)
-    evaluation = eval_plan(plan, task, cfg.role_classes()) if cfg.train.eval_every else None
+    evaluation = eval_plan(plan, task, cfg.role_classes(algo.roles)) if cfg.train.eval_every else None
     factory = make_factory(local, plan, task, path, extra=evaluation.specs if evaluation else None)
     executor = _executor(local, plan, factory, world, evaluation)
     try:

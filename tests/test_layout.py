@@ -1,0 +1,78 @@
+"""The package layout shows the architecture: layers as packages, imports only going down, no cycles."""
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+from flowrl.data.batch import MODEL_INPUT
+from flowrl.graph.role import ROLES
+from flowrl.roles.rollout import GENERATED
+
+ROOT = Path(__file__).parent.parent / "flowrl"
+LAYERS = [("errors", "metrics"), ("data",), ("graph",), ("engines",), ("rl",), ("roles",), ("plan",), ("config",),
+          ("runtime",), ("cli", "__main__", "__init__")]
+RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
+FIELDS = {*MODEL_INPUT, *GENERATED, "uid", "old_logprobs", "ref_logprobs", "values", "scores", "advantages",
+          "returns", "token_rewards"}
+
+
+def modules() -> dict[str, Path]:
+    return {".".join(("flowrl", *p.relative_to(ROOT).with_suffix("").parts)).removesuffix(".__init__"): p
+            for p in ROOT.rglob("*.py")}
+
+
+def imports(path: Path, module: str, top_level_only: bool = False) -> set[str]:
+    """The flowrl modules `path` imports (`from flowrl import x` resolved to flowrl.x where x is a module)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("flowrl")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("flowrl"):
+            known = modules()
+            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                      for a in node.names}
+    return found
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_at_most_six_modules_at_the_top_and_each_in_a_layer():
+    top = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(top) <= 6, top
+    assert {layer(m) for m in modules()} <= set(RANK), {layer(m) for m in modules()} - set(RANK)
+
+
+@pytest.mark.parametrize("module", sorted(modules()))
+def test_imports_only_go_down_the_layers(module):
+    path = modules()[module]
+    for target in imports(path, module):
+        if target.startswith("flowrl.algorithms"):
+            assert RANK[layer(module)] == RANK["cli"], f"{module} imports the prebuilt algorithms"
+            continue
+        assert RANK[layer(target)] <= RANK[layer(module)], f"{module} ({layer(module)}) imports {target}"
+
+
+def test_no_import_cycles():
+    graph = nx.DiGraph()
+    for module, path in modules().items():
+        for target in imports(path, module, top_level_only=True):
+            if target in modules() and target != module and not module.startswith(target + "."):
+                graph.add_edge(module, target)
+    assert list(nx.simple_cycles(graph)) == []
+
+
+@pytest.mark.parametrize("path", [*sorted((ROOT / "plan").glob("*.py")),
+                                  *(ROOT / "runtime" / f for f in ("executor.py", "ray_executor.py",
+                                                                    "ray_worker.py", "scheduling.py"))])
+def test_the_planner_and_executors_name_no_role_and_no_field(path):
+    strings = {node.value for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    assert not strings & set(ROLES.names()), strings & set(ROLES.names())
+    assert not strings & FIELDS, strings & FIELDS
