@@ -41,3 +41,44 @@ def seconds_per_call(fn: Callable[[], object], device: str, repeats: int = 3, wa
     if device == "cuda":
         torch.cuda.synchronize()
     return (time.perf_counter() - start) / repeats
+
+
+QWEN05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+               intermediate_size=4864, vocab_size=151936)
+"""The shape of Qwen2.5-0.5B (the workload of shared/PERF_NOTES.md)."""
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=256, vocab_size=512)
+"""A tiny model of the same architecture, for CPU smoke runs."""
+
+
+def full_vocab_tokenizer(chars: str, vocab_size: int):
+    """One token per character of `chars` after "<pad>" = 0 and "<eos>" = 1, padded with filler tokens up to
+    `vocab_size`, so every id the model samples decodes (to "<|id|>")."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, **{ch: i + 2 for i, ch in enumerate(chars)}}
+    vocab.update({f"<|{i}|>": i for i in range(len(vocab), vocab_size)})
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=None))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>",
+                                   padding_side="left")
+
+
+def qwen_model(folder: str, chars: str, shape: dict, max_positions: int, dtype: torch.dtype) -> str:
+    """A random-weight Qwen2 checkpoint (sdpa, tied embeddings) plus tokenizer saved to `folder`; returns it."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = full_vocab_tokenizer(chars, shape["vocab_size"])
+    config = Qwen2Config(**shape, max_position_embeddings=max_positions, tie_word_embeddings=True,
+                         rope_theta=1e6, rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, attn_implementation="sdpa")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config).to(dtype)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

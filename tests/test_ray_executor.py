@@ -123,3 +123,17 @@ def test_fill_needs_pools_of_one_rank():
     placement = fl.Placement(pools=[fl.Pool(name="g", roles=["actor", "rollout"], world_size=2)])
     with pytest.raises(fl.PlanError, match="dynamic sampling .* give pool 'g' world_size 1"):
         fake_executor(placement, algo=dapo)
+
+
+def test_a_user_role_runs_on_the_driver_and_in_a_pool_as_locally(tmp_path):
+    from custom_roles import grpo_judged
+
+    common = ["train.steps=2", "train.batch_size=4", "train.eval_every=0", "train.export=false"]
+    pooled = ('placement={"pools": [{"name": "g", "roles": ["actor", "rollout"]}, '
+              '{"name": "j", "roles": ["judge"]}]}')
+    local = train(config(tmp_path / "local", *common), algo=grpo_judged, progress=False)
+    for name, extra in (("driver", []), ("pool", [pooled])):
+        remote = train(config(tmp_path / name, *common, "train.executor=ray", *extra), algo=grpo_judged,
+                       progress=False)
+        for key in ("judge/mean", "combined/mean", "reward/mean", "actor/pg_loss"):
+            assert [r[key] for r in remote] == pytest.approx([r[key] for r in local], abs=1e-6), (name, key)

@@ -1,0 +1,405 @@
+"""A GRPO step three ways, in one process on one card: flowrl, TRL's GRPOTrainer, a hand-written loop.
+
+Workload (shared/PERF_NOTES.md): the Qwen2.5-0.5B shape with random weights (bf16 on CUDA), sdpa; 64 prompts
+of 128 tokens x 8 samples = 512 rows of 256 new tokens at temperature 1 with EOS suppressed; k3 KL to the
+reference (coef 0.001); one AdamW step per batch. Prints seconds per step of each system (mean over --steps
+steps after --warmup), flowrl's rollout tok/s, update MFU and sampler-vs-trainer logprob gap, peak GPU memory
+and the ratios. Usage (flowrl need not be pip-installed; run from anywhere):
+  python benchmarks/grpo_vs_trl.py --device cuda [--steps 3] [--json results.json]
+  python benchmarks/grpo_vs_trl.py --device cpu --small --steps 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import importlib.util
+import json
+import random
+import statistics
+import string
+import sys
+import tempfile
+import time
+import traceback
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+from common import QWEN05B, SMALL, qwen_model  # noqa: E402
+
+PEAK_FLOPS, PEAK_NAME = 989e12, "H100/H200 SXM dense bf16"
+FULL_RUN = dict(prompts=64, group=8, new_tokens=256, micro=32)
+SMALL_RUN = dict(prompts=4, group=2, new_tokens=8, micro=4)
+SYSTEMS = ("flowrl", "trl", "plain")
+
+
+def alias_algorithms() -> None:
+    """pyproject maps `flowrl.algorithms` to the top-level algorithms/ folder, which only an install sets up;
+    from a plain checkout on PYTHONPATH, register that folder under the name here."""
+    try:
+        importlib.import_module("flowrl.algorithms")
+        return
+    except ModuleNotFoundError as err:
+        if err.name != "flowrl.algorithms":
+            raise
+    import flowrl
+
+    folder = ROOT / "algorithms"
+    spec = importlib.util.spec_from_file_location("flowrl.algorithms", folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["flowrl.algorithms"] = flowrl.algorithms = module
+    spec.loader.exec_module(module)
+
+
+@dataclass
+class Workload:
+    device: str
+    prompts: int
+    group: int
+    new_tokens: int
+    prompt_len: int
+    micro: int
+    steps: int
+    warmup: int
+    lr: float
+    kl_coef: float
+    rollout_micro: int | None
+    shape: dict = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return self.prompts * self.group
+
+    @property
+    def dtype_name(self) -> str:
+        return "bfloat16" if self.device == "cuda" else "float32"
+
+
+class BenchTask:
+    """Prompts of exactly `prompt_len` characters (= tokens: the tokenizer is char-level); the reward is a hash
+    of the response, so it varies within each group and advantages are not all zero."""
+
+    meta_keys = ("target",)
+    chars = string.ascii_lowercase
+
+    def __init__(self, prompt_len: int = 128):
+        self.prompt_len = prompt_len
+
+    def example(self, seed: int, index: int) -> tuple[str, dict]:
+        rng = random.Random(seed * 1_000_003 + index)
+        text = "".join(rng.choice(self.chars) for _ in range(self.prompt_len))
+        return text, {"target": text[0]}
+
+    def reward(self, responses: list[str], meta: list[dict]) -> list[float]:
+        return [zlib.crc32(f"{m['target']}{r}".encode()) % 1000 / 1000 for r, m in zip(responses, meta)]
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def mean_or_none(values: list[float]) -> float | None:
+    return statistics.mean(values) if values else None
+
+
+# ---- flowrl -------------------------------------------------------------------------------------------------
+
+def flowrl_config(wl: Workload, path: str, out: str):
+    from flowrl.config import load_run_config
+
+    sets = [f"model.path={path}", f"model.dtype={wl.dtype_name}", f"train.device={wl.device}",
+            f"train.batch_size={wl.prompts}", f"algo.group_size={wl.group}", f"algo.kl_coef={wl.kl_coef}",
+            f"rollout.max_new_tokens={wl.new_tokens}", f"train.mini_batch_size={wl.rows}",
+            f"train.micro_batch_size={wl.micro}", f"actor.lr={wl.lr}", "train.eval_every=0", "train.save_every=0",
+            "train.export=false", "train.resume=false", f"train.output_dir={out}"]
+    if wl.rollout_micro:
+        sets.append(f"rollout.micro_batch_size={wl.rollout_micro}")
+    try:
+        return load_run_config(None, [*sets, "rollout.ignore_eos=true"])
+    except ValueError as err:
+        print(f"WARNING flowrl: rollout.ignore_eos refused ({err}); responses may stop at EOS", flush=True)
+        return load_run_config(None, sets)
+
+
+def run_flowrl(wl: Workload, path: str) -> dict:
+    alias_algorithms()
+    from flowrl.algorithms.grpo import grpo
+    from flowrl.runtime.trainer import setup
+
+    with tempfile.TemporaryDirectory() as out:
+        s = setup(flowrl_config(wl, path, out), algo=grpo, task=BenchTask(wl.prompt_len))
+        try:
+            times, logged = [], []
+            for step in range(wl.warmup + wl.steps):
+                start = time.perf_counter()
+                batch, metrics = s.executor.run_step(step, s.stream)
+                sync(wl.device)
+                times.append(time.perf_counter() - start)
+                logged.append(metrics)
+            engine = s.executor.roles["actor"].engine
+            num_params = sum(p.numel() for p in engine.model.parameters())
+            result = {"s_per_step": mean_or_none(times[wl.warmup:]), **exactness(engine, batch, wl.micro)}
+        finally:
+            s.executor.close()
+    return {**result, **flowrl_rates(wl, logged[wl.warmup:], batch, num_params)}
+
+
+def flowrl_rates(wl: Workload, timed: list[dict], batch, num_params: int) -> dict:
+    """Mean node timings; rollout tok/s and update MFU from them."""
+    keys = sorted({k for m in timed for k in m if k.startswith("timing_s/")})
+    timing = {k.removeprefix("timing_s/"): mean_or_none([m[k] for m in timed if k in m]) for k in keys}
+    response_tokens = int(batch["response_mask"].sum())
+    update_tokens = response_tokens + int(batch["prompt_mask"].sum())
+    generate_s, update_s = timing.get("rollout.generate"), timing.get("actor.update")
+    mfu = 6 * num_params * update_tokens / update_s / PEAK_FLOPS if update_s and wl.device == "cuda" else None
+    return {"timing_s": timing, "prompt_width": int(batch["prompt_ids"].shape[1]),
+            "response_tokens": response_tokens, "update_tokens": update_tokens, "num_params": num_params,
+            "rollout_tok_s": response_tokens / generate_s if generate_s else None, "update_mfu": mfu}
+
+
+def exactness(engine, batch, micro: int) -> dict:
+    """The trainer's logprobs of the sampled tokens vs the sampler's, over the response mask (taken after the
+    step's update: with the default tiny lr the weights are those that sampled, to their precision)."""
+    if "rollout_logprobs" not in batch.keys():
+        return {"logprob_diff": "batch has no rollout_logprobs"}
+    logprobs = engine.forward(batch, temperature=1.0, micro_batch_size=micro)["logprobs"]
+    mask = batch["response_mask"].bool()
+    diff = (logprobs.float() - batch["rollout_logprobs"].float()).abs()[mask]
+    return {"logprob_diff_mean": diff.mean().item(), "logprob_diff_max": diff.max().item(),
+            "logprob_diff_tokens": int(mask.sum())}
+
+
+# ---- TRL ----------------------------------------------------------------------------------------------------
+
+def step_timer(device: str):
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        """Wall-clock marks at the start and after every optimizer step (one step = one generation batch)."""
+
+        def __init__(self):
+            self.marks: list[float] = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            sync(device)
+            self.marks.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            sync(device)
+            self.marks.append(time.perf_counter())
+
+    return StepTimer()
+
+
+def trl_args(wl: Workload, out: str):
+    from trl import GRPOConfig
+
+    cuda = wl.device == "cuda"
+    return GRPOConfig(
+        output_dir=out, per_device_train_batch_size=wl.micro, gradient_accumulation_steps=wl.rows // wl.micro,
+        num_generations=wl.group, max_completion_length=wl.new_tokens, num_iterations=1, beta=wl.kl_coef,
+        generation_kwargs={"min_new_tokens": wl.new_tokens}, temperature=1.0, top_p=1.0, top_k=0,
+        epsilon=0.2, loss_type="dapo", scale_rewards="group", learning_rate=wl.lr, lr_scheduler_type="constant",
+        max_grad_norm=1.0, max_steps=wl.warmup + wl.steps, gradient_checkpointing=False, bf16=cuda,
+        use_cpu=not cuda, model_init_kwargs={"dtype": wl.dtype_name, "attn_implementation": "sdpa"},
+        use_vllm=False, logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
+        shuffle_dataset=False, dataloader_num_workers=0, seed=0)
+
+
+def run_trl(wl: Workload, path: str) -> dict:
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from flowrl.engines.hf_models import load_tokenizer
+
+    task = BenchTask(wl.prompt_len)
+    examples = [task.example(0, i) for i in range(wl.prompts * (wl.warmup + wl.steps))]
+    data = Dataset.from_dict({"prompt": [text for text, _ in examples],
+                              "target": [meta["target"] for _, meta in examples]})
+
+    def bench_reward(prompts, completions, target, **_):
+        return task.reward(completions, [{"target": t} for t in target])
+
+    timer = step_timer(wl.device)
+    with tempfile.TemporaryDirectory() as out:
+        trainer = GRPOTrainer(model=path, reward_funcs=bench_reward, args=trl_args(wl, out), train_dataset=data,
+                              processing_class=load_tokenizer(path), callbacks=[timer])
+        trainer.train()
+    intervals = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
+    return {"s_per_step": mean_or_none(intervals[wl.warmup:]), "steps_timed": len(intervals[wl.warmup:])}
+
+
+# ---- plain transformers loop --------------------------------------------------------------------------------
+
+def token_logprobs(model, seq_BT: torch.Tensor, num_response: int) -> torch.Tensor:
+    logits = model(input_ids=seq_BT, logits_to_keep=num_response + 1).logits[:, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, seq_BT[:, -num_response:, None]).squeeze(-1)
+
+
+def plain_step(wl: Workload, policy, ref, optimizer, tokenizer, examples: list, gen) -> None:
+    """Generate all rows in one call, score, group-normalise, ref logprobs, clipped loss + k3 KL, one AdamW
+    step. Every row is full length (EOS is suppressed), so no response mask is needed."""
+    texts = [text for text, _ in examples for _ in range(wl.group)]
+    meta = [m for _, m in examples for _ in range(wl.group)]
+    ids = tokenizer(texts, return_tensors="pt", add_special_tokens=False)["input_ids"].to(wl.device)
+    policy.eval()
+    with torch.no_grad():
+        seq = policy.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)
+        num_response = seq.shape[1] - ids.shape[1]
+        rewards = BenchTask.reward(None, tokenizer.batch_decode(seq[:, ids.shape[1]:]), meta)
+        grouped = torch.tensor(rewards, device=wl.device).view(-1, wl.group)
+        adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).view(-1, 1)
+        ref_lp = torch.cat([token_logprobs(ref, mb, num_response) for mb in seq.split(wl.micro)])
+    policy.train()
+    optimizer.zero_grad(set_to_none=True)
+    for rows in torch.arange(seq.shape[0], device=wl.device).split(wl.micro):
+        lp = token_logprobs(policy, seq[rows], num_response)
+        ratio = torch.exp(lp - lp.detach())
+        pg = torch.maximum(-adv[rows] * ratio, -adv[rows] * ratio.clamp(0.8, 1.2))
+        delta = ref_lp[rows] - lp
+        loss = pg + wl.kl_coef * (torch.exp(delta) - delta - 1)
+        (loss.sum() / (seq.shape[0] * num_response)).backward()
+    torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+    optimizer.step()
+
+
+def run_plain(wl: Workload, path: str) -> dict:
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from flowrl.engines.hf_models import load_tokenizer
+
+    dtype = getattr(torch, wl.dtype_name)
+    load = lambda: AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(wl.device)  # noqa: E731
+    policy, ref = load(), load().eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=wl.lr)
+    tokenizer, task = load_tokenizer(path), BenchTask(wl.prompt_len)
+    gen = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=wl.new_tokens,
+                           min_new_tokens=wl.new_tokens, eos_token_id=tokenizer.eos_token_id,
+                           pad_token_id=tokenizer.pad_token_id)
+    times = []
+    for step in range(wl.warmup + wl.steps):
+        examples = [task.example(0, step * wl.prompts + i) for i in range(wl.prompts)]
+        start = time.perf_counter()
+        plain_step(wl, policy, ref, optimizer, tokenizer, examples, gen)
+        sync(wl.device)
+        times.append(time.perf_counter() - start)
+    return {"s_per_step": mean_or_none(times[wl.warmup:])}
+
+
+# ---- driver -------------------------------------------------------------------------------------------------
+
+RUNNERS = {"flowrl": run_flowrl, "trl": run_trl, "plain": run_plain}
+
+
+def measured(name: str, wl: Workload, path: str) -> dict:
+    """One system's result (or its error), with peak GPU memory; frees what it held before the next."""
+    gc.collect()
+    if wl.device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(0)
+    print(f"--- running {name}", flush=True)
+    try:
+        result = RUNNERS[name](wl, path)
+    except Exception as err:  # report the failing system and go on with the others
+        traceback.print_exc()
+        result = {"error": f"{type(err).__name__}: {err}"}
+    gc.collect()
+    if wl.device == "cuda":
+        result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.empty_cache()
+        result["left_allocated_gib"] = torch.cuda.memory_allocated() / 2**30
+    return result
+
+
+def report(wl: Workload, results: dict) -> dict:
+    def fmt(value, spec=".3g", none="n/a"):
+        return none if value is None else format(value, spec)
+
+    for name, r in results.items():
+        if "error" in r:
+            print(f"{name:7s} FAILED: {r['error']}")
+            continue
+        print(f"{name:7s} {fmt(r['s_per_step'], '.3f')} s/step  peak {fmt(r.get('peak_gib'), '.1f')} GiB")
+        if name == "flowrl":
+            print(f"        rollout {fmt(r['rollout_tok_s'], ',.0f')} tok/s ({r['response_tokens']} tokens in "
+                  f"{fmt(r['timing_s'].get('rollout.generate'), '.3f')} s); update "
+                  f"{fmt(r['timing_s'].get('actor.update'), '.3f')} s, MFU {fmt(r['update_mfu'], '.1%')} "
+                  f"(6 x {r['num_params'] / 1e6:.1f}M params x {r['update_tokens']} tokens, peak {PEAK_NAME} "
+                  f"{PEAK_FLOPS / 1e12:.0f} TFLOP/s); prompt width {r['prompt_width']}")
+            print("        timing_s: " + ", ".join(f"{k} {v:.3f}" for k, v in r["timing_s"].items()))
+            print(f"        logprobs trainer vs sampler: mean |diff| {fmt(r.get('logprob_diff_mean'), '.2e')}, "
+                  f"max {fmt(r.get('logprob_diff_max'), '.2e')} over {r.get('logprob_diff_tokens')} tokens"
+                  + (f" ({r['logprob_diff']})" if "logprob_diff" in r else ""))
+    ok = {n: r["s_per_step"] for n, r in results.items() if r.get("s_per_step")}
+    ratios = {}
+    if "flowrl" in ok:
+        for other, label in (("trl", "GRPO step vs TRL"), ("plain", "vs plain loop")):
+            if other in ok:
+                ratios[other] = ok[other] / ok["flowrl"]
+                print(f"{label}: {ratios[other]:.2f}x")
+    return ratios
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--small", action="store_true", help="tiny model and batch, for a CPU smoke run")
+    for flag in ("prompts", "group", "new-tokens", "micro"):
+        p.add_argument(f"--{flag}", type=int, help=f"default {FULL_RUN[flag.replace('-', '_')]} "
+                                                   f"({SMALL_RUN[flag.replace('-', '_')]} with --small)")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per system")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    p.add_argument("--lr", type=float, default=1e-9, help="tiny: the weights barely move")
+    p.add_argument("--kl-coef", type=float, default=0.001)
+    p.add_argument("--rollout-micro", type=int, help="flowrl rollout.micro_batch_size (default: flowrl's)")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--json", help="write the results here")
+    return p.parse_args()
+
+
+def workload(args: argparse.Namespace) -> Workload:
+    preset = SMALL_RUN if args.small else FULL_RUN
+    sizes = {k: getattr(args, k) or v for k, v in preset.items()}
+    wl = Workload(device=args.device, prompt_len=args.prompt_len, steps=args.steps, warmup=args.warmup, lr=args.lr,
+                  kl_coef=args.kl_coef, rollout_micro=args.rollout_micro, shape=SMALL if args.small else QWEN05B,
+                  **sizes)
+    wl.micro = min(wl.micro, wl.rows)
+    if wl.rows % wl.micro:
+        raise SystemExit(f"--micro {wl.micro} must divide prompts x group = {wl.rows}")
+    return wl
+
+
+def main() -> None:
+    args = parse_args()
+    wl = workload(args)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if unknown := set(systems) - set(RUNNERS):
+        raise SystemExit(f"--systems: unknown {sorted(unknown)}; choose from {list(RUNNERS)}")
+    card = torch.cuda.get_device_name() if wl.device == "cuda" else "cpu"
+    print(f"workload: {wl.shape} {wl.dtype_name} on {card}; {wl.prompts} prompts x {wl.group} = {wl.rows} rows, "
+          f"{wl.prompt_len} prompt + {wl.new_tokens} new tokens; micro-batch {wl.micro}; lr {wl.lr}; "
+          f"{wl.steps} timed steps after {wl.warmup} warm-up", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = qwen_model(tmp + "/model", BenchTask.chars, wl.shape, max(1536, wl.prompt_len + wl.new_tokens),
+                          getattr(torch, wl.dtype_name))
+        results = {name: measured(name, wl, path) for name in systems}
+    print("=== results")
+    ratios = report(wl, results)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"workload": asdict(wl), "device_name": card, "results": results,
+                                               "ratios": ratios}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
