@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -82,3 +86,22 @@ def qwen_model(folder: str, chars: str, shape: dict, max_positions: int, dtype: 
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def alias_algorithms() -> None:
+    """Make `flowrl.algorithms` importable from a plain checkout on PYTHONPATH (no pip install): pyproject maps
+    that name to the top-level algorithms/ folder, which only an install sets up."""
+    try:
+        importlib.import_module("flowrl.algorithms")
+        return
+    except ModuleNotFoundError as err:
+        if err.name != "flowrl.algorithms":
+            raise
+    import flowrl
+
+    folder = Path(__file__).resolve().parents[1] / "algorithms"
+    spec = importlib.util.spec_from_file_location("flowrl.algorithms", folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["flowrl.algorithms"] = flowrl.algorithms = module
+    spec.loader.exec_module(module)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
-import importlib.util
 import json
 import random
 import statistics
@@ -28,35 +26,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import transformers
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from common import QWEN05B, SMALL, qwen_model  # noqa: E402
+from common import QWEN05B, SMALL, alias_algorithms, qwen_model  # noqa: E402
 
 PEAK_FLOPS, PEAK_NAME = 989e12, "H100/H200 SXM dense bf16"
 FULL_RUN = dict(prompts=64, group=8, new_tokens=256, micro=32)
 SMALL_RUN = dict(prompts=4, group=2, new_tokens=8, micro=4)
 SYSTEMS = ("flowrl", "trl", "plain")
-
-
-def alias_algorithms() -> None:
-    """pyproject maps `flowrl.algorithms` to the top-level algorithms/ folder, which only an install sets up;
-    from a plain checkout on PYTHONPATH, register that folder under the name here."""
-    try:
-        importlib.import_module("flowrl.algorithms")
-        return
-    except ModuleNotFoundError as err:
-        if err.name != "flowrl.algorithms":
-            raise
-    import flowrl
-
-    folder = ROOT / "algorithms"
-    spec = importlib.util.spec_from_file_location("flowrl.algorithms", folder / "__init__.py",
-                                                  submodule_search_locations=[str(folder)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["flowrl.algorithms"] = flowrl.algorithms = module
-    spec.loader.exec_module(module)
 
 
 @dataclass
@@ -71,7 +51,7 @@ class Workload:
     warmup: int
     lr: float
     kl_coef: float
-    rollout_micro: int | None
+    flowrl_sets: list[str] = field(default_factory=list)
     shape: dict = field(default_factory=dict)
 
     @property
@@ -120,12 +100,12 @@ def flowrl_config(wl: Workload, path: str, out: str):
             f"train.batch_size={wl.prompts}", f"algo.group_size={wl.group}", f"algo.kl_coef={wl.kl_coef}",
             f"rollout.max_new_tokens={wl.new_tokens}", f"train.mini_batch_size={wl.rows}",
             f"train.micro_batch_size={wl.micro}", f"actor.lr={wl.lr}", "train.eval_every=0", "train.save_every=0",
-            "train.export=false", "train.resume=false", f"train.output_dir={out}"]
-    if wl.rollout_micro:
-        sets.append(f"rollout.micro_batch_size={wl.rollout_micro}")
+            "train.export=false", "train.resume=false", f"train.output_dir={out}", *wl.flowrl_sets]
     try:
-        return load_run_config(None, [*sets, "rollout.ignore_eos=true"])
+        return load_run_config(None, ["rollout.ignore_eos=true", *sets])
     except ValueError as err:
+        if "ignore_eos" not in str(err):
+            raise
         print(f"WARNING flowrl: rollout.ignore_eos refused ({err}); responses may stop at EOS", flush=True)
         return load_run_config(None, sets)
 
@@ -138,16 +118,19 @@ def run_flowrl(wl: Workload, path: str) -> dict:
     with tempfile.TemporaryDirectory() as out:
         s = setup(flowrl_config(wl, path, out), algo=grpo, task=BenchTask(wl.prompt_len))
         try:
-            times, logged = [], []
+            engine, times, logged = s.executor.roles["actor"].engine, [], []
             for step in range(wl.warmup + wl.steps):
+                if step == wl.warmup + wl.steps - 1:  # the weights that sample the last batch, for exactness()
+                    sampler = {k: v.to("cpu", copy=True) for k, v in engine.model.state_dict().items()}
                 start = time.perf_counter()
                 batch, metrics = s.executor.run_step(step, s.stream)
                 sync(wl.device)
                 times.append(time.perf_counter() - start)
                 logged.append(metrics)
-            engine = s.executor.roles["actor"].engine
             num_params = sum(p.numel() for p in engine.model.parameters())
-            result = {"s_per_step": mean_or_none(times[wl.warmup:]), **exactness(engine, batch, wl.micro)}
+            engine.model.load_state_dict(sampler)
+            result = {"s_per_step": mean_or_none(times[wl.warmup:]), **exactness(engine, batch, wl.micro),
+                      "rollout": s.cfg.rollout.model_dump()}
         finally:
             s.executor.close()
     return {**result, **flowrl_rates(wl, logged[wl.warmup:], batch, num_params)}
@@ -167,8 +150,8 @@ def flowrl_rates(wl: Workload, timed: list[dict], batch, num_params: int) -> dic
 
 
 def exactness(engine, batch, micro: int) -> dict:
-    """The trainer's logprobs of the sampled tokens vs the sampler's, over the response mask (taken after the
-    step's update: with the default tiny lr the weights are those that sampled, to their precision)."""
+    """The train engine's logprobs of the sampled tokens vs the sampler's, over the response mask (the engine
+    holding the weights that sampled `batch`)."""
     if "rollout_logprobs" not in batch.keys():
         return {"logprob_diff": "batch has no rollout_logprobs"}
     logprobs = engine.forward(batch, temperature=1.0, micro_batch_size=micro)["logprobs"]
@@ -245,51 +228,63 @@ def token_logprobs(model, seq_BT: torch.Tensor, num_response: int) -> torch.Tens
     return torch.log_softmax(logits, -1).gather(-1, seq_BT[:, -num_response:, None]).squeeze(-1)
 
 
-def plain_step(wl: Workload, policy, ref, optimizer, tokenizer, examples: list, gen) -> None:
-    """Generate all rows in one call, score, group-normalise, ref logprobs, clipped loss + k3 KL, one AdamW
-    step. Every row is full length (EOS is suppressed), so no response mask is needed."""
-    texts = [text for text, _ in examples for _ in range(wl.group)]
-    meta = [m for _, m in examples for _ in range(wl.group)]
-    ids = tokenizer(texts, return_tensors="pt", add_special_tokens=False)["input_ids"].to(wl.device)
-    policy.eval()
-    with torch.no_grad():
-        seq = policy.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gen)
-        num_response = seq.shape[1] - ids.shape[1]
-        rewards = BenchTask.reward(None, tokenizer.batch_decode(seq[:, ids.shape[1]:]), meta)
+class PlainLoop:
+    """The hand-written baseline: one generate call for all rows, score, group-normalise, reference logprobs,
+    clipped policy loss + k3 KL, one AdamW step. EOS is suppressed, so every row is full length and needs no
+    response mask."""
+
+    def __init__(self, wl: Workload, path: str):
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        from flowrl.engines.hf_models import load_tokenizer
+
+        dtype = getattr(torch, wl.dtype_name)
+        load = lambda: AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")  # noqa: E731
+        self.wl, self.policy, self.ref = wl, load().to(wl.device), load().to(wl.device).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=wl.lr)
+        self.tokenizer, self.task = load_tokenizer(path), BenchTask(wl.prompt_len)
+        self.gen = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=wl.new_tokens,
+                                    min_new_tokens=wl.new_tokens, eos_token_id=self.tokenizer.eos_token_id,
+                                    pad_token_id=self.tokenizer.pad_token_id)
+
+    @torch.no_grad()
+    def rollout(self, examples: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(prompt + response ids, advantages [B, 1], reference logprobs of the response [B, R])."""
+        wl = self.wl
+        texts = [text for text, _ in examples for _ in range(wl.group)]
+        meta = [m for _, m in examples for _ in range(wl.group)]
+        ids = self.tokenizer(texts, return_tensors="pt", add_special_tokens=False)["input_ids"].to(wl.device)
+        self.policy.eval()
+        seq = self.policy.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=self.gen)
+        rewards = self.task.reward(self.tokenizer.batch_decode(seq[:, ids.shape[1]:]), meta)
         grouped = torch.tensor(rewards, device=wl.device).view(-1, wl.group)
         adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).view(-1, 1)
-        ref_lp = torch.cat([token_logprobs(ref, mb, num_response) for mb in seq.split(wl.micro)])
-    policy.train()
-    optimizer.zero_grad(set_to_none=True)
-    for rows in torch.arange(seq.shape[0], device=wl.device).split(wl.micro):
-        lp = token_logprobs(policy, seq[rows], num_response)
-        ratio = torch.exp(lp - lp.detach())
-        pg = torch.maximum(-adv[rows] * ratio, -adv[rows] * ratio.clamp(0.8, 1.2))
-        delta = ref_lp[rows] - lp
-        loss = pg + wl.kl_coef * (torch.exp(delta) - delta - 1)
-        (loss.sum() / (seq.shape[0] * num_response)).backward()
-    torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-    optimizer.step()
+        num_response = seq.shape[1] - ids.shape[1]
+        ref_lp = torch.cat([token_logprobs(self.ref, mb, num_response) for mb in seq.split(wl.micro)])
+        return seq, adv, ref_lp
+
+    def step(self, examples: list) -> None:
+        seq, adv, ref_lp = self.rollout(examples)
+        num_rows, num_response = ref_lp.shape
+        self.policy.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        for rows in torch.arange(num_rows, device=seq.device).split(self.wl.micro):
+            lp = token_logprobs(self.policy, seq[rows], num_response)
+            ratio = torch.exp(lp - lp.detach())
+            pg = torch.maximum(-adv[rows] * ratio, -adv[rows] * ratio.clamp(0.8, 1.2))
+            delta = ref_lp[rows] - lp
+            loss = pg + self.wl.kl_coef * (torch.exp(delta) - delta - 1)
+            (loss.sum() / (num_rows * num_response)).backward()
+        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), 1.0)
+        self.optimizer.step()
 
 
 def run_plain(wl: Workload, path: str) -> dict:
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
-    from flowrl.engines.hf_models import load_tokenizer
-
-    dtype = getattr(torch, wl.dtype_name)
-    load = lambda: AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(wl.device)  # noqa: E731
-    policy, ref = load(), load().eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=wl.lr)
-    tokenizer, task = load_tokenizer(path), BenchTask(wl.prompt_len)
-    gen = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=wl.new_tokens,
-                           min_new_tokens=wl.new_tokens, eos_token_id=tokenizer.eos_token_id,
-                           pad_token_id=tokenizer.pad_token_id)
-    times = []
+    loop, times = PlainLoop(wl, path), []
     for step in range(wl.warmup + wl.steps):
-        examples = [task.example(0, step * wl.prompts + i) for i in range(wl.prompts)]
+        examples = [loop.task.example(0, step * wl.prompts + i) for i in range(wl.prompts)]
         start = time.perf_counter()
-        plain_step(wl, policy, ref, optimizer, tokenizer, examples, gen)
+        loop.step(examples)
         sync(wl.device)
         times.append(time.perf_counter() - start)
     return {"s_per_step": mean_or_none(times[wl.warmup:])}
@@ -321,32 +316,37 @@ def measured(name: str, wl: Workload, path: str) -> dict:
     return result
 
 
-def report(wl: Workload, results: dict) -> dict:
-    def fmt(value, spec=".3g", none="n/a"):
-        return none if value is None else format(value, spec)
+def fmt(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
 
+
+def report_flowrl(r: dict) -> None:
+    t = r["timing_s"]
+    print(f"        rollout {fmt(r['rollout_tok_s'], ',.0f')} tok/s ({r['response_tokens']} tokens in "
+          f"{fmt(t.get('rollout.generate'), '.3f')} s); update {fmt(t.get('actor.update'), '.3f')} s, MFU "
+          f"{fmt(r['update_mfu'], '.1%')} (6 x {r['num_params'] / 1e6:.1f}M params x {r['update_tokens']} tokens "
+          f"/ {PEAK_NAME} {PEAK_FLOPS / 1e12:.0f} TFLOP/s); prompt width {r['prompt_width']}")
+    print("        timing_s: " + ", ".join(f"{k} {v:.3f}" for k, v in t.items()))
+    print(f"        rollout config: {r['rollout']}")
+    print(f"        logprobs trainer vs sampler: mean |diff| {fmt(r.get('logprob_diff_mean'), '.2e')}, max "
+          f"{fmt(r.get('logprob_diff_max'), '.2e')} over {r.get('logprob_diff_tokens')} tokens "
+          f"{r.get('logprob_diff', '')}")
+
+
+def report(results: dict) -> dict:
+    """Prints each system's line and the ratios (other system's s/step over flowrl's); returns the ratios."""
     for name, r in results.items():
         if "error" in r:
             print(f"{name:7s} FAILED: {r['error']}")
             continue
         print(f"{name:7s} {fmt(r['s_per_step'], '.3f')} s/step  peak {fmt(r.get('peak_gib'), '.1f')} GiB")
         if name == "flowrl":
-            print(f"        rollout {fmt(r['rollout_tok_s'], ',.0f')} tok/s ({r['response_tokens']} tokens in "
-                  f"{fmt(r['timing_s'].get('rollout.generate'), '.3f')} s); update "
-                  f"{fmt(r['timing_s'].get('actor.update'), '.3f')} s, MFU {fmt(r['update_mfu'], '.1%')} "
-                  f"(6 x {r['num_params'] / 1e6:.1f}M params x {r['update_tokens']} tokens, peak {PEAK_NAME} "
-                  f"{PEAK_FLOPS / 1e12:.0f} TFLOP/s); prompt width {r['prompt_width']}")
-            print("        timing_s: " + ", ".join(f"{k} {v:.3f}" for k, v in r["timing_s"].items()))
-            print(f"        logprobs trainer vs sampler: mean |diff| {fmt(r.get('logprob_diff_mean'), '.2e')}, "
-                  f"max {fmt(r.get('logprob_diff_max'), '.2e')} over {r.get('logprob_diff_tokens')} tokens"
-                  + (f" ({r['logprob_diff']})" if "logprob_diff" in r else ""))
+            report_flowrl(r)
     ok = {n: r["s_per_step"] for n, r in results.items() if r.get("s_per_step")}
-    ratios = {}
-    if "flowrl" in ok:
-        for other, label in (("trl", "GRPO step vs TRL"), ("plain", "vs plain loop")):
-            if other in ok:
-                ratios[other] = ok[other] / ok["flowrl"]
-                print(f"{label}: {ratios[other]:.2f}x")
+    ratios = {other: ok[other] / ok["flowrl"] for other in ("trl", "plain") if "flowrl" in ok and other in ok}
+    for other, label in (("trl", "GRPO step vs TRL"), ("plain", "vs plain loop")):
+        if other in ratios:
+            print(f"{label}: {ratios[other]:.2f}x")
     return ratios
 
 
@@ -360,9 +360,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=3, help="timed steps per system")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
-    p.add_argument("--lr", type=float, default=1e-9, help="tiny: the weights barely move")
+    p.add_argument("--lr", type=float, default=1e-7, help="AdamW learning rate (all systems)")
     p.add_argument("--kl-coef", type=float, default=0.001)
-    p.add_argument("--rollout-micro", type=int, help="flowrl rollout.micro_batch_size (default: flowrl's)")
+    p.add_argument("--flowrl-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra flowrl config override, e.g. rollout.micro_batch_size=512 (repeatable)")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--json", help="write the results here")
     return p.parse_args()
@@ -372,9 +373,11 @@ def workload(args: argparse.Namespace) -> Workload:
     preset = SMALL_RUN if args.small else FULL_RUN
     sizes = {k: getattr(args, k) or v for k, v in preset.items()}
     wl = Workload(device=args.device, prompt_len=args.prompt_len, steps=args.steps, warmup=args.warmup, lr=args.lr,
-                  kl_coef=args.kl_coef, rollout_micro=args.rollout_micro, shape=SMALL if args.small else QWEN05B,
+                  kl_coef=args.kl_coef, flowrl_sets=args.flowrl_set, shape=SMALL if args.small else QWEN05B,
                   **sizes)
     wl.micro = min(wl.micro, wl.rows)
+    if wl.steps < 1 or wl.warmup < 0:
+        raise SystemExit("--steps must be >= 1 and --warmup >= 0")
     if wl.rows % wl.micro:
         raise SystemExit(f"--micro {wl.micro} must divide prompts x group = {wl.rows}")
     return wl
@@ -386,6 +389,7 @@ def main() -> None:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if unknown := set(systems) - set(RUNNERS):
         raise SystemExit(f"--systems: unknown {sorted(unknown)}; choose from {list(RUNNERS)}")
+    transformers.utils.logging.disable_progress_bar()
     card = torch.cuda.get_device_name() if wl.device == "cuda" else "cpu"
     print(f"workload: {wl.shape} {wl.dtype_name} on {card}; {wl.prompts} prompts x {wl.group} = {wl.rows} rows, "
           f"{wl.prompt_len} prompt + {wl.new_tokens} new tokens; micro-batch {wl.micro}; lr {wl.lr}; "
@@ -395,7 +399,7 @@ def main() -> None:
                           getattr(torch, wl.dtype_name))
         results = {name: measured(name, wl, path) for name in systems}
     print("=== results")
-    ratios = report(wl, results)
+    ratios = report(results)
     if args.json:
         Path(args.json).write_text(json.dumps({"workload": asdict(wl), "device_name": card, "results": results,
                                                "ratios": ratios}, indent=2))

@@ -192,3 +192,25 @@ def test_length_grouped_micro_batches_change_no_output_and_no_step(tiny_model_pa
     torch.testing.assert_close(lp_grouped, lp_plain, atol=1e-5, rtol=0)
     for key, value in state_plain.items():
         torch.testing.assert_close(state_grouped[key], value, atol=1e-6, rtol=0)
+
+
+def test_chunked_logprobs_equal_full_logits_with_gradients(tiny_model_path):
+    """logprob_chunk_tokens: outputs and the gradient of a loss on them equal the full-logits computation."""
+    torch.manual_seed(0)
+    rows, prompt_len, response_len = 5, 4, 7
+    batch = TensorDict(prompt_ids=torch.randint(2, 14, (rows, prompt_len)),
+                       prompt_mask=torch.ones(rows, prompt_len, dtype=torch.long),
+                       response_ids=torch.randint(2, 14, (rows, response_len)),
+                       response_mask=torch.ones(rows, response_len, dtype=torch.long), batch_size=[rows])
+    batch["response_mask"][0, 4:] = 0
+    outs, grads = [], []
+    for chunk in (0, 3):
+        engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", logprob_chunk_tokens=chunk)
+        out = engine._outputs(batch, temperature=1.3, with_entropy=True)
+        (out["logprobs"].sum() + out["entropy"].sum()).backward()
+        outs.append(out)
+        grads.append({n: p.grad.clone() for n, p in engine.model.named_parameters()})
+    for key in ("logprobs", "entropy"):
+        assert torch.allclose(outs[0][key], outs[1][key], atol=1e-5), key
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5), name

@@ -82,3 +82,4 @@ TRAIN_ENGINES = TrainEngineConfig.registry
 ROLLOUT_ENGINES = RolloutEngineConfig.registry
 TRAIN_ENGINES.register("hf", "flowrl.engines.hf_configs:HFTrainConfig")
 ROLLOUT_ENGINES.register("hf", "flowrl.engines.hf_configs:HFRolloutConfig")
+ROLLOUT_ENGINES.register("hf_static", "flowrl.engines.hf_configs:HFStaticRolloutConfig")

@@ -12,6 +12,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from flowrl.engines.configs import Head, ModelSource, RolloutEngineConfig, TrainEngineConfig
 from flowrl.engines.hf_models import load_causal_lm, load_value_model
 from flowrl.engines.hf_rollout import HFRolloutEngine
+from flowrl.engines.hf_static import StaticCacheRolloutEngine
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.protocols import TrainEngine
 
@@ -24,16 +25,20 @@ class HFTrainConfig(TrainEngineConfig):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warmup, in optimizer steps.")
+    logprob_chunk_tokens: int = Field(4096, ge=0, description="Log-probabilities from the lm_head this many "
+                                                              "tokens at a time, never the full fp32 logits "
+                                                              "(0: full logits).")
 
     def build(self, source: ModelSource, *, head: Head, device: str, trainable: bool = True) -> HFTrainEngine:
         dtype = DTYPES[source.dtype]
         model = load_causal_lm(source.path, dtype) if head == "actor" else load_value_model(source.path, dtype)
+        chunk = dict(logprob_chunk_tokens=self.logprob_chunk_tokens)
         if not trainable:
-            return HFTrainEngine(model.requires_grad_(False), kind=head, device=device)
+            return HFTrainEngine(model.requires_grad_(False), kind=head, device=device, **chunk)
         if source.gradient_checkpointing:
             _checkpoint_layers(model)
         return HFTrainEngine(model, kind=head, lr=self.lr, weight_decay=self.weight_decay, grad_clip=self.grad_clip,
-                             warmup_steps=self.warmup_steps, device=device)
+                             warmup_steps=self.warmup_steps, device=device, **chunk)
 
 
 class HFRolloutConfig(RolloutEngineConfig):
@@ -43,6 +48,19 @@ class HFRolloutConfig(RolloutEngineConfig):
               share: TrainEngine | None = None) -> HFRolloutEngine:
         model = share.model if isinstance(share, HFTrainEngine) else load_causal_lm(source.path, DTYPES[source.dtype])
         return HFRolloutEngine(model, tokenizer, device=device, micro_batch_size=self.micro_batch_size)
+
+
+class HFStaticRolloutConfig(RolloutEngineConfig):
+    """`rollout.engine=hf_static`: a static KV cache and one compiled decode step (a CUDA graph on GPUs)."""
+
+    compile: bool | None = Field(None, description="torch.compile the decode step (CUDA graphs); None: on CUDA "
+                                                   "devices only.")
+
+    def build(self, source: ModelSource, *, tokenizer: Any, device: str,
+              share: TrainEngine | None = None) -> StaticCacheRolloutEngine:
+        model = share.model if isinstance(share, HFTrainEngine) else load_causal_lm(source.path, DTYPES[source.dtype])
+        compile = self.compile if self.compile is not None else device.startswith("cuda")
+        return StaticCacheRolloutEngine(model, tokenizer, device=device, compile=compile)
 
 
 def _checkpoint_layers(model: torch.nn.Module) -> None:

@@ -27,6 +27,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from flowrl.engines.logprobs import full_logits_logprobs, token_logprobs
 from flowrl.engines.protocols import LossFn
 from flowrl.engines.hf_models import atomic_dir
 
@@ -43,11 +44,14 @@ class HFTrainEngine:
     def __init__(self, model: torch.nn.Module, *, kind: Literal["actor", "critic", "reward"], lr: float = 1e-6,
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  grad_clip: float = 1.0, warmup_steps: int = 0, device: str | torch.device = "cpu",
-                 by_length: bool = True):
+                 by_length: bool = True, logprob_chunk_tokens: int = 0):
         """by_length: group rows of similar length into micro-batches (and trim their padding); False keeps
-        the batch's row order, as fixed-width micro-batches of verl without dynamic batch size do."""
+        the batch's row order, as fixed-width micro-batches of verl without dynamic batch size do.
+        logprob_chunk_tokens: compute actor logprobs `chunk` tokens at a time from the hidden states
+        (flowrl.engines.logprobs), never holding the full fp32 logits; 0 computes full logits (and so do
+        FSDP2-sharded engines)."""
         _check_args(kind=kind, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip, warmup_steps=warmup_steps)
-        self.kind, self.by_length = kind, by_length
+        self.kind, self.by_length, self.logprob_chunk_tokens = kind, by_length, logprob_chunk_tokens
         self.grad_clip = grad_clip
         self.world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.sharded = self.world_size > 1
@@ -171,13 +175,12 @@ class HFTrainEngine:
             logits = self.model(**inputs).logits
             return {"scores": logits[:, num_prompt:num_prompt + num_response, 0].float()}
         # the last R + 1 positions are P - 1 .. P + R - 1; the very last predicts past the response
+        if self.logprob_chunk_tokens and not self.sharded:
+            hidden_BTH = self.model.get_decoder()(**inputs).last_hidden_state[:, num_prompt - 1:-1]
+            return token_logprobs(hidden_BTH, self.model.get_output_embeddings().weight, response_ids, temperature,
+                                  with_entropy, self.logprob_chunk_tokens)
         logits_BRV = self.model(**inputs, logits_to_keep=num_response + 1).logits[:, :-1].float() / temperature
-        logprobs_BRV = torch.log_softmax(logits_BRV, dim=-1)
-        out = {"logprobs": logprobs_BRV.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)}
-        if with_entropy:  # logsumexp - E_p[logit]: no 0 * -inf where a probability underflows
-            probs_BRV = logprobs_BRV.exp()
-            out["entropy"] = torch.logsumexp(logits_BRV, -1) - (probs_BRV * logits_BRV).sum(-1)
-        return out
+        return full_logits_logprobs(logits_BRV, response_ids, with_entropy)
 
     def _step(self, mini: TensorDict, loss_fn: LossFn, temperature: float, micro_batch_size: int,
               sums: dict[str, list[float]], old_from_current: bool = False) -> float | None:

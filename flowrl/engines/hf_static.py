@@ -1,0 +1,137 @@
+"""A rollout engine over transformers models with a static KV cache and one compiled decode step.
+
+transformers' `generate` spends most of a decode step outside the model
+(logits processors, sampling over the whole vocabulary, stopping checks: about
+17 ms a step on an H200 whatever the batch, see PERF_NOTES). Here a step is
+one function, model forward on the newest token, temperature, optional top-k,
+Gumbel-max sampling, the sampled token's logprob and the eos bookkeeping,
+which torch.compile(mode="reduce-overhead") captures as one CUDA graph on GPUs.
+The KV cache is transformers' StaticCache, kept per (rows, length) so the
+graph's buffers stay put across calls; the model may be the train engine's own
+module (the hybrid engine): optimizer steps update its parameters in place,
+and the graph reads them where they are.
+
+Sampling draws Gumbel noise from torch's generator, so seeded calls repeat,
+but the draws differ from `generate`'s multinomial: this engine and the `hf`
+one sample different (equally distributed) responses for the same seed.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from transformers import StaticCache
+
+from flowrl.engines.attention import use_grouped_decode
+from flowrl.engines.hf_rollout import HFRolloutEngine, _seeded, mask_after_eos
+from flowrl.engines.protocols import FinishReason, SamplingParams
+
+
+class StaticCacheRolloutEngine(HFRolloutEngine):
+    """Generates all rows of a call in one batch; `compile=False` runs the same step eagerly (CPU, tests)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, device: str | torch.device = "cpu",
+                 compile: bool = True):
+        super().__init__(model, tokenizer, device=device)
+        use_grouped_decode(self.model)
+        self.compile = compile
+        self._caches: dict[tuple[int, int], StaticCache] = {}
+        # transformers renamed the forward's `past_key_values` to `cache` (5.2x); use the name this one takes
+        self._cache_arg = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters \
+            else "past_key_values"
+        self._step = torch.compile(_decode_step, mode="reduce-overhead") if compile else _decode_step
+
+    def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
+                 *, seed: int | None = None) -> TensorDict:
+        _check_static_params(params)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with _seeded(seed, self.device), torch.no_grad():
+                ids_BR, logprobs_BR = self._decode(prompt_ids_BP.to(self.device), prompt_mask_BP.to(self.device),
+                                                   params)
+        finally:
+            self.model.train(was_training)
+        ids_BR, mask_BR = mask_after_eos(ids_BR, self.eos_id, self.pad_id)
+        stopped_B = ((ids_BR == self.eos_id) & mask_BR.bool()).any(-1)
+        finish_B = torch.where(stopped_B, int(FinishReason.STOP), int(FinishReason.LENGTH))
+        home = prompt_ids_BP.device
+        return TensorDict(response_ids=ids_BR.to(home), response_mask=mask_BR.to(home),
+                          rollout_logprobs=(logprobs_BR * mask_BR).to(home), finish_reason=finish_B.to(home),
+                          batch_size=[prompt_ids_BP.shape[0]])
+
+    def _decode(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor,
+                params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, prompt_len = ids_BP.shape
+        total = prompt_len + params.max_new_tokens
+        cache = self._cache(rows, total)
+        mask_BL = torch.nn.functional.pad(mask_BP, (0, params.max_new_tokens), value=1)
+        positions_BP = (mask_BP.cumsum(-1) - 1).clamp(min=0)
+        logits_BV = self.model(input_ids=ids_BP, attention_mask=mask_BL, position_ids=positions_BP,
+                               cache_position=torch.arange(prompt_len, device=self.device), use_cache=True,
+                               logits_to_keep=1, **{self._cache_arg: cache}).logits[:, -1]
+        done_B = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        token_B, logprob_B, done_B = _sample(logits_BV, done_B, params, self.eos_id, self.pad_id)
+        tokens, logprobs = [token_B], [logprob_B]
+        position_B = positions_BP[:, -1]
+        for t in range(1, params.max_new_tokens):
+            if t % 16 == 0 and bool(done_B.all()):
+                break
+            position_B = position_B + 1
+            cache_position = torch.tensor([prompt_len + t - 1], device=self.device)
+            token_B, logprob_B, done_B = self._step(self.model, {self._cache_arg: cache}, token_B.clone(), position_B,
+                                                    cache_position, mask_BL, done_B.clone(), params, self.eos_id,
+                                                    self.pad_id)
+            tokens.append(token_B.clone())
+            logprobs.append(logprob_B.clone())
+        return torch.stack(tokens, 1), torch.stack(logprobs, 1)
+
+    def _cache(self, rows: int, length: int) -> StaticCache:
+        """One cache per shape, reset for each call, so a compiled step's buffers keep their addresses."""
+        cache = self._caches.get((rows, length))
+        if cache is None:
+            cache = self._caches[rows, length] = StaticCache(config=self.model.config, max_cache_len=length)
+        else:
+            cache.reset()
+        return cache
+
+
+def _decode_step(model: torch.nn.Module, cache: dict[str, StaticCache], token_B: torch.Tensor,
+                 position_B: torch.Tensor, cache_position: torch.Tensor, mask_BL: torch.Tensor, done_B: torch.Tensor,
+                 params: SamplingParams, eos_id: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    logits_BV = model(input_ids=token_B[:, None], attention_mask=mask_BL, position_ids=position_B[:, None],
+                      cache_position=cache_position, use_cache=True, **cache).logits[:, -1]
+    return _sample(logits_BV, done_B, params, eos_id, pad_id)
+
+
+def _sample(logits_BV: torch.Tensor, done_B: torch.Tensor, params: SamplingParams, eos_id: int,
+            pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token, its logprob under the sampling distribution, rows done after it); finished rows emit pad."""
+    logits_BV = logits_BV.float()
+    if params.ignore_eos:
+        logits_BV[:, eos_id] = float("-inf")
+    if params.greedy:
+        logprobs_BV = torch.log_softmax(logits_BV, -1)
+        token_B = logprobs_BV.argmax(-1)
+    else:
+        logits_BV = logits_BV / params.temperature
+        if params.top_k:
+            kth_B1 = logits_BV.topk(params.top_k, dim=-1).values[:, -1:]
+            logits_BV = logits_BV.masked_fill(logits_BV < kth_B1, float("-inf"))
+        logprobs_BV = torch.log_softmax(logits_BV, -1)
+        gumbel_BV = -torch.log(-torch.log(torch.rand_like(logprobs_BV).clamp_(min=1e-20)))
+        token_B = (logprobs_BV + gumbel_BV).argmax(-1)
+    logprob_B = logprobs_BV.gather(-1, token_B[:, None]).squeeze(-1)
+    token_B = torch.where(done_B, pad_id, token_B)
+    return token_B, logprob_B, done_B | (token_B == eos_id)
+
+
+def _check_static_params(params: SamplingParams) -> None:
+    if params.top_p < 1.0:
+        raise ValueError(f"rollout.top_p={params.top_p}: the hf_static engine samples with temperature and top_k "
+                         f"only; use rollout.engine=hf for nucleus sampling")
+    if not params.greedy and not params.temperature > 0:
+        raise ValueError(f"temperature must be > 0 when sampling, got {params.temperature}")

@@ -1,0 +1,47 @@
+"""Log-probabilities of given tokens from a causal LM's hidden states, without the full fp32 logits.
+
+Full logits for a micro-batch of B x R tokens over a 152k vocabulary take
+B * R * 152k * 4 bytes in fp32 (19.5 GiB forward-only for 64 x 384 tokens on
+an H200, 62 GiB with backward; PERF_NOTES). Here the lm_head and log-softmax
+run on chunks of `chunk_tokens` tokens; with gradients each chunk is
+recomputed in backward (torch.utils.checkpoint), so only one chunk's logits
+ever exist. Results equal the full computation (to float rounding).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+def token_logprobs(hidden_BRH: torch.Tensor, weight_VH: torch.Tensor, tokens_BR: torch.Tensor, temperature: float,
+                   with_entropy: bool, chunk_tokens: int) -> dict[str, torch.Tensor]:
+    """{"logprobs": [B, R]} (and "entropy" [B, R]) of `tokens` under softmax(hidden @ weight.T / temperature)."""
+    shape = tokens_BR.shape
+    hidden_NH, tokens_N = hidden_BRH.reshape(-1, hidden_BRH.shape[-1]), tokens_BR.reshape(-1)
+    chunks = []
+    for start in range(0, tokens_N.numel(), chunk_tokens):
+        args = (hidden_NH[start:start + chunk_tokens], weight_VH, tokens_N[start:start + chunk_tokens],
+                temperature, with_entropy)
+        chunks.append(checkpoint(_chunk, *args, use_reentrant=False) if torch.is_grad_enabled() else _chunk(*args))
+    out = {"logprobs": torch.cat([c[0] for c in chunks]).reshape(shape)}
+    if with_entropy:
+        out["entropy"] = torch.cat([c[1] for c in chunks]).reshape(shape)
+    return out
+
+
+def full_logits_logprobs(logits_BRV: torch.Tensor, tokens_BR: torch.Tensor,
+                         with_entropy: bool) -> dict[str, torch.Tensor]:
+    """The same from already computed logits (temperature applied)."""
+    logprobs_BRV = torch.log_softmax(logits_BRV.float(), dim=-1)
+    out = {"logprobs": logprobs_BRV.gather(-1, tokens_BR.unsqueeze(-1)).squeeze(-1)}
+    if with_entropy:  # logsumexp - E_p[logit]: no 0 * -inf where a probability underflows
+        out["entropy"] = torch.logsumexp(logits_BRV.float(), -1) - (logprobs_BRV.exp() * logits_BRV.float()).sum(-1)
+    return out
+
+
+def _chunk(hidden_NH: torch.Tensor, weight_VH: torch.Tensor, tokens_N: torch.Tensor, temperature: float,
+           with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logits_NV = (hidden_NH @ weight_VH.T).float() / temperature
+    out = full_logits_logprobs(logits_NV, tokens_N, with_entropy)
+    return out["logprobs"], out.get("entropy")
