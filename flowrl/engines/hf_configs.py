@@ -28,6 +28,8 @@ class HFTrainConfig(TrainEngineConfig):
     logprob_chunk_tokens: int = Field(4096, ge=0, description="Log-probabilities from the lm_head this many "
                                                               "tokens at a time, never the full fp32 logits "
                                                               "(0: full logits).")
+    compile: bool = Field(False, description="torch.compile each decoder layer (regional compilation, as "
+                                             "torchtitan does): fused norms, rotary and activations.")
 
     def build(self, source: ModelSource, *, head: Head, device: str, trainable: bool = True) -> HFTrainEngine:
         dtype = DTYPES[source.dtype]
@@ -37,6 +39,9 @@ class HFTrainConfig(TrainEngineConfig):
             return HFTrainEngine(model.requires_grad_(False), kind=head, device=device, **chunk)
         if source.gradient_checkpointing:
             _checkpoint_layers(model)
+        if self.compile:
+            for layer in model.get_decoder().layers:
+                layer.compile()
         return HFTrainEngine(model, kind=head, lr=self.lr, weight_decay=self.weight_decay, grad_clip=self.grad_clip,
                              warmup_steps=self.warmup_steps, device=device, **chunk)
 
