@@ -8,8 +8,7 @@ from flowrl.data.prompts import PromptStream
 from flowrl.engines.protocols import FinishReason
 from flowrl.errors import GraphError
 from flowrl.graph.role import graph_method, role
-from flowrl.roles import Actor
-from fakes import FakeTokenizer, FakeTrainEngine, ParityTask, ROLE_CLASSES
+from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask
 from test_planner_executor import INPUTS, make_roles
 
 

@@ -54,13 +54,7 @@ class HFRolloutEngine:
         # clone outside inference mode: inference tensors cannot be saved for a later backward
         response_ids_BR = _right_pad_cat([ids.clone() for ids, _ in chunks], self.pad_id)
         logprobs_BR = _right_pad_cat([logprobs.clone() for _, logprobs in chunks], 0.0)
-        response_ids_BR, response_mask_BR = mask_after_eos(response_ids_BR, self.eos_id, self.pad_id)
-        stopped_B = ((response_ids_BR == self.eos_id) & response_mask_BR.bool()).any(-1)
-        finish_B = torch.where(stopped_B, int(FinishReason.STOP), int(FinishReason.LENGTH))
-        home = prompt_ids_BP.device
-        return TensorDict(response_ids=response_ids_BR.to(home), response_mask=response_mask_BR.to(home),
-                          rollout_logprobs=(logprobs_BR * response_mask_BR).to(home), finish_reason=finish_B.to(home),
-                          batch_size=[prompt_ids_BP.shape[0]])
+        return responses(response_ids_BR, logprobs_BR, self.eos_id, self.pad_id, prompt_ids_BP.device)
 
     def weight_sync(self, train: TrainEngine) -> WeightSync:
         """Nothing to move when this engine generates with `train`'s own module, else a full-state copy."""
@@ -127,6 +121,18 @@ class _SampledLogprobs(LogitsProcessor):
     def _take(self, token_B: torch.Tensor) -> None:
         self.logprobs.append(self.pending.gather(-1, token_B.unsqueeze(-1)).squeeze(-1))
         self.pending = None
+
+
+def responses(ids_BR: torch.Tensor, logprobs_BR: torch.Tensor, eos_id: int, pad_id: int,
+              device: torch.device) -> TensorDict:
+    """The RolloutEngine output from sampled ids and their logprobs: pad after the first eos, the mask, the
+    logprobs zeroed on padding, and each row's finish reason; on `device`."""
+    ids_BR, mask_BR = mask_after_eos(ids_BR, eos_id, pad_id)
+    stopped_B = ((ids_BR == eos_id) & mask_BR.bool()).any(-1)
+    finish_B = torch.where(stopped_B, int(FinishReason.STOP), int(FinishReason.LENGTH))
+    return TensorDict(response_ids=ids_BR.to(device), response_mask=mask_BR.to(device),
+                      rollout_logprobs=(logprobs_BR * mask_BR).to(device), finish_reason=finish_B.to(device),
+                      batch_size=[ids_BR.shape[0]])
 
 
 def mask_after_eos(response_ids_BR: torch.Tensor, eos_id: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

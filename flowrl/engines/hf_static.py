@@ -26,8 +26,8 @@ from tensordict import TensorDict
 from transformers import StaticCache
 
 from flowrl.engines.attention import use_grouped_decode
-from flowrl.engines.hf_rollout import HFRolloutEngine, _seeded, mask_after_eos
-from flowrl.engines.protocols import FinishReason, SamplingParams
+from flowrl.engines.hf_rollout import HFRolloutEngine, _seeded, responses
+from flowrl.engines.protocols import SamplingParams
 
 
 class StaticCacheRolloutEngine(HFRolloutEngine):
@@ -55,13 +55,7 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
                                                    params)
         finally:
             self.model.train(was_training)
-        ids_BR, mask_BR = mask_after_eos(ids_BR, self.eos_id, self.pad_id)
-        stopped_B = ((ids_BR == self.eos_id) & mask_BR.bool()).any(-1)
-        finish_B = torch.where(stopped_B, int(FinishReason.STOP), int(FinishReason.LENGTH))
-        home = prompt_ids_BP.device
-        return TensorDict(response_ids=ids_BR.to(home), response_mask=mask_BR.to(home),
-                          rollout_logprobs=(logprobs_BR * mask_BR).to(home), finish_reason=finish_B.to(home),
-                          batch_size=[prompt_ids_BP.shape[0]])
+        return responses(ids_BR, logprobs_BR, self.eos_id, self.pad_id, prompt_ids_BP.device)
 
     def _decode(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor,
                 params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:

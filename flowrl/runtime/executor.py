@@ -18,7 +18,7 @@ from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
 from flowrl.graph.trace import Node
 from flowrl.plan.planner import Plan
-from flowrl.runtime.scheduling import call_node, fill_index, run_with_fill, scheduled
+from flowrl.runtime.scheduling import call_node, fill_index, run_step, scheduled
 
 
 class Executor(Protocol):
@@ -68,12 +68,7 @@ class LocalExecutor:
 
     def run_step(self, step: int, prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
         """One training step over prompt batches drawn from `prompts`; returns the batch and metrics."""
-        calls = StepCalls(step)
-        with metrics.collect() as logged:
-            start = time.perf_counter()
-            batch = run_with_fill(self.nodes, self.fill_at, lambda nodes, b: self._run(nodes, b, calls), prompts)
-            metrics.log("timing_s/step", time.perf_counter() - start)
-        return batch, logged
+        return run_step(step, self.nodes, self.fill_at, self._run, prompts)
 
     def for_plan(self, plan: Plan) -> "LocalExecutor":
         return LocalExecutor(plan, self.roles, self.world_size)

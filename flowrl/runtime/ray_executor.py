@@ -38,7 +38,7 @@ from flowrl.plan.placement import DRIVER, Pool
 from flowrl.plan.planner import Plan
 from flowrl.runtime.distributed import average
 from flowrl.runtime.ray_worker import PoolWorker
-from flowrl.runtime.scheduling import call_node, fill_index, ready, run_with_fill, scheduled
+from flowrl.runtime.scheduling import call_node, fill_index, ready, run_step, scheduled
 
 WORKER_NUM_CPUS = 0  # Ray CPUs reserved per worker; torch still uses OMP_NUM_THREADS (Ray sets 1) threads
 _EMPTY = TensorDict({}, batch_size=[0])
@@ -103,12 +103,7 @@ class RayExecutor:
 
     def run_step(self, step: int, prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
         """One training step over prompt batches drawn from `prompts`; returns the batch and metrics."""
-        calls = StepCalls(step)
-        with metrics.collect() as logged:
-            start = time.perf_counter()
-            batch = run_with_fill(self.nodes, self.fill_at, lambda nodes, b: self._run(nodes, b, calls), prompts)
-            metrics.log("timing_s/step", time.perf_counter() - start)
-        return batch, logged
+        return run_step(step, self.nodes, self.fill_at, self._run, prompts)
 
     def for_plan(self, plan: Plan) -> "RayExecutor":
         """A view running `plan` (e.g. the evaluation) on these workers; its pools must be among them."""

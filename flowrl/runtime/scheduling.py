@@ -6,6 +6,7 @@ until enough groups survive, then the rest runs once on the filled batch.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterator
 
 import networkx as nx
@@ -55,6 +56,18 @@ def call_node(node: Node, roles: dict[str, Any], batch: TensorDict, calls: StepC
 def fill_index(nodes: list[Node]) -> int | None:
     fills = [i for i, n in enumerate(nodes) if n.kind is NodeKind.FILL]
     return fills[0] if fills else None
+
+
+def run_step(step: int, nodes: list[Node], fill_at: int | None, run: Callable[[list[Node], TensorDict, StepCalls],
+             TensorDict], prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
+    """One step of an executor: its nodes (`run(nodes, batch, calls)`) over the next prompts, with fill, timed;
+    returns the batch and the step's metrics."""
+    calls = StepCalls(step)
+    with metrics.collect() as logged:
+        start = time.perf_counter()
+        batch = run_with_fill(nodes, fill_at, lambda todo, b: run(todo, b, calls), prompts)
+        metrics.log("timing_s/step", time.perf_counter() - start)
+    return batch, logged
 
 
 def run_with_fill(nodes: list[Node], fill_at: int | None, run: RunNodes, prompts: Iterator[TensorDict]) -> TensorDict:
