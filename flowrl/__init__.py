@@ -4,16 +4,35 @@ Layers, lowest first (imports only go down): errors and metrics; data
 (batches, tasks); graph (tracing, roles, stages); engines (model backends);
 rl (ops, losses, stages); roles (the built-in roles); plan (placement and
 planner); config; runtime (executors, trainer); cli.
+
+The public names below load on first use, so `flowrl --help` and
+`import flowrl.config` do not import torch models they do not need.
 """
 
-from flowrl import metrics
-from flowrl import roles as _builtin_roles  # noqa: F401  (registers the built-in roles)
-from flowrl.errors import GraphError, PlanError
-from flowrl.graph import Algorithm, Stage, algorithm, fill, graph_method, role, stage
-from flowrl.plan import Placement, Plan, Pool, compile_plan
-from flowrl.rl import losses, stages
-from flowrl.runtime.executor import LocalExecutor
+from __future__ import annotations
 
-__all__ = ["metrics", "Algorithm", "algorithm", "stage", "Stage", "fill", "role", "graph_method", "GraphError", "PlanError",
-           "LocalExecutor", "Placement", "Plan", "Pool", "compile_plan", "losses", "stages"]
+import importlib
+from typing import Any
+
+_PUBLIC = {
+    "Algorithm": "flowrl.graph", "algorithm": "flowrl.graph", "stage": "flowrl.graph", "Stage": "flowrl.graph",
+    "fill": "flowrl.graph", "role": "flowrl.graph", "graph_method": "flowrl.graph",
+    "GraphError": "flowrl.errors", "PlanError": "flowrl.errors", "LocalExecutor": "flowrl.runtime.executor",
+    "Placement": "flowrl.plan", "Plan": "flowrl.plan", "Pool": "flowrl.plan", "compile_plan": "flowrl.plan",
+}
+_MODULES = {"losses": "flowrl.rl.losses", "stages": "flowrl.rl.stages", "metrics": "flowrl.metrics",
+            "roles": "flowrl.roles"}
+
+__all__ = ["metrics", "losses", "stages", *_PUBLIC]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    elif name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    else:
+        raise AttributeError(f"module 'flowrl' has no attribute {name!r}")
+    globals()[name] = value
+    return value

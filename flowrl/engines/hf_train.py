@@ -61,6 +61,7 @@ class HFTrainEngine:
             _fully_shard(self.model, self.device.type, self.world_size)
         else:
             self.model.to(self.device)
+        self.hyperparameters = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, eps=eps,
                                            weight_decay=weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -142,6 +143,18 @@ class HFTrainEngine:
         set_model_state_dict(self.model, state["model"], options=options)
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
         self.scheduler.load_state_dict(scheduler_state)
+        self._apply_hyperparameters()
+
+    def _apply_hyperparameters(self) -> None:
+        """After loading a checkpoint, this engine's own settings win over the saved ones (a resumed run with a
+        new lr trains with it); the schedule's position is the checkpoint's."""
+        h = self.hyperparameters
+        self.scheduler.base_lrs = [h["lr"]] * len(self.optimizer.param_groups)
+        factors = [fn(self.scheduler.last_epoch) for fn in self.scheduler.lr_lambdas]
+        for group, factor in zip(self.optimizer.param_groups, factors):
+            group.update(initial_lr=h["lr"], lr=h["lr"] * factor, weight_decay=h["weight_decay"], betas=h["betas"],
+                         eps=h["eps"])
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def save_pretrained(self, path: str, tokenizer=None) -> None:
         """Exports full HF weights (and the tokenizer, if given) to folder `path`; rank 0 writes."""

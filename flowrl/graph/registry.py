@@ -26,7 +26,9 @@ class Registry(Generic[T]):
 
         def put(value: T | str) -> T | str:
             old = self._entries.get(name)
-            if old is not None and old is not value and not replace and not _same_definition(old, value):
+            lazy_resolved = isinstance(old, str) and not isinstance(value, str)  # the lazy entry's module ran
+            if old is not None and old is not value and not replace and not lazy_resolved \
+                    and not _same_definition(old, value):
                 raise ValueError(f"{self.kind} {name!r} is already registered ({_describe(old)}); "
                                  f"pass replace=True to override it")
             self._entries[name] = value
@@ -42,12 +44,18 @@ class Registry(Generic[T]):
         if isinstance(entry, str):
             module, _, attr = entry.partition(":")
             try:
-                entry = getattr(importlib.import_module(module), attr)
+                loaded = getattr(importlib.import_module(module), attr)
             except ImportError as err:
                 raise ValueError(f"{self.kind} {name!r} needs {err.name or module!r}, which is not installed "
                                  f"({err})") from None
-            self._entries[name] = entry
+            if self._entries[name] is entry:  # importing the module may have registered the real entry itself
+                self._entries[name] = loaded
+            entry = self._entries[name]
         return entry
+
+    def raw(self, name: str) -> T | str | None:
+        """The entry as registered (a lazy one stays a "module:attribute" string); None if absent."""
+        return self._entries.get(name)
 
     def names(self) -> list[str]:
         return sorted(self._entries)

@@ -58,6 +58,11 @@ class RoleSpec:
 
 
 ROLES: Registry[RoleSpec] = Registry("role")
+# the built-in roles load on first use; their modules register their RoleSpecs as they import
+for _name, _where in (("actor", "actor:Actor"), ("ref", "actor:Ref"), ("critic", "actor:Critic"),
+                      ("rollout", "rollout:Rollout"), ("reward", "reward:Reward"),
+                      ("reward_model", "reward:RewardModel")):
+    ROLES.register(_name, f"flowrl.roles.{_where}")
 
 
 def role(name: str | type | None = None, *, trainable: bool = False, exported: bool = False,
@@ -150,5 +155,6 @@ def _snake(name: str) -> str:
 
 def _redefined(name: str, cls: type) -> bool:
     """The same class defined again (a re-run notebook cell, a worker unpickling it) replaces its entry."""
-    return name in ROLES and ROLES.get(name).cls.__qualname__ == cls.__qualname__ and \
-        ROLES.get(name).cls.__module__ == cls.__module__
+    old = ROLES.raw(name)
+    return isinstance(old, RoleSpec) and (old.cls.__qualname__, old.cls.__module__) == (cls.__qualname__,
+                                                                                        cls.__module__)

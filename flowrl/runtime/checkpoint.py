@@ -1,23 +1,38 @@
-"""Atomic checkpoints: a step folder appears whole or not at all.
+"""Atomic, verified checkpoints: a step folder appears whole or not at all, and is checked before use.
 
-Layout: <dir>/step_000010/{<role>/, state.json}. A checkpoint is written into
-a hidden temporary folder and renamed into place, and only then does the
-`latest` pointer (itself replaced atomically) move to it, so a crash at any
-point leaves the previous checkpoint intact and resumable.
+Layout: <dir>/step_000010/{<role>/, state.json, manifest.json}. A checkpoint is
+written into a hidden temporary folder, its manifest (the size and sha256 of
+every file) written last, and the folder renamed into place; only then does
+the `latest` pointer (itself replaced atomically) move to it. So a crash at any
+point leaves the previous checkpoint intact.
+
+`latest()` returns the newest checkpoint whose files match its manifest: a
+damaged newest one (truncated, edited, a pointer to a missing folder) is
+skipped with a warning, never deleted, and an older intact one is used. Disk
+errors while saving (a full disk) are raised as CheckpointError naming the
+folder, with the previous checkpoint left as it was.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 from flowrl.engines.protocols import TrainEngine
 
 STATE = "state.json"
+MANIFEST = "manifest.json"
 LATEST = "latest"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint could not be written or read; the message names the folder."""
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -34,28 +49,68 @@ def save(root: str | Path, step: int, engines: dict[str, TrainEngine], state: di
         for role, engine in engines.items():
             engine.save(str(tmp / role))
         return final
-    root.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for role, engine in engines.items():
-        engine.save(str(tmp / role))
-    _write_atomic(tmp / STATE, json.dumps({"step": step, **state}, indent=1))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(root)
-    _write_atomic(root / LATEST, final.name)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for role, engine in engines.items():
+            engine.save(str(tmp / role))
+        _write_atomic(tmp / STATE, json.dumps({"step": step, **state}, indent=1))
+        _write_atomic(tmp / MANIFEST, json.dumps(_manifest(tmp), indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        _write_atomic(root / LATEST, final.name)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = "the disk is full" if err.errno == errno.ENOSPC else err.strerror or str(err)
+        raise CheckpointError(f"checkpoint {final}: could not be written ({reason}); the previous checkpoint "
+                              f"is intact") from None
     _prune(root, keep)
     return final
 
 
 def latest(root: str | Path) -> Path | None:
-    """The newest complete checkpoint, or None."""
-    pointer = Path(root) / LATEST
-    if not pointer.exists():
-        return None
-    path = Path(root) / pointer.read_text().strip()
-    return path if (path / STATE).exists() else None
+    """The newest intact checkpoint, or None when there is none; damaged newer ones are skipped with a warning.
+
+    Raises CheckpointError when checkpoints exist but none is intact (nothing is deleted)."""
+    root = Path(root)
+    found = sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True) if root.is_dir() else []
+    pointer = root / LATEST
+    if pointer.exists() and not (root / pointer.read_text().strip()).is_dir():
+        warnings.warn(f"checkpoint pointer {pointer} names {pointer.read_text().strip()!r}, which does not "
+                      f"exist; looking for the newest intact checkpoint instead", stacklevel=2)
+    for path in found:
+        problem = damage(path)
+        if problem is None:
+            return path
+        warnings.warn(f"checkpoint {path} is damaged ({problem}); trying an older one", stacklevel=2)
+    if found:
+        raise CheckpointError(f"{root}: no intact checkpoint among {[p.name for p in found]}; move the folder "
+                              f"away to start over, or set train.resume=false")
+    return None
+
+
+def damage(path: Path) -> str | None:
+    """What is wrong with the checkpoint at `path` (None when its files match its manifest)."""
+    if not (path / MANIFEST).is_file():
+        return f"no {MANIFEST}"
+    try:
+        expected = json.loads((path / MANIFEST).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return f"{MANIFEST} is not valid JSON"
+    actual = _manifest(path)
+    for name, entry in expected.items():
+        if name not in actual:
+            return f"{name} is missing"
+        if actual[name] != entry:
+            return f"{name} has {actual[name]['size']} bytes, or content, other than saved"
+    return None
+
+
+def read_state(path: str | Path) -> dict[str, Any]:
+    return json.loads((Path(path) / STATE).read_text())
 
 
 def load(path: str | Path, engines: dict[str, TrainEngine]) -> dict[str, Any]:
@@ -65,7 +120,19 @@ def load(path: str | Path, engines: dict[str, TrainEngine]) -> dict[str, Any]:
             raise ValueError(f"checkpoint {path} has no state for role {role!r}; it has "
                              f"{sorted(p.name for p in path.iterdir() if p.is_dir())}")
         engine.load(str(path / role))
-    return json.loads((path / STATE).read_text())
+    return read_state(path)
+
+
+def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of every file under `folder` but the manifest itself."""
+    out = {}
+    for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
+        digest = hashlib.sha256()
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        out[str(file.relative_to(folder))] = {"size": file.stat().st_size, "sha256": digest.hexdigest()}
+    return out
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -86,6 +153,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _prune(root: Path, keep: int) -> None:
+    """Keep the `keep` newest checkpoints (the newest is the one just written and verified by its manifest)."""
     steps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
     for old in steps[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

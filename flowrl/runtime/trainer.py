@@ -21,7 +21,8 @@ from flowrl.engines.hf_models import load_tokenizer
 from flowrl.graph.algorithm import ALGORITHMS, Algorithm
 from flowrl.plan.placement import Placement
 from flowrl.plan.planner import Plan, compile_plan, model_roles
-from flowrl.runtime import checkpoint, distributed
+from flowrl.runtime.data_tasks import eval_task, fit_prompts, run_task
+from flowrl.runtime import checkpoint, distributed, resume
 from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan
 from flowrl.runtime.executor import Executor, LocalExecutor
 from flowrl.runtime.factory import RoleFactory, make_factory, model_path
@@ -83,7 +84,7 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     `algo` and `task` override cfg.algorithm and cfg.task.name with objects (for use from Python).
     """
     algo = algo or resolve_algorithm(cfg.algorithm)
-    task = task or make_task(cfg.task.name, cfg.task.max_operand)
+    task = task or run_task(cfg)
     if cfg.train.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
     rank, world = distributed.setup(cfg.train.device)
@@ -91,12 +92,14 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
         raise ValueError("train.executor: 'ray' starts its own workers from one process; run it without torchrun")
     plan = make_plan(cfg, algo, task, world)
     warn_no_effect(cfg, plan.roles)
+    found = resume.find(cfg)  # before any model is built: a refused resume changes nothing on disk
     _seed(cfg.train.seed)
     transformers.utils.logging.disable_progress_bar()
     path = model_path(cfg, task) if rank == 0 else None
     distributed.barrier()  # rank 0 builds the tiny model once; the others then load it
     path = path or model_path(cfg, task)
     local, tokenizer = _per_rank_config(cfg, world), load_tokenizer(path)
+    fit_prompts(cfg, tokenizer, task)  # data sets: over-long prompts dropped or refused
     evaluation = eval_plan(plan, task, cfg.role_classes(algo.roles)) if cfg.train.eval_every else None
     factory = make_factory(local, plan, task, path, extra=evaluation.specs if evaluation else None)
     executor = _executor(local, plan, factory, world, evaluation)
@@ -105,10 +108,11 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
                               world_size=world, chat_template=cfg.task.chat_template)
         evaluate = None
         if evaluation is not None:
-            eval_stream = PromptStream(task, tokenizer, local.train.eval_prompts, rank=rank, world_size=world,
+            eval_source, eval_size = eval_task(task, local.train.eval_prompts, world)
+            eval_stream = PromptStream(eval_source, tokenizer, eval_size, rank=rank, world_size=world,
                                        seed=cfg.train.seed + EVAL_SEED_OFFSET, chat_template=cfg.task.chat_template)
             evaluate = Evaluator(executor.for_plan(evaluation), next(eval_stream))
-        start = _resume(cfg, executor, stream)
+        start = resume.restore(found, executor, stream, main=rank == 0) if found else 0
     except BaseException:
         executor.close()
         raise
@@ -160,7 +164,8 @@ def _loop(s: Session, progress: bool, on_step: OnStep | None) -> list[dict[str, 
             on_step(step + 1, logged)
         if _due(cfg, step + 1):
             checkpoint.save(s.out / "checkpoints", step + 1, s.executor.train_engines(),
-                            {"stream": s.stream.state(), "versions": s.executor.versions},
+                            {"stream": s.stream.state(), "versions": s.executor.versions,
+                             "config": cfg.model_dump(mode="json")},
                             keep=cfg.train.keep_checkpoints, is_main=s.main)
             distributed.barrier()
     exported = s.executor.plan.exported()
@@ -204,27 +209,18 @@ def _due(cfg: RunConfig, step: int) -> bool:
     return step == cfg.train.steps or (every > 0 and step % every == 0)
 
 
-def _resume(cfg: RunConfig, executor: Executor, stream: PromptStream) -> int:
-    found = checkpoint.latest(Path(cfg.train.output_dir) / "checkpoints") if cfg.train.resume else None
-    if found is None:
-        return 0
-    state = checkpoint.load(found, executor.train_engines())
-    stream.restore(state["stream"])
-    # one past the saved counts: the roles that follow these weights sync to the loaded ones
-    executor.versions = {role: version + 1 for role, version in state["versions"].items()}
-    return int(state["step"])
-
-
 def _seed(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
 
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop rows past the resumed step: a crash after logging them left no checkpoint for them."""
+    """Drop rows past the resumed step (a crash after logging them left no checkpoint for them); a run that
+    starts anew drops them all (its step 0 is logged again)."""
     if not path.exists():
         return
-    rows = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
+    rows = [line for line in path.read_text().splitlines()
+            if line and last_step > 0 and json.loads(line)["step"] <= last_step]
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(f"{line}\n" for line in rows))
     os.replace(tmp, path)
