@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if args.command == "plan":
         algo = trainer.resolve_algorithm(cfg.algorithm)
-        task = trainer.make_task(cfg.task.name, cfg.task.max_operand)
+        task = trainer.run_task(cfg)
         print(trainer.make_plan(cfg, algo, task).describe())
         return 0
     history = trainer.train(cfg, progress=not args.no_progress)

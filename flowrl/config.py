@@ -67,6 +67,28 @@ class TaskConfig(Section):
                                                    "template (for instruct models).")
 
 
+class DataConfig(Section):
+    train_files: list[str] = Field(default_factory=list, description="Training data in verl's schema: .parquet, "
+                                   ".jsonl or saved `datasets` folders (see flowrl.data.dataset); empty: task.name.")
+    val_files: list[str] = Field(default_factory=list, description="Validation data (same schema) for the "
+                                 "evaluation pass; empty: prompts drawn from the training task.")
+    max_prompt_length: int | None = Field(None, ge=1, description="Prompts longer than this many tokens are "
+                                          "handled by data.truncation; None: no limit.")
+    truncation: Literal["drop", "error"] = Field("drop", description="Over-long prompts: 'drop' them (the count "
+                                                 "is logged) or stop with an 'error' naming the row.")
+    shuffle: bool = Field(True, description="Shuffle the training rows each epoch (by train.seed and epoch).")
+    reward: str = Field("auto", description="'auto' scores each row by its data_source (gsm8k, math); or a "
+                                            "scorer: gsm8k, gsm8k_flexible, math, exact_match, "
+                                            "module:function or file.py:function.")
+    reward_workers: int = Field(4, ge=0, description="Processes scoring responses (0: in the driver, no timeout).")
+    reward_timeout_s: float = Field(10.0, gt=0, description="A response scored longer than this scores 0.0.")
+
+    @field_validator("train_files", "val_files", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
 class RunConfig(Section):
     algorithm: str = Field("grpo", description="A registered name (flowrl.graph.algorithm.ALGORITHMS: the prebuilt ones) "
                                                   "or 'module:attribute'.")
@@ -82,6 +104,7 @@ class RunConfig(Section):
                                                       description="The critic's train engine and its options.")
     train: TrainConfig = Field(default_factory=TrainConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
     placement: Placement | None = Field(None, description="Resource pools; None colocates every model role.")
     algo: dict[str, Any] = Field(default_factory=dict, description="The algorithm's own options, validated "
                                                                    "by its config class.")

@@ -36,14 +36,23 @@ class PromptStream(Iterator[TensorDict]):
         meta = {key: [m[key] for _, m in examples] for key in self.task.meta_keys}
         return prompt_batch(ids, self.tokenizer.pad_token_id, uids, meta)
 
-    def _encode(self, text: str) -> list[int]:
-        if self.chat_template:  # the prompt as one user turn, ending where the assistant's reply starts
-            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                                           add_generation_prompt=True, return_dict=False))
-        return self.tokenizer.encode(text, add_special_tokens=False)
+    def _encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, self.chat_template)
 
     def state(self) -> dict[str, int]:
         return {"next_index": self.next_index}
 
     def restore(self, state: dict[str, int]) -> None:
         self.next_index = int(state["next_index"])
+
+
+def encode_prompt(tokenizer: Any, prompt: str | list[dict[str, str]], chat_template: bool) -> list[int]:
+    """Token ids of a prompt: text as is, or (chat_template) chat messages, a text being one user turn,
+    ending where the assistant's reply starts."""
+    if chat_template:
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        return list(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                  return_dict=False))
+    if not isinstance(prompt, str):
+        raise ValueError("task.chat_template: a prompt of chat messages needs task.chat_template=true")
+    return tokenizer.encode(prompt, add_special_tokens=False)

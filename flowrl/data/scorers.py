@@ -1,0 +1,110 @@
+"""Rule scorers for data-set rows, picked by `data_source` or named by `data.reward`.
+
+A scorer is `fn(data_source, solution_str, ground_truth, extra_info) -> float`
+(verl's compute_score signature). Built in: `gsm8k` (strict: the last
+`#### n`), `gsm8k_flexible` (the last number), `math` (math-verify: the
+response's answer equals the ground truth as mathematics) and `exact_match`.
+Your own: "package.module:function" or "path/to/file.py:function" (the file
+is imported by path, no PYTHONPATH needed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+Scorer = Callable[..., float]
+
+# verl's gsm8k.py: only the tail of a response is searched
+_GSM8K_CLIP_CHARS = 300
+_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+_NUMBER = re.compile(r"(\-?[0-9\.\,]+)")
+
+DATA_SOURCES = {"openai/gsm8k": "gsm8k", "gsm8k": "gsm8k", "math": "math", "lighteval/MATH": "math",
+                "DigitalLearningGmbH/MATH-lighteval": "math", "HuggingFaceH4/MATH-500": "math"}
+
+
+def extract_gsm8k(solution_str: str, method: str = "strict") -> str | None:
+    """The answer of a GSM8K response: the last `#### n` (strict) or the last number (flexible)."""
+    text = solution_str[-_GSM8K_CLIP_CHARS:]
+    if method == "strict":
+        found = _STRICT.findall(text)
+        return found[-1].replace(",", "").replace("$", "") if found else None
+    for answer in reversed(_NUMBER.findall(text)):
+        if answer not in ("", "."):
+            return answer
+    return None
+
+
+def gsm8k(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None,
+          method: str = "strict") -> float:
+    return 1.0 if extract_gsm8k(solution_str, method) == ground_truth else 0.0
+
+
+def gsm8k_flexible(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
+    return gsm8k(data_source, solution_str, ground_truth, extra_info, method="flexible")
+
+
+def math(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        raise ValueError("data.reward: the 'math' scorer needs math-verify: pip install 'flowrl[data]'") from None
+    gold = parse(ground_truth if "\\boxed" in ground_truth else f"\\boxed{{{ground_truth}}}")
+    answer = parse(solution_str)
+    return 1.0 if gold and answer and verify(gold, answer) else 0.0
+
+
+def exact_match(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
+    return 1.0 if solution_str.strip() == str(ground_truth).strip() else 0.0
+
+
+BUILT_IN: dict[str, Scorer] = {"gsm8k": gsm8k, "gsm8k_flexible": gsm8k_flexible, "math": math,
+                               "exact_match": exact_match}
+
+
+def scorer_name(data_source: str, reward: str) -> str | None:
+    """The scorer for a row: `reward` unless it is "auto", else the built-in one for its data_source."""
+    return DATA_SOURCES.get(data_source) if reward == "auto" else reward
+
+
+_LOADED: dict[str, Scorer] = {}
+
+
+def resolve(spec: str) -> Scorer:
+    """A built-in name, "module:function" or "file.py:function"; ValueError naming data.reward otherwise."""
+    if spec in BUILT_IN:
+        return BUILT_IN[spec]
+    if spec not in _LOADED:
+        _LOADED[spec] = _load(spec)
+    return _LOADED[spec]
+
+
+def _load(spec: str) -> Scorer:
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise ValueError(f"data.reward: unknown scorer {spec!r}; built in: {sorted(BUILT_IN)}, "
+                         f"or 'module:function', or 'file.py:function'")
+    try:
+        module = _import_file(target) if target.endswith(".py") else importlib.import_module(target)
+        fn = getattr(module, attr)
+    except (ImportError, AttributeError, OSError, SyntaxError) as err:
+        raise ValueError(f"data.reward: cannot load {spec!r}: {type(err).__name__}: {err}") from None
+    if not callable(fn):
+        raise ValueError(f"data.reward: {spec!r} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def _import_file(path: str) -> Any:
+    file = Path(path).resolve()
+    if not file.is_file():
+        raise ImportError(f"no file {str(file)!r}")
+    name = "flowrl_scorer_" + hashlib.sha1(str(file).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

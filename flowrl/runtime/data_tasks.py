@@ -1,0 +1,51 @@
+"""The run's task from its config: data.train_files (a DatasetTask) or task.name, and its validation rows."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from flowrl.config import RunConfig
+from flowrl.data.dataset import DatasetTask, load_rows
+from flowrl.data.prompts import encode_prompt
+from flowrl.data.scoring_pool import ScoringPool
+from flowrl.data.tasks import make_task
+
+
+def run_task(cfg: RunConfig) -> Any:
+    """A DatasetTask over data.train_files (its `val` over data.val_files, or None), else task.name's task."""
+    d = cfg.data
+    if not d.train_files:
+        for key in ("val_files", "max_prompt_length"):
+            if getattr(d, key):
+                warnings.warn(f"data.{key} has no effect: data.train_files is empty", stacklevel=2)
+        return make_task(cfg.task.name, cfg.task.max_operand)
+    if cfg.task.name != "arithmetic":
+        warnings.warn("task.name has no effect: data.train_files is set", stacklevel=2)
+    pool = ScoringPool(d.reward_workers, d.reward_timeout_s)
+    options = dict(reward=d.reward, chat_template=cfg.task.chat_template, pool=pool)
+    task = DatasetTask(load_rows(d.train_files, "data.train_files"), shuffle=d.shuffle, **options)
+    task.val = DatasetTask(load_rows(d.val_files, "data.val_files"), shuffle=False, **options) if d.val_files else None
+    if task.val is not None:  # the tiny model's alphabet covers the validation rows too
+        task.extra_chars = task.val.chars
+    return task
+
+
+def fit_prompts(cfg: RunConfig, tokenizer: Any, task: Any) -> None:
+    """Apply data.max_prompt_length to a DatasetTask's rows (and its validation rows) with the run's tokenizer."""
+    limit = cfg.data.max_prompt_length
+    if not isinstance(task, DatasetTask) or limit is None:
+        return
+    for t in (task, task.val):
+        if t is not None:
+            t.limit_prompt_length(lambda p: encode_prompt(tokenizer, p, cfg.task.chat_template), limit,
+                                  cfg.data.truncation)
+
+
+def eval_task(task: Any, prompts_per_rank: int, world: int) -> tuple[Any, int]:
+    """The task the evaluation draws its fixed prompts from, and how many per rank (the validation rows,
+    each once, when there are any)."""
+    val = task.val if isinstance(task, DatasetTask) else None
+    if val is None:
+        return task, prompts_per_rank
+    return val, max(1, min(prompts_per_rank, len(val) // world))
