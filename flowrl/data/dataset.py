@@ -36,7 +36,10 @@ def load_rows(files: list[str], field: str) -> list[dict[str, Any]]:
 
 
 def _read(name: str, field: str) -> Any:
-    import datasets
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(f"{field}: reading data sets needs the `datasets` package: pip install 'flowrl[data]'") from None
 
     path = Path(name)
     datasets.disable_progress_bars()

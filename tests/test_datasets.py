@@ -1,0 +1,119 @@
+"""Data sets in verl's schema: loading, shuffled epochs, resume, prompt-length limits, a short training run."""
+
+import json
+import logging
+
+import datasets
+import pytest
+
+from flowrl.config import load_run_config
+from flowrl.data import PromptStream
+from flowrl.data.dataset import DatasetTask, load_rows
+from flowrl.data.scoring_pool import ScoringPool
+from flowrl.runtime.data_tasks import run_task
+from flowrl.runtime.trainer import train
+from fakes import FakeTokenizer
+
+
+def row(i, prompt=None, source="exact", truth=None):
+    return {"data_source": source, "prompt": prompt or [{"role": "user", "content": f"{i}+0="}],
+            "ability": "math", "reward_model": {"style": "rule", "ground_truth": truth or str(i)},
+            "extra_info": {"index": i}}
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_parquet_jsonl_and_saved_folder_give_the_same_rows(tmp_path):
+    rows = [row(i) for i in range(3)]
+    datasets.Dataset.from_list(rows).to_parquet(tmp_path / "d.parquet")
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    files = [str(tmp_path / "d.parquet"), write_jsonl(tmp_path / "d.jsonl", rows), str(tmp_path / "saved")]
+    loaded = [load_rows([f], "data.train_files") for f in files]
+    assert all([r["ground_truth"] for r in got] == ["0", "1", "2"] for got in loaded)
+    assert all(got[1]["prompt"] == [{"role": "user", "content": "1+0="}] for got in loaded)
+    assert loaded[1][2]["where"] == f"{files[1]} row 2" and json.loads(loaded[0][2]["extra_info"]) == {"index": 2}
+    both = load_rows(files[:2], "data.train_files")
+    assert len(both) == 6
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"prompt": "x", "reward_model": {"ground_truth": "1"}}, r"d.jsonl row 1: missing 'data_source'"),
+    ({"data_source": "s", "prompt": "x", "reward_model": {"style": "rule"}}, r"d.jsonl row 1: 'reward_model' must"),
+    ({"data_source": "s", "prompt": [{"role": "user"}], "reward_model": {"ground_truth": "1"}},
+     r"d.jsonl row 1: 'prompt' must be a string or a list of chat messages"),
+])
+def test_a_bad_row_is_named(tmp_path, bad, message):
+    good = {"data_source": "s", "prompt": "x", "reward_model": {"ground_truth": "1"}}
+    path = write_jsonl(tmp_path / "d.jsonl", [good, bad])
+    with pytest.raises(ValueError, match=message):
+        load_rows([path], "data.train_files")
+
+
+def test_missing_and_foreign_files_are_named(tmp_path):
+    with pytest.raises(ValueError, match=r"data.val_files: no such file or folder '.*nope.parquet'"):
+        load_rows([str(tmp_path / "nope.parquet")], "data.val_files")
+    (tmp_path / "d.csv").write_text("a,b\n")
+    with pytest.raises(ValueError, match=r"is not .parquet, .jsonl or a saved datasets folder"):
+        load_rows([str(tmp_path / "d.csv")], "data.train_files")
+
+
+def task_of(n, **kw):
+    rows = [{"prompt": f"{i}+0=", "data_source": "exact", "ground_truth": str(i), "extra_info": "null",
+             "where": f"d row {i}"} for i in range(n)]
+    return DatasetTask(rows, reward="exact_match", pool=ScoringPool(0), **kw)
+
+
+def test_epochs_shuffle_by_seed_and_a_resumed_stream_continues_at_the_same_row():
+    task = task_of(5)
+    epoch0 = [task.example(seed=3, index=i)[1]["ground_truth"] for i in range(5)]
+    epoch1 = [task.example(seed=3, index=i)[1]["ground_truth"] for i in range(5, 10)]
+    assert sorted(epoch0) == sorted(epoch1) == ["0", "1", "2", "3", "4"]  # each epoch visits every row once
+    assert epoch0 != epoch1 and epoch0 != [task.example(seed=4, index=i)[1]["ground_truth"] for i in range(5)]
+    assert task.position(3, 7) == (1, int(epoch1[2]))
+    assert [task_of(5, shuffle=False).example(0, i)[1]["ground_truth"] for i in range(6)] == list("012340")
+    stream = PromptStream(task, FakeTokenizer(), batch_size=3, seed=3)
+    next(stream), next(stream)
+    state, expected = stream.state(), next(stream)
+    resumed = PromptStream(task_of(5), FakeTokenizer(), batch_size=3, seed=3)
+    resumed.restore(state)
+    got = next(resumed)
+    assert got["uid"].tolist() == [6, 7, 8] and list(got["ground_truth"]) == list(expected["ground_truth"])
+    assert list(got["ground_truth"]) == epoch1[1:4]
+
+
+def test_over_long_prompts_are_dropped_with_a_count_or_refused_naming_the_row(caplog):
+    rows = [{"prompt": "1" * n, "data_source": "exact", "ground_truth": "1", "extra_info": "null",
+             "where": f"d.parquet row {i}"} for i, n in enumerate([3, 9, 4, 12])]
+    task = DatasetTask(list(rows), reward="exact_match", pool=ScoringPool(0))
+    with caplog.at_level(logging.WARNING):
+        assert task.limit_prompt_length(list, 4) == 2
+    assert [r["where"] for r in task.rows] == ["d.parquet row 0", "d.parquet row 2"]
+    assert "dropped 2 of 4 prompts longer than data.max_prompt_length=4" in caplog.text
+    strict = DatasetTask(list(rows), reward="exact_match", pool=ScoringPool(0))
+    with pytest.raises(ValueError, match=r"data.max_prompt_length: d.parquet row 1 has a 9-token prompt, above 4"):
+        strict.limit_prompt_length(list, 4, truncation="error")
+
+
+def test_rows_without_a_scorer_fail_at_load(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [row(0, source="my/source")])
+    with pytest.raises(ValueError, match=r"d.jsonl row 0 has data_source 'my/source', which no built-in scorer"):
+        run_task(load_run_config(None, [f"data.train_files={path}"]))
+    with pytest.raises(ValueError, match=r"data.reward: unknown scorer 'nonsense'"):
+        run_task(load_run_config(None, [f"data.train_files={path}", "data.reward=nonsense"]))
+
+
+def test_training_on_a_data_set_with_validation_rows(tmp_path):
+    train_rows = [row(i, prompt=f"{i}+{j}=", truth=str(i + j)) for i in range(4) for j in range(4)]
+    train_rows.append(row(99, prompt="1+1+1+1+1+1+1+1+1+1=", truth="10"))  # 20 tokens: dropped
+    val_rows = [row(i, prompt=f"{i}+1=", truth=str(i + 1)) for i in range(3)]
+    cfg = load_run_config(None, [f"train.output_dir={tmp_path / 'out'}", "train.steps=2", "train.batch_size=4",
+                                 "train.eval_every=1", "algo.group_size=2", "rollout.max_new_tokens=3",
+                                 f"data.train_files={write_jsonl(tmp_path / 't.jsonl', train_rows)}",
+                                 f"data.val_files={write_jsonl(tmp_path / 'v.jsonl', val_rows)}",
+                                 "data.reward=exact_match", "data.max_prompt_length=8", "data.reward_workers=2"])
+    history = train(cfg, progress=False)
+    assert [r["step"] for r in history] == [1, 2]
+    assert all(0.0 <= r["reward/mean"] <= 1.0 and "eval/reward/mean" in r for r in history)
