@@ -19,8 +19,6 @@ from typing import Any, Callable
 
 Scorer = Callable[..., float]
 
-# verl's gsm8k.py: only the tail of a response is searched
-_GSM8K_CLIP_CHARS = 300
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 _NUMBER = re.compile(r"(\-?[0-9\.\,]+)")
 
@@ -29,15 +27,14 @@ DATA_SOURCES = {"openai/gsm8k": "gsm8k", "gsm8k": "gsm8k", "math": "math", "ligh
 
 
 def extract_gsm8k(solution_str: str, method: str = "strict") -> str | None:
-    """The answer of a GSM8K response: the last `#### n` (strict) or the last number (flexible)."""
-    text = solution_str[-_GSM8K_CLIP_CHARS:]
+    """The answer of a GSM8K response, as verl's gsm8k.py extracts it: the last `#### n` with commas removed
+    (strict), or the last number-like run that is not a lone "." (flexible, commas kept)."""
     if method == "strict":
-        found = _STRICT.findall(text)
+        found = _STRICT.findall(solution_str)
         return found[-1].replace(",", "").replace("$", "") if found else None
-    for answer in reversed(_NUMBER.findall(text)):
-        if answer not in ("", "."):
-            return answer
-    return None
+    found = _NUMBER.findall(solution_str)
+    valid = [answer for answer in found if answer not in ("", ".")]
+    return valid[-1] if valid else (found[0] if found else None)
 
 
 def gsm8k(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None,
