@@ -34,6 +34,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="show the full traceback of an error")
     show = sub.add_parser("config", help="print every config field with its default and description")
     show.add_argument("algorithm", nargs="?", help="also print this algorithm's algo.* options")
+    data = sub.add_parser("data", help="convert a raw GSM8K or MATH file into verl's data set schema")
+    data.add_argument("kind", choices=["gsm8k", "math"])
+    data.add_argument("--input", required=True, help="the raw rows: .parquet, .jsonl or a saved datasets folder")
+    data.add_argument("--output", required=True, help="the converted rows: .parquet or .jsonl")
+    data.add_argument("--split", default="train", help="recorded in extra_info.split")
     return parser
 
 
@@ -65,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "config":
         print_config(args.algorithm)
         return 0
+    if args.command == "data":
+        from flowrl.data import prepare
+
+        return prepare.main(args)
     trainer.resolve_algorithm(args.algorithm)  # imports it first: the roles it registers may be placed
     cfg = config_from_args(args)
     if args.command == "plan":

@@ -28,14 +28,15 @@ def load_rows(files: list[str], field: str) -> list[dict[str, Any]]:
     """Every file's rows, checked against the schema; ValueError naming the field, file and row."""
     rows = []
     for name in files:
-        for index, raw in enumerate(_read(name, field)):
+        for index, raw in enumerate(read_table(name, field)):
             rows.append(_normalize(raw, f"{field}: {name} row {index}"))
     if not rows:
         raise ValueError(f"{field}: no rows in {files}")
     return rows
 
 
-def _read(name: str, field: str) -> Any:
+def read_table(name: str, field: str) -> Any:
+    """The rows of a .parquet, .jsonl or saved `datasets` folder, as a datasets.Dataset."""
     try:
         import datasets
     except ImportError:
