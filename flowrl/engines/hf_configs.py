@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing, checkpoint_wrapper)
 
@@ -14,6 +14,7 @@ from flowrl.engines.hf_models import load_causal_lm, load_value_model
 from flowrl.engines.hf_rollout import HFRolloutEngine
 from flowrl.engines.hf_static import StaticCacheRolloutEngine
 from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.lr_schedules import check_schedule
 from flowrl.engines.protocols import TrainEngine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -25,6 +26,10 @@ class HFTrainConfig(TrainEngineConfig):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
     warmup_steps: int = Field(0, ge=0, description="Linear LR warmup, in optimizer steps.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="After the warmup: "
+                                                                "constant LR, or linear or cosine decay to 0.")
+    lr_decay_steps: int = Field(0, ge=0, description="Optimizer steps (warmup included) at which a linear or "
+                                                      "cosine schedule reaches 0.")
     logprob_chunk_tokens: int = Field(4096, ge=0, description="Log-probabilities from the lm_head this many "
                                                               "tokens at a time, never the full fp32 logits "
                                                               "(0: full logits).")
@@ -43,7 +48,13 @@ class HFTrainConfig(TrainEngineConfig):
             for layer in model.get_decoder().layers:
                 layer.compile()
         return HFTrainEngine(model, kind=head, lr=self.lr, weight_decay=self.weight_decay, grad_clip=self.grad_clip,
-                             warmup_steps=self.warmup_steps, device=device, **chunk)
+                             warmup_steps=self.warmup_steps, device=device, lr_schedule=self.lr_schedule,
+                             lr_decay_steps=self.lr_decay_steps, **chunk)
+
+    @model_validator(mode="after")
+    def _decays(self) -> "HFTrainConfig":
+        check_schedule(self.lr_schedule, self.warmup_steps, self.lr_decay_steps)
+        return self
 
 
 class HFRolloutConfig(RolloutEngineConfig):

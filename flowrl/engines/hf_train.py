@@ -13,6 +13,7 @@ is the gradient of the loss on the whole mini-batch, however it is split.
 
 from __future__ import annotations
 
+import functools
 import math
 import pathlib
 from typing import Literal
@@ -28,6 +29,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from flowrl.engines.logprobs import full_logits_logprobs, token_logprobs
+from flowrl.engines.lr_schedules import check_schedule, lr_factor
 from flowrl.engines.protocols import LossFn
 from flowrl.engines.hf_models import atomic_dir
 
@@ -44,7 +46,8 @@ class HFTrainEngine:
     def __init__(self, model: torch.nn.Module, *, kind: Literal["actor", "critic", "reward"], lr: float = 1e-6,
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  grad_clip: float = 1.0, warmup_steps: int = 0, device: str | torch.device = "cpu",
-                 by_length: bool = True, logprob_chunk_tokens: int = 0):
+                 by_length: bool = True, logprob_chunk_tokens: int = 0, lr_schedule: str = "constant",
+                 lr_decay_steps: int = 0):
         """by_length: group rows of similar length into micro-batches (and trim their padding); False keeps
         the batch's row order, as fixed-width micro-batches of verl without dynamic batch size do.
         logprob_chunk_tokens: compute actor logprobs `chunk` tokens at a time from the hidden states
@@ -64,8 +67,9 @@ class HFTrainEngine:
         self.hyperparameters = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, eps=eps,
                                            weight_decay=weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0)
+        check_schedule(lr_schedule, warmup_steps, lr_decay_steps)  # then decay (flowrl.engines.lr_schedules)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(
+            lr_factor, warmup_steps=warmup_steps, schedule=lr_schedule, decay_steps=lr_decay_steps))
 
     @torch.no_grad()
     def forward(self, batch: TensorDict, *, temperature: float = 1.0, micro_batch_size: int = 8,
