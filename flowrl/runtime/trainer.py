@@ -93,6 +93,7 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     plan = make_plan(cfg, algo, task, world)
     warn_no_effect(cfg, plan.roles)
     found = resume.find(cfg)  # before any model is built: a refused resume changes nothing on disk
+    _check_writable(Path(cfg.train.output_dir))
     _seed(cfg.train.seed)
     transformers.utils.logging.disable_progress_bar()
     path = model_path(cfg, task) if rank == 0 else None
@@ -147,8 +148,9 @@ def _loop(s: Session, progress: bool, on_step: OnStep | None) -> list[dict[str, 
     cfg = s.cfg
     if s.main:
         _truncate_jsonl(s.out / "metrics.jsonl", s.start)
+    # disable=None: a bar on a terminal only, so logs written to a file hold the step lines, not bar fragments
     bar = tqdm(range(s.start, cfg.train.steps), initial=s.start, total=cfg.train.steps,
-               disable=not (progress and s.main), desc=s.algo.name, dynamic_ncols=True)
+               disable=None if progress and s.main else True, desc=s.algo.name, dynamic_ncols=True)
     if s.start == 0 and s.evaluate is not None:
         _log(s, bar, {**_evaluate(s, 0), "step": 0}, progress)
     history: list[dict[str, float]] = []
@@ -162,18 +164,23 @@ def _loop(s: Session, progress: bool, on_step: OnStep | None) -> list[dict[str, 
         _log(s, bar, logged, progress)
         if on_step is not None:
             on_step(step + 1, logged)
+        if cfg.train.export and step + 1 == cfg.train.steps:
+            _export(s)  # before the last checkpoint: a run killed in between redoes the last step and exports
         if _due(cfg, step + 1):
             checkpoint.save(s.out / "checkpoints", step + 1, s.executor.train_engines(),
                             {"stream": s.stream.state(), "versions": s.executor.versions,
                              "config": cfg.model_dump(mode="json")},
                             keep=cfg.train.keep_checkpoints, is_main=s.main)
             distributed.barrier()
-    exported = s.executor.plan.exported()
-    if cfg.train.export and history:
-        for role in exported:  # final/, or final/<role> when several roles are exported
-            path = s.out / "final" if len(exported) == 1 else s.out / "final" / role
-            s.executor.save_pretrained(role, str(path), load_tokenizer(s.model_path))
     return history
+
+
+def _export(s: Session) -> None:
+    """The exported roles' models as Hugging Face folders: final/, or final/<role> when several are."""
+    exported = s.executor.plan.exported()
+    for role in exported:
+        path = s.out / "final" if len(exported) == 1 else s.out / "final" / role
+        s.executor.save_pretrained(role, str(path), load_tokenizer(s.model_path))
 
 
 def _evaluate(s: Session, step: int) -> dict[str, float]:
@@ -207,6 +214,17 @@ def _log(s: Session, bar: tqdm, logged: dict[str, float], progress: bool) -> Non
 def _due(cfg: RunConfig, step: int) -> bool:
     every = cfg.train.save_every
     return step == cfg.train.steps or (every > 0 and step % every == 0)
+
+
+def _check_writable(folder: Path) -> None:
+    """The output folder exists or can be made, and takes files: checked before any model is built."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".flowrl_write_check"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"train.output_dir {str(folder)!r}: cannot write there ({err.strerror or err})") from None
 
 
 def _seed(seed: int) -> None:

@@ -1,0 +1,125 @@
+"""Nothing lost, every failure named: resume checks, damaged checkpoints, a full disk, CLI errors."""
+
+import errno
+import json
+import subprocess
+import sys
+
+import pytest
+
+from flowrl.config import load_run_config
+from flowrl.runtime import checkpoint
+from flowrl.runtime.resume import RunFinished
+from flowrl.runtime.trainer import train
+
+FAST = ["train.eval_every=0", "train.export=false", "train.batch_size=8"]
+
+
+def config(path, *overrides):
+    return load_run_config(None, [f"train.output_dir={path}", *FAST, *overrides])
+
+
+def cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "flowrl", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=600)
+
+
+def test_a_finished_run_says_so_and_a_longer_one_resumes(tmp_path, capsys):
+    train(config(tmp_path, "train.steps=2"), progress=False)
+    with pytest.raises(RunFinished, match=r"holds a finished run \(step 2 of train.steps=2\)"):
+        train(config(tmp_path, "train.steps=2"), progress=False)
+    capsys.readouterr()
+    more = train(config(tmp_path, "train.steps=3"), progress=False)
+    assert [row["step"] for row in more] == [3]
+    assert f"resumed from step 2 ({tmp_path / 'checkpoints' / 'step_000002'})" in capsys.readouterr().err
+    done = cli("train", "grpo", "--steps", "3", "--output-dir", str(tmp_path), *sum((["--set", o] for o in FAST), []),
+               cwd=tmp_path)
+    assert done.returncode == 3 and done.stderr.strip().count("\n") == 0 and "finished run" in done.stderr
+
+
+def test_changed_settings_are_listed_and_a_new_lr_applies(tmp_path, capsys):
+    train(config(tmp_path, "train.steps=2"), progress=False)
+    rows = train(config(tmp_path, "train.steps=3", "actor.lr=0.001", "algo.kl_coef=0.01"), progress=False)
+    assert rows[0]["actor/lr"] == pytest.approx(0.001)  # the checkpoint's optimizer had 0.002
+    err = capsys.readouterr().err
+    assert "resuming with changed settings: actor.lr 0.002 -> 0.001, algo" in err
+
+
+def test_settings_a_checkpoint_fixes_are_refused_by_name(tmp_path):
+    train(config(tmp_path, "train.steps=2"), progress=False)
+    recipe = (tmp_path / "tiny-model" / "flowrl_tiny.json").read_text()
+    with pytest.raises(ValueError, match=r"model.tiny_hidden_size: the checkpoint .* was made with 64, not 32"):
+        train(config(tmp_path, "train.steps=3", "model.tiny_hidden_size=32"), progress=False)
+    assert (tmp_path / "tiny-model" / "flowrl_tiny.json").read_text() == recipe  # the built model is untouched
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_an_intact_one(tmp_path):
+    train(config(tmp_path, "train.steps=4", "train.save_every=2"), progress=False)
+    engine = tmp_path / "checkpoints" / "step_000004" / "actor" / "engine.pt"
+    engine.write_bytes(engine.read_bytes()[:100])  # truncated
+    with pytest.warns(UserWarning, match=r"step_000004 is damaged \(actor/engine.pt has 100 bytes"):
+        rows = train(config(tmp_path, "train.steps=5", "train.save_every=2"), progress=False)
+    assert [row["step"] for row in rows] == [3, 4, 5]
+    assert checkpoint.damage(tmp_path / "checkpoints" / "step_000004") is None  # rewritten whole by the rerun
+
+
+def test_a_pointer_to_a_missing_checkpoint_keeps_history(tmp_path):
+    train(config(tmp_path, "train.steps=4", "train.save_every=2"), progress=False)
+    (tmp_path / "checkpoints" / "latest").write_text("step_000099")
+    with pytest.warns(UserWarning, match="names 'step_000099', which does not exist"):
+        rows = train(config(tmp_path, "train.steps=5"), progress=False)
+    assert [row["step"] for row in rows] == [5]
+    logged = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3, 4, 5]
+
+
+def test_no_intact_checkpoint_is_an_error_and_deletes_nothing(tmp_path):
+    train(config(tmp_path, "train.steps=2"), progress=False)
+    (tmp_path / "checkpoints" / "step_000002" / "state.json").write_text("{}")
+    with pytest.raises(ValueError, match="no intact checkpoint among"), pytest.warns(UserWarning):
+        train(config(tmp_path, "train.steps=3"), progress=False)
+    assert (tmp_path / "checkpoints" / "step_000002" / "state.json").exists()
+
+
+def test_a_full_disk_is_named_and_the_previous_checkpoint_survives(tmp_path, monkeypatch):
+    from fakes import FakeTrainEngine
+
+    checkpoint.save(tmp_path, 1, {"actor": FakeTrainEngine()}, {"x": 1})
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "_write_atomic", full)
+    with pytest.raises(checkpoint.CheckpointError, match=r"step_000002: could not be written \(the disk is full\)"):
+        checkpoint.save(tmp_path, 2, {"actor": FakeTrainEngine()}, {"x": 2})
+    monkeypatch.undo()
+    assert checkpoint.latest(tmp_path).name == "step_000001" and not list(tmp_path.glob(".tmp_*"))
+
+
+def test_a_restart_from_scratch_logs_each_step_once(tmp_path):
+    train(config(tmp_path, "train.steps=2", "train.eval_every=1"), progress=False)
+    train(config(tmp_path, "train.steps=2", "train.eval_every=1", "train.resume=false"), progress=False)
+    logged = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [0, 1, 2]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", "missing.json"], "flowrl: error: --config missing.json: no such file"),
+    (["--config", "bad.json"], "flowrl: error: --config bad.json: not valid JSON: Expecting value"),
+    (["--config", "bad.yaml"], "flowrl: error: --config bad.yaml: not valid YAML"),
+    (["--config", "bad.toml"], "flowrl: error: --config bad.toml: not valid TOML"),
+    (["--set", "train.steps=true"], "flowrl: error: invalid config: train.steps: Input should be a valid integer"),
+    (["--set", "train.output_dir=/proc/flowrl"], "flowrl: error: train.output_dir '/proc/flowrl': cannot write"),
+])
+def test_cli_mistakes_end_in_one_line(tmp_path, args, message):
+    (tmp_path / "bad.json").write_text('{"train": ')
+    (tmp_path / "bad.yaml").write_text("train: [1\n")
+    (tmp_path / "bad.toml").write_text("[train\n")
+    done = cli("train", "grpo", *args, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith(message), done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    done = cli("--debug", "train", "grpo", "--config", "missing.json", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" in done.stderr and "no such file" in done.stderr
