@@ -83,3 +83,4 @@ ROLLOUT_ENGINES = RolloutEngineConfig.registry
 TRAIN_ENGINES.register("hf", "flowrl.engines.hf_configs:HFTrainConfig")
 ROLLOUT_ENGINES.register("hf", "flowrl.engines.hf_configs:HFRolloutConfig")
 ROLLOUT_ENGINES.register("hf_static", "flowrl.engines.hf_configs:HFStaticRolloutConfig")
+ROLLOUT_ENGINES.register("vllm", "flowrl.engines.vllm_rollout:VLLMRolloutConfig")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import pathlib
-from typing import Literal
+from typing import Iterator, Literal
 
 import torch
 import torch.distributed as dist
@@ -24,10 +24,9 @@ from tensordict import TensorDict
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from flowrl.engines.fsdp import full_tensors, shard_device, shard_model
 from flowrl.engines.logprobs import full_logits_logprobs, token_logprobs
 from flowrl.engines.lr_schedules import check_schedule, lr_factor
 from flowrl.engines.protocols import LossFn
@@ -58,10 +57,10 @@ class HFTrainEngine:
         self.grad_clip = grad_clip
         self.world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.sharded = self.world_size > 1
-        self.device = _shard_device(torch.device(device)) if self.sharded else torch.device(device)
+        self.device = shard_device(torch.device(device)) if self.sharded else torch.device(device)
         self.model = model
         if self.sharded:  # fully_shard moves each group to the device as it shards it: no full copy there
-            _fully_shard(self.model, self.device.type, self.world_size)
+            shard_model(self.model, self.device.type, self.world_size)
         else:
             self.model.to(self.device)
         self.hyperparameters = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
@@ -121,6 +120,11 @@ class HFTrainEngine:
         # cpu_offload=True would leave every rank but 0 with an empty dict; each rank needs the weights.
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         return {key: value.detach().cpu() for key, value in state.items()}
+
+    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each state-dict entry unsharded on this engine's device, one at a time (a streamed weight sync reads
+        these); collective when sharded, so every rank iterates them all."""
+        return full_tensors(self.model)
 
     def save(self, path: str) -> None:
         """Model, optimizer and scheduler state, gathered to rank 0 and written atomically to folder `path`."""
@@ -272,29 +276,6 @@ class HFTrainEngine:
         if extremes[0].item() != -extremes[1].item():
             raise ValueError(f"batch rows differ across ranks (max {extremes[0].item()}, "
                              f"min {-extremes[1].item()}); every rank must pass equally many rows")
-
-
-def _shard_device(device: torch.device) -> torch.device:
-    """FSDP2 places shards on the current device of the mesh's type; `device` must agree."""
-    if device.type == "cpu":
-        return device
-    current = torch.device(device.type, torch.get_device_module(device.type).current_device())
-    if device.index is not None and device != current:
-        raise ValueError(f"device {device} is not this rank's current {device.type} device ({current}); "
-                         f"call torch.{device.type}.set_device first")
-    return current
-
-
-def _fully_shard(model: torch.nn.Module, device_type: str, world_size: int) -> None:
-    try:
-        layers = model.model.layers
-    except AttributeError as error:
-        raise ValueError(f"FSDP2 sharding needs the decoder layers at model.model.layers, which "
-                         f"{type(model).__name__} lacks") from error
-    mesh = init_device_mesh(device_type, (world_size,))
-    for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
 
 
 def _trim_padding(mb: TensorDict) -> TensorDict:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 from tensordict import TensorDict
@@ -85,6 +85,10 @@ class TrainEngine(Protocol):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Unsharded parameters on CPU (collective when sharded)."""
+        ...
+
+    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each state-dict entry unsharded on the engine's device, one at a time (collective when sharded)."""
         ...
 
     def save(self, path: str) -> None: ...

