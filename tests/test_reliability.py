@@ -2,10 +2,12 @@
 
 import errno
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+from pathlib import Path
 
 from flowrl.config import load_run_config
 from flowrl.runtime import checkpoint
@@ -20,8 +22,9 @@ def config(path, *overrides):
 
 
 def cli(*args, cwd):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-m", "flowrl", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600)
+                          timeout=600, env=env)
 
 
 def test_a_finished_run_says_so_and_a_longer_one_resumes(tmp_path, capsys):
@@ -110,11 +113,23 @@ def test_a_restart_from_scratch_logs_each_step_once(tmp_path):
     (["--config", "bad.toml"], "flowrl: error: --config bad.toml: not valid TOML"),
     (["--set", "train.steps=true"], "flowrl: error: invalid config: train.steps: Input should be a valid integer"),
     (["--set", "train.output_dir=/proc/flowrl"], "flowrl: error: train.output_dir '/proc/flowrl': cannot write"),
+    (["--set", "task.name=no_such_module:Task"], "flowrl: error: task.name: cannot load 'no_such_module:Task': "
+                                                 "ModuleNotFoundError"),
+    (["--set", "task.name=broken_tasks:NoReward"], "flowrl: error: task.name 'broken_tasks:NoReward': the task "
+                                                   "has no 'reward'"),
+    (["--set", "task.name=broken_tasks:RaisingReward"], "flowrl: error: reward function RaisingReward.reward "
+                                                        "raised ZeroDivisionError: division by zero"),
+    (["--set", "task.name=broken_tasks:ForeignCharacters"], "flowrl: error: prompt 0 ('1+ä='): the tokenizer "
+                                                            "cannot encode it"),
+    (["--set", "model.path=garbage_model"], "flowrl: error: model_path 'garbage_model': config.json is not valid "
+                                            "JSON"),
 ])
 def test_cli_mistakes_end_in_one_line(tmp_path, args, message):
     (tmp_path / "bad.json").write_text('{"train": ')
     (tmp_path / "bad.yaml").write_text("train: [1\n")
     (tmp_path / "bad.toml").write_text("[train\n")
+    (tmp_path / "garbage_model").mkdir()
+    (tmp_path / "garbage_model" / "config.json").write_text("\x00garbage")
     done = cli("train", "grpo", *args, cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.startswith(message), done.stderr
     assert done.stderr.strip().count("\n") == 0 and "Traceback" not in done.stderr

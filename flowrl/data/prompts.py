@@ -32,9 +32,17 @@ class PromptStream(Iterator[TensorDict]):
         uids = [(start + i) * self.world_size + self.rank for i in range(self.batch_size)]
         self.next_index += self.batch_size
         examples = [self.task.example(self.seed, uid) for uid in uids]
-        ids = [self._encode(text) for text, _ in examples]
+        ids = [self._encode_row(uid, text) for uid, (text, _) in zip(uids, examples)]
         meta = {key: [m[key] for _, m in examples] for key in self.task.meta_keys}
         return prompt_batch(ids, self.tokenizer.pad_token_id, uids, meta)
+
+    def _encode_row(self, uid: int, prompt: str | list[dict[str, str]]) -> list[int]:
+        """The prompt's tokens; one line naming the row when the tokenizer cannot encode it."""
+        try:
+            return self._encode(prompt)
+        except Exception as err:  # tokenizers raise their own exception types
+            raise ValueError(f"prompt {uid} ({str(prompt)[:80]!r}): the tokenizer cannot encode it: "
+                             f"{' '.join(str(err).split())}") from None
 
     def _encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, self.chat_template)

@@ -34,6 +34,22 @@ def make_task(name: str, max_operand: int) -> Task:
         raise ValueError(f"task.name: unknown {name!r}; built in: ['arithmetic'], or 'module:attribute'")
     try:
         factory = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"task.name: cannot load {name!r}: {err}") from None
-    return factory()
+    except Exception as err:  # ImportError, AttributeError, or whatever the module raises as it imports
+        raise ValueError(f"task.name: cannot load {name!r}: {type(err).__name__}: {err}") from None
+    try:
+        task = factory()
+    except Exception as err:
+        raise ValueError(f"task.name: {name!r} raised {type(err).__name__} when called: {err}") from None
+    return check_task(task, f"task.name {name!r}")
+
+
+TASK_API = ("meta_keys", "chars", "example", "reward")
+
+
+def check_task(task: Task, where: str) -> Task:
+    """The task, if it has what a task needs; else one line naming what is missing."""
+    missing = [attr for attr in TASK_API if not hasattr(task, attr)]
+    if missing:
+        raise ValueError(f"{where}: the task has no {missing[0]!r}; a task needs meta_keys, chars, "
+                         f"example(seed, index) and reward(responses, meta)")
+    return task

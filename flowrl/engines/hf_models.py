@@ -7,6 +7,7 @@ a model hub, so a missing folder is a user mistake reported as ValueError.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import shutil
@@ -25,6 +26,13 @@ def check_model_path(path: str | os.PathLike) -> pathlib.Path:
         raise ValueError(f"model_path {str(folder)!r} does not exist or is not a folder")
     if not (folder / "config.json").is_file():
         raise ValueError(f"model_path {str(folder)!r} holds no config.json (not a Hugging Face checkpoint)")
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"model_path {str(folder)!r}: config.json is not valid JSON ({err})") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ValueError(f"model_path {str(folder)!r}: config.json has no model_type (not a Hugging Face model "
+                         f"config)")
     return folder
 
 

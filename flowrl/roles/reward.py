@@ -38,7 +38,13 @@ class Reward:
         """Scores each response into `key`; logs `<metric>/mean` (a baseline pass names its own metric)."""
         texts = decode_responses(self.tokenizer, batch)
         meta = [dict(zip(self.meta_keys, row)) for row in zip(*(column(batch, k) for k in self.meta_keys))]
-        scores = torch.tensor(self.fn(texts, meta or [{}] * len(texts)), dtype=torch.float32)
+        try:
+            raw = self.fn(texts, meta or [{}] * len(texts))
+        except Exception as err:  # the user's function: name it and the batch it failed on, in one line
+            name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
+            raise ValueError(f"reward function {name} raised {type(err).__name__}: {err} (scoring {len(texts)} "
+                             f"responses, the first {texts[0]!r})") from err
+        scores = torch.tensor(raw, dtype=torch.float32)
         if scores.shape != (len(texts),):
             raise ValueError(f"reward function returned {tuple(scores.shape)} scores for {len(texts)} responses")
         if not torch.isfinite(scores).all():

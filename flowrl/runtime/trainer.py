@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from flowrl.config import RunConfig, validate, warn_no_effect
 from flowrl.data.prompts import PromptStream
-from flowrl.data.tasks import Task, make_task
+from flowrl.data.tasks import Task, check_task, make_task
 from flowrl.engines.hf_models import load_tokenizer
 from flowrl.graph.algorithm import ALGORITHMS, Algorithm
 from flowrl.plan.placement import Placement
@@ -25,6 +25,7 @@ from flowrl.runtime.data_tasks import eval_task, fit_prompts, run_task
 from flowrl.runtime import checkpoint, distributed, resume
 from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan
 from flowrl.runtime.executor import Executor, LocalExecutor
+from flowrl.runtime.loggers import Loggers, open_loggers
 from flowrl.runtime.factory import RoleFactory, make_factory, model_path
 
 SHOWN = {"reward/mean": "reward", "eval/reward/mean": "eval", "actor/pg_loss": "pg_loss", "critic/vf_loss": "vf_loss",
@@ -72,6 +73,7 @@ class Session:
     model_path: Path
     start: int
     main: bool
+    loggers: Loggers | None = None  # train.loggers, opened on rank 0 when the loop starts
 
     @property
     def out(self) -> Path:
@@ -84,7 +86,7 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     `algo` and `task` override cfg.algorithm and cfg.task.name with objects (for use from Python).
     """
     algo = algo or resolve_algorithm(cfg.algorithm)
-    task = task or run_task(cfg)
+    task = check_task(task, "task") if task is not None else run_task(cfg)
     if cfg.train.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
     rank, world = distributed.setup(cfg.train.device)
@@ -142,6 +144,8 @@ def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
         return _loop(s, progress, on_step)
     finally:
         s.executor.close()
+        if s.loggers is not None:
+            s.loggers.close()
 
 
 def _loop(s: Session, progress: bool, on_step: OnStep | None) -> list[dict[str, float]]:
@@ -151,6 +155,9 @@ def _loop(s: Session, progress: bool, on_step: OnStep | None) -> list[dict[str, 
     # disable=None: a bar on a terminal only, so logs written to a file hold the step lines, not bar fragments
     bar = tqdm(range(s.start, cfg.train.steps), initial=s.start, total=cfg.train.steps,
                disable=None if progress and s.main else True, desc=s.algo.name, dynamic_ncols=True)
+    if s.main:
+        s.loggers = open_loggers(cfg.train.loggers, s.out, cfg.model_dump(mode="json"),
+                                 write=bar.write if progress else None, line=_format)
     if s.start == 0 and s.evaluate is not None:
         _log(s, bar, {**_evaluate(s, 0), "step": 0}, progress)
     history: list[dict[str, float]] = []
@@ -202,13 +209,11 @@ def _per_rank_config(cfg: RunConfig, world: int) -> RunConfig:
 
 
 def _log(s: Session, bar: tqdm, logged: dict[str, float], progress: bool) -> None:
-    """Rank 0 appends the row to metrics.jsonl, updates the bar and prints the step line."""
+    """Rank 0 hands the row to train.loggers (metrics.jsonl, the step line, ...) and updates the bar."""
     if not s.main:
         return
-    _append_jsonl(s.out / "metrics.jsonl", logged)
+    s.loggers.log(logged)
     bar.set_postfix({short: f"{logged[k]:.3g}" for k, short in SHOWN.items() if k in logged})
-    if progress:
-        bar.write(_format(logged))
 
 
 def _due(cfg: RunConfig, step: int) -> bool:

@@ -1,0 +1,20 @@
+"""Tasks with the mistakes a user makes, for the one-line error tests."""
+
+from flowrl.data.arithmetic import ArithmeticTask
+
+
+class NoReward:
+    meta_keys, chars = ("answer",), "0123456789+="
+
+    def example(self, seed, index):
+        return "1+1=", {"answer": "2"}
+
+
+class RaisingReward(ArithmeticTask):
+    def reward(self, responses, meta):
+        return [1 / 0 for _ in responses]
+
+
+class ForeignCharacters(ArithmeticTask):
+    def example(self, seed, index):
+        return "1+ä=", {"answer": "1"}
