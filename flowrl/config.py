@@ -57,6 +57,14 @@ class TrainConfig(Section):
                                               "rank, or one per torchrun rank); 'ray': one Ray actor per rank "
                                               "of each placement pool, started from this one process "
                                               "(needs the `ray` extra).")
+    loggers: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["console", "jsonl"], description="Where step metrics go: console (the step "
+        "line), jsonl (metrics.jsonl), tensorboard, wandb (offline), mlflow (local store); see flowrl.runtime.loggers.")
+
+    @field_validator("loggers", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        return [name.strip() for name in value.split(",")] if isinstance(value, str) else value
 
 
 class TaskConfig(Section):
