@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--no-progress", action="store_true", help="no progress bar or per-step lines")
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the full traceback of an error")
+    sub.choices["plan"].add_argument("--format", choices=("text", "mermaid", "dot"), default="text",
+                                     help="the plan as text, or as Mermaid or Graphviz DOT source")
     show = sub.add_parser("config", help="print every config field with its default and description")
     show.add_argument("algorithm", nargs="?", help="also print this algorithm's algo.* options")
     data = sub.add_parser("data", help="convert a raw GSM8K or MATH file into verl's data set schema")
@@ -79,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "plan":
         algo = trainer.resolve_algorithm(cfg.algorithm)
         task = trainer.run_task(cfg)
-        print(trainer.make_plan(cfg, algo, task).describe())
+        plan = trainer.make_plan(cfg, algo, task)
+        print({"text": plan.describe, "mermaid": plan.mermaid, "dot": plan.dot}[args.format]())
         return 0
     history = trainer.train(cfg, progress=not args.no_progress)
     if history and os.environ.get("RANK", "0") == "0":

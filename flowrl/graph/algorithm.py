@@ -21,6 +21,7 @@ import networkx as nx
 from pydantic import BaseModel, ConfigDict
 
 from flowrl.errors import GraphError
+from flowrl.graph import render
 from flowrl.graph.registry import Registry
 from flowrl.graph.role import ROLES, RoleHandle
 from flowrl.graph.trace import SymBatch, Tracer
@@ -86,6 +87,15 @@ class Algorithm:
 
     def __repr__(self) -> str:
         return f"Algorithm({self.name}, roles={self.roles})"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        """In Jupyter: the graph traced with the registered roles and the config's defaults, as a chart."""
+        graph, order = self.trace(self.input_fields())
+        return render.mimebundle(graph, order, self.name, repr(self))
+
+    def input_fields(self) -> set[str]:
+        """The prompt batch fields every run provides (tasks may add metadata columns)."""
+        return {"prompt_ids", "prompt_mask", "uid"}
 
 
 def algorithm(fn: Callable | None = None, *, config: type[BaseModel] = NoConfig):

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, replace
+from typing import Any
 
 import networkx as nx
 from pydantic import BaseModel
 
 from flowrl.errors import PlanError
+from flowrl.graph import render
 from flowrl.graph.algorithm import Algorithm
 from flowrl.graph.role import RoleSpec, role_spec
 from flowrl.graph.trace import SOURCE, Node, NodeKind, nodes_in_order
@@ -55,6 +57,15 @@ class Plan:
 
     def driver_roles(self) -> tuple[str, ...]:
         return tuple(r for r in self.roles if r not in self.pools)
+
+    def mermaid(self) -> str:
+        return render.mermaid(self.graph, [n.name for n in self.nodes], f"plan {self.algorithm}")
+
+    def dot(self) -> str:
+        return render.dot(self.graph, [n.name for n in self.nodes], f"plan {self.algorithm}")
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return render.mimebundle(self.graph, [n.name for n in self.nodes], f"plan {self.algorithm}", self.describe())
 
     def describe(self) -> str:
         lines = [f"plan {self.algorithm}:"]
