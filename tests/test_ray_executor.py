@@ -137,3 +137,14 @@ def test_a_user_role_runs_on_the_driver_and_in_a_pool_as_locally(tmp_path):
                        progress=False)
         for key in ("judge/mean", "combined/mean", "reward/mean", "actor/pg_loss"):
             assert [r[key] for r in remote] == pytest.approx([r[key] for r in local], abs=1e-6), (name, key)
+
+
+def test_the_reward_placed_in_a_pool_scores_there_as_on_the_driver(tmp_path):
+    common = ["task.name=fakes:ParityTask", "train.steps=2", "train.batch_size=4", "train.eval_every=0",
+              "train.export=false", "train.executor=ray"]
+    placed = ('placement={"pools": [{"name": "g", "roles": ["actor", "rollout", "ref"]}, '
+              '{"name": "r", "roles": ["reward"]}]}')
+    driver = train(config(tmp_path / "driver", *common), progress=False)
+    pooled = train(config(tmp_path / "pooled", *common, placed), progress=False)
+    for key in ("reward/mean", "actor/pg_loss"):
+        assert [r[key] for r in pooled] == pytest.approx([r[key] for r in driver], abs=1e-6), key
