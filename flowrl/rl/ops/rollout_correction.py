@@ -1,0 +1,166 @@
+"""Rollout correction: the sampler's and the trainer's logprobs disagree (kernels, precision).
+
+After verl's decoupled rollout correction (verl/trainer/ppo/rollout_corr_helper.py:
+compute_rollout_correction_weights, compute_rollout_rejection_mask,
+compute_offpolicy_metrics). Everything is a function of the per-token log ratio
+log rho_t = old_t - rollout_t, where old is the trainer's logprob of the sampled
+token (pi_old) and rollout the sampler's (pi_rollout); rho = pi_old / pi_rollout.
+
+Levels (a per-token log ratio, broadcast to every token of its row):
+- "token": log rho_t.
+- "sequence": sum_t log rho_t, the log of the sequence ratio prod_t rho_t.
+- "geometric": mean_t log rho_t, the log of the geometric mean of the rho_t.
+
+verl's IS weights take "token" and "sequence"; its ratio-bound rejection
+sampling took all three (rollout_rs="token"/"sequence"/"geometric", now
+"token_k1"/"seq_sum_k1"/"seq_mean_k1"); geometric IS weights are from verl's
+earlier mismatch_helper.py (rollout_is_level="geometric"). The log ratio is
+clamped to [-20, 20] before exp, as verl's SAFETY_BOUND. Padding inputs are
+replaced by 0 first, so garbage there reaches no result.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flowrl.rl.ops.masked import masked_mean, masked_sum, valid_mask
+
+LEVELS = ("token", "sequence", "geometric")
+SAFETY_BOUND = 20.0  # verl's clamp of log ratios before exp: exp(20) ~ 4.9e8
+
+
+def check_level(level: str, name: str = "level") -> None:
+    """ValueError naming `name` unless `level` is one of LEVELS."""
+    if level not in LEVELS:
+        raise ValueError(f"{name} must be one of {LEVELS}, got {level!r}")
+
+
+def log_ratio(old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch.Tensor,
+              mask_BT: torch.Tensor) -> torch.Tensor:
+    """log rho = old - rollout on valid tokens, 0 on padding.
+
+        old [-1, -2, 9], rollout [-1.5, -1, nan], mask [1, 1, 0] -> [.5, -1, 0]
+    """
+    valid_BT = valid_mask(mask_BT, old_logprobs_BT)
+    return torch.where(valid_BT, old_logprobs_BT - rollout_logprobs_BT, 0)
+
+
+def level_log_ratio(log_ratio_BT: torch.Tensor, mask_BT: torch.Tensor, level: str) -> torch.Tensor:
+    """The log ratio at `level` on every valid token of its row, 0 on padding.
+
+        log rho [[.5, -1, 0]], mask [[1, 1, 0]]: token [.5, -1, 0];
+        sequence .5 - 1 = -.5 -> [-.5, -.5, 0]; geometric -.5 / 2 -> [-.25, -.25, 0]
+    """
+    check_level(level)
+    valid_BT = valid_mask(mask_BT, log_ratio_BT)
+    if level == "token":
+        return torch.where(valid_BT, log_ratio_BT, 0)
+    reduce = masked_sum if level == "sequence" else masked_mean
+    row_B = reduce(log_ratio_BT, mask_BT, dim=-1).to(log_ratio_BT.dtype)
+    return torch.where(valid_BT, row_B.unsqueeze(-1), 0)
+
+
+def _ratio(level_log_ratio_BT: torch.Tensor) -> torch.Tensor:
+    return torch.exp(level_log_ratio_BT.clamp(min=-SAFETY_BOUND, max=SAFETY_BOUND))
+
+
+def check_is_threshold(threshold: float, name: str = "threshold") -> None:
+    """ValueError naming `name` unless the truncation threshold is > 0."""
+    if not threshold > 0:
+        raise ValueError(f"{name} must be > 0 (e.g. 2.0), got {threshold}")
+
+
+def check_bounds(upper: float, lower: float | None = None, upper_name: str = "upper",
+                 lower_name: str = "lower") -> None:
+    """ValueError naming the bound when one is <= 0, or when lower (1 / upper if None) exceeds upper."""
+    if not upper > 0:
+        raise ValueError(f"{upper_name} must be > 0 (e.g. 2.0), got {upper}")
+    if lower is not None and not lower > 0:
+        raise ValueError(f"{lower_name} must be > 0 or None (1 / {upper_name}), got {lower}")
+    if (1.0 / upper if lower is None else lower) > upper:
+        raise ValueError(f"{lower_name} (default 1 / {upper_name}) must be <= {upper_name}={upper}, got {lower}")
+
+
+@torch.no_grad()
+def truncated_is_weights(log_ratio_BT: torch.Tensor, mask_BT: torch.Tensor, level: str = "token",
+                         threshold: float = 2.0) -> torch.Tensor:
+    """Truncated importance sampling (TIS): min(exp(level log ratio), threshold), detached, 0 on padding.
+
+    verl's compute_rollout_correction_weights with a float threshold: the
+    weights multiply the per-token policy loss and carry no gradient.
+
+        log rho [ln 3, ln .5, 0], mask [1, 1, 0], token, threshold 2 -> [2, .5, 0]
+    """
+    check_is_threshold(threshold)
+    level_BT = level_log_ratio(log_ratio_BT, mask_BT, level)
+    weights_BT = _ratio(level_BT).clamp(max=threshold)
+    return torch.where(valid_mask(mask_BT, weights_BT), weights_BT, 0)
+
+
+@torch.no_grad()
+def rejection_keep_mask(log_ratio_BT: torch.Tensor, mask_BT: torch.Tensor, level: str = "token",
+                        upper: float = 2.0, lower: float | None = None) -> torch.Tensor:
+    """Rejection sampling (masked IS): valid tokens whose level ratio lies in [lower, upper].
+
+    verl's ratio-bound compute_rollout_rejection_mask: keep where
+    lower <= exp(level log ratio) <= upper, bounds included; `lower` defaults to
+    1 / upper. At "token" level single tokens are dropped, at "sequence" and
+    "geometric" whole rows. A bool tensor, False on padding.
+
+        log rho [ln 3, ln .6, ln .4], token, upper 2 (lower .5) -> [False, True, False]
+    """
+    check_bounds(upper, lower)
+    lower = 1.0 / upper if lower is None else lower
+    ratio_BT = _ratio(level_log_ratio(log_ratio_BT, mask_BT, level))
+    return (ratio_BT >= lower) & (ratio_BT <= upper) & valid_mask(mask_BT, ratio_BT)
+
+
+@torch.no_grad()
+def masked_fraction(keep_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
+    """Fraction of valid tokens that `keep_BT` drops (verl's rollout_rs_masked_fraction).
+
+        keep [1, 0, 0], mask [1, 1, 0] -> 1 of 2 valid tokens dropped = .5
+    """
+    dropped_BT = (~keep_BT.bool()).to(torch.float32)
+    return float(masked_mean(dropped_BT, mask_BT))
+
+
+@torch.no_grad()
+def mismatch_metrics(old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch.Tensor,
+                     mask_BT: torch.Tensor) -> dict[str, float]:
+    """How far the trainer's old logprobs are from the sampler's, over valid tokens.
+
+    - "kl": mean of rollout - old, the k1 estimate of KL(pi_rollout || pi_old)
+      on tokens sampled from pi_rollout (verl's rollout_corr/kl).
+    - "k3_kl": mean of rho - log rho - 1, the k3 estimate of the same KL
+      (verl's rollout_corr/k3_kl; log rho clamped to [-20, 20] here).
+    - "max_abs_diff": max |old - rollout| (0 without valid tokens).
+    """
+    valid_BT = valid_mask(mask_BT, old_logprobs_BT)
+    log_rho_BT = log_ratio(old_logprobs_BT, rollout_logprobs_BT, mask_BT)
+    safe_BT = log_rho_BT.clamp(min=-SAFETY_BOUND, max=SAFETY_BOUND)
+    k3_BT = torch.exp(safe_BT) - safe_BT - 1
+    abs_BT = torch.where(valid_BT, log_rho_BT.abs(), 0)
+    return {
+        "kl": float(masked_mean(-log_rho_BT, valid_BT)),
+        "k3_kl": float(masked_mean(k3_BT, valid_BT)),
+        "max_abs_diff": float(abs_BT.max()) if abs_BT.numel() else 0.0,
+    }
+
+
+@torch.no_grad()
+def is_weight_metrics(weights_BT: torch.Tensor, log_ratio_BT: torch.Tensor, mask_BT: torch.Tensor,
+                      level: str, threshold: float) -> dict[str, float]:
+    """"is_weight_mean": mean truncated weight over valid tokens (verl's rollout_is_mean);
+    "is_truncated_fraction": fraction of valid tokens whose level ratio exceeded `threshold`
+    (verl's rollout_is_ratio_fraction_high, per token at every level)."""
+    above_BT = _ratio(level_log_ratio(log_ratio_BT, mask_BT, level)) > threshold
+    return {
+        "is_weight_mean": float(masked_mean(weights_BT, mask_BT)),
+        "is_truncated_fraction": float(masked_mean(above_BT.to(torch.float32), mask_BT)),
+    }
+
+
+__all__ = ["LEVELS", "SAFETY_BOUND", "check_bounds", "check_is_threshold", "check_level", "is_weight_metrics",
+           "level_log_ratio", "log_ratio", "masked_fraction", "mismatch_metrics", "rejection_keep_mask",
+           "truncated_is_weights"]
