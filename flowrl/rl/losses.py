@@ -6,7 +6,9 @@ presets over it, not subclasses: GRPO is `clip_higher_loss(clip_low=0.2,
 clip_high=0.2)`, PPO the same with one clip value, DAPO the clip-higher
 default. Each term is aggregated with the same `loss_agg_mode`, and
 `weight(mb)` is the micro-batch's count in that mode's unit, so the engine
-can combine micro-batches into the exact mini-batch loss.
+can combine micro-batches into the exact mini-batch loss. Every policy loss
+takes `rollout_correction` (flowrl.rl.correction): verl's truncated IS and
+rejection against the sampler's logprobs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Callable
 import torch
 from tensordict import TensorDict
 
+from flowrl.rl.correction import RolloutCorrection
 from flowrl.rl.ops.aggregate import agg_loss, agg_weight, check_agg_mode
 from flowrl.rl.ops.kl import check_kl_kind, kl_penalty
 from flowrl.rl.ops.masked import valid_mask
@@ -50,10 +53,15 @@ class PolicyLoss:
     entropy_coef: weight of the entropy bonus; 0 = off and no entropy needed.
     norm_len: the constant length of "seq-mean-token-sum-norm" (the max
         response length); None = the micro-batch's T.
+    rollout_correction: None = off and "rollout_logprobs" is not read. Set,
+        the objective's per-token loss is multiplied by its truncated IS
+        weights, and tokens it rejects contribute to no term; they still count
+        in each mode's normaliser and in weight(mb), which stays the loss
+        mask's count (see docs/algorithms.md, rollout correction).
 
     Metrics: "pg_loss", "kl_loss" (when kl_coef > 0), "entropy" (when
     entropy_coef != 0), each the aggregated term before its coefficient,
-    plus the objective's own metrics.
+    plus the objective's own metrics and the correction's "rollout/*".
     """
 
     objective: Objective
@@ -62,6 +70,7 @@ class PolicyLoss:
     kl_kind: str = "k3"
     entropy_coef: float = 0.0
     norm_len: int | None = None
+    rollout_correction: RolloutCorrection | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.objective):
@@ -73,18 +82,31 @@ class PolicyLoss:
         if self.kl_coef == 0 and self.kl_kind != "k3":
             warnings.warn(f"kl_kind={self.kl_kind!r} has no effect with kl_coef=0", stacklevel=3)
         _check_norm_len(self.norm_len, self.loss_agg_mode)
+        if self.rollout_correction is not None and not isinstance(self.rollout_correction, RolloutCorrection):
+            raise ValueError(f"rollout_correction must be a RolloutCorrection or None, got {self.rollout_correction!r}")
 
     @property
     def reads(self) -> tuple[str, ...]:
         base = ("old_logprobs", "advantages", "loss_mask")
-        return base + ("ref_logprobs",) if self.kl_coef > 0 else base
+        base += ("ref_logprobs",) if self.kl_coef > 0 else ()
+        return base + ("rollout_logprobs",) if self.rollout_correction is not None else base
 
     @property
     def needs_entropy(self) -> bool:
         return self.entropy_coef != 0
 
-    def _agg(self, loss_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    def _agg(self, loss_BT: torch.Tensor, mask_BT: torch.Tensor, keep_BT: torch.Tensor | None = None) -> torch.Tensor:
+        """agg_loss over the loss mask; tokens outside `keep_BT` (rejected) add 0 but still count."""
+        if keep_BT is not None:
+            loss_BT = torch.where(keep_BT, loss_BT, 0)
         return agg_loss(loss_BT, mask_BT, self.loss_agg_mode, self.norm_len)
+
+    def _correct(self, mb: TensorDict,
+                 mask_BT: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
+        """(IS weights, keep mask, "rollout/*" metrics) of the rollout correction; (None, None, {}) when off."""
+        if self.rollout_correction is None:
+            return None, None, {}
+        return self.rollout_correction(mb["old_logprobs"], mb["rollout_logprobs"], mask_BT)
 
     def _kl_BT(self, logprobs_BT: torch.Tensor, mb: TensorDict, mask_BT: torch.Tensor) -> torch.Tensor:
         valid_BT = valid_mask(mask_BT, logprobs_BT)  # zero padding first: no NaN reaches backward
@@ -94,16 +116,19 @@ class PolicyLoss:
 
     def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
         mask_BT, logprobs_BT = mb["loss_mask"], out["logprobs"]
+        is_weights_BT, keep_BT, rollout_metrics = self._correct(mb, mask_BT)
         obj_BT, metrics = self.objective(logprobs_BT, mb["old_logprobs"], mb["advantages"], mask_BT)
-        pg_loss = self._agg(obj_BT, mask_BT)
+        if is_weights_BT is not None:
+            obj_BT = obj_BT * is_weights_BT
+        pg_loss = self._agg(obj_BT, mask_BT, keep_BT)
         loss = pg_loss
-        metrics = {**metrics, "pg_loss": float(pg_loss.detach())}
+        metrics = {**metrics, **rollout_metrics, "pg_loss": float(pg_loss.detach())}
         if self.kl_coef > 0:
-            kl_loss = self._agg(self._kl_BT(logprobs_BT, mb, mask_BT), mask_BT)
+            kl_loss = self._agg(self._kl_BT(logprobs_BT, mb, mask_BT), mask_BT, keep_BT)
             loss = loss + self.kl_coef * kl_loss
             metrics["kl_loss"] = float(kl_loss.detach())
         if self.needs_entropy:
-            entropy = self._agg(out["entropy"], mask_BT)
+            entropy = self._agg(out["entropy"], mask_BT, keep_BT)
             loss = loss - self.entropy_coef * entropy
             metrics["entropy"] = float(entropy.detach())
         return loss, metrics

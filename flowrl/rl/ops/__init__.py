@@ -7,8 +7,10 @@
 - policy_loss: ppo_clip, gspo, cispo, entropy_from_logits.
 - value_loss: clipped_value_loss.
 - rewards: token_rewards, overlong_penalty, kl_in_reward.
+- rollout_correction: truncated_is_weights, rejection_keep_mask, mismatch_metrics
+  (sampler vs trainer logprobs, after verl's rollout correction).
 """
 
-from flowrl.rl.ops import advantages, aggregate, kl, masked, policy_loss, rewards, value_loss
+from flowrl.rl.ops import advantages, aggregate, kl, masked, policy_loss, rewards, rollout_correction, value_loss
 
-__all__ = ["advantages", "aggregate", "kl", "masked", "policy_loss", "rewards", "value_loss"]
+__all__ = ["advantages", "aggregate", "kl", "masked", "policy_loss", "rewards", "rollout_correction", "value_loss"]

@@ -1,0 +1,121 @@
+"""Rollout correction as an option of every policy loss (verl's decoupled rollout correction).
+
+`RolloutCorrection` is what `PolicyLoss(rollout_correction=...)` evaluates per
+micro-batch from the trainer's old logprobs and the sampler's
+`rollout_logprobs` (ops.rollout_correction): truncated IS weights that multiply
+the policy-gradient loss, a rejection mask that drops tokens or whole rows,
+and the mismatch metrics. `RolloutCorrectionConfig` is the algorithms' nested
+`algo.rollout_correction.*` options; `build()` gives the loss option, or None
+when everything is off.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from flowrl.rl.ops import rollout_correction as rc
+
+Level = Literal["token", "sequence", "geometric"]
+PREFIX = "rollout/"  # metric names; the actor logs them as actor/rollout/<name>
+
+
+@dataclass(frozen=True)
+class RolloutCorrection:
+    """IS weights and / or rejection from rho = pi_old / pi_rollout; metrics always.
+
+    is_level: "token" | "sequence" | "geometric" (ops.rollout_correction) or
+        None; the policy loss per token is multiplied by the detached weight
+        min(rho_level, is_threshold) (verl's rollout_is, TIS).
+    rs_level: same levels or None; tokens (token level) or rows (sequence,
+        geometric) whose rho_level is outside [rs_threshold_lower, rs_threshold]
+        get no loss from any term (verl's rollout_rs with ratio bounds;
+        rs_threshold_lower None is 1 / rs_threshold, as verl).
+    Both None: only the metrics (rollout/kl, rollout/k3_kl, rollout/max_abs_diff,
+    rollout/masked_fraction); is_level adds rollout/is_weight_mean and
+    rollout/is_truncated_fraction.
+    """
+
+    is_level: str | None = "token"
+    is_threshold: float = 2.0
+    rs_level: str | None = None
+    rs_threshold: float = 2.0
+    rs_threshold_lower: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.is_level is not None:
+            rc.check_level(self.is_level, "is_level")
+        if self.rs_level is not None:
+            rc.check_level(self.rs_level, "rs_level")
+        rc.check_is_threshold(self.is_threshold, "is_threshold")
+        rc.check_bounds(self.rs_threshold, self.rs_threshold_lower, "rs_threshold", "rs_threshold_lower")
+        if self.is_level is None and self.is_threshold != 2.0:
+            warnings.warn(f"is_threshold={self.is_threshold} has no effect with is_level=None", stacklevel=3)
+        if self.rs_level is None and (self.rs_threshold != 2.0 or self.rs_threshold_lower is not None):
+            warnings.warn("rs_threshold / rs_threshold_lower have no effect with rs_level=None", stacklevel=3)
+
+    def __call__(self, old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch.Tensor,
+                 mask_BT: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
+        """(IS weights or None, keep mask or None, metrics with the "rollout/" prefix)."""
+        old_BT, rollout_BT = old_logprobs_BT.detach(), rollout_logprobs_BT.detach()
+        log_rho_BT = rc.log_ratio(old_BT, rollout_BT, mask_BT)
+        metrics = rc.mismatch_metrics(old_BT, rollout_BT, mask_BT)
+        weights_BT = keep_BT = None
+        if self.is_level is not None:
+            weights_BT = rc.truncated_is_weights(log_rho_BT, mask_BT, self.is_level, self.is_threshold)
+            metrics.update(rc.is_weight_metrics(weights_BT, log_rho_BT, mask_BT, self.is_level, self.is_threshold))
+        if self.rs_level is not None:
+            keep_BT = rc.rejection_keep_mask(log_rho_BT, mask_BT, self.rs_level, self.rs_threshold,
+                                             self.rs_threshold_lower)
+        metrics["masked_fraction"] = 0.0 if keep_BT is None else rc.masked_fraction(keep_BT, mask_BT)
+        return weights_BT, keep_BT, {PREFIX + key: value for key, value in metrics.items()}
+
+
+class RolloutCorrectionConfig(BaseModel):
+    """`algo.rollout_correction.*`: verl's algorithm.rollout_correction (decoupled mode) for any policy loss."""
+
+    model_config = ConfigDict(extra="forbid")
+    is_level: Literal["off", "token", "sequence", "geometric"] = Field(
+        "off", description="Truncated IS weight min(rho, is_threshold) on the policy loss, rho = pi_old / "
+                           "pi_rollout per token, per sequence (product) or geometric mean (verl's rollout_is).")
+    is_threshold: float = Field(2.0, gt=0, description="Truncation of the IS weight (verl's rollout_is_threshold).")
+    rs_level: Literal["off", "token", "sequence", "geometric"] = Field(
+        "off", description="Rejection: drop tokens (token) or responses (sequence, geometric) whose rho is "
+                           "outside [rs_threshold_lower, rs_threshold] (verl's rollout_rs).")
+    rs_threshold: float = Field(2.0, gt=0, description="Upper bound of rho for rejection "
+                                                       "(verl's rollout_rs_threshold).")
+    rs_threshold_lower: float | None = Field(None, gt=0, description="Lower bound of rho for rejection; "
+                                                                     "None is 1 / rs_threshold.")
+    log_mismatch: bool = Field(False, description="Log the sampler/trainer mismatch (actor/rollout/*) with both "
+                                             "corrections off; always logged when one is on.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RolloutCorrectionConfig":
+        lower = 1.0 / self.rs_threshold if self.rs_threshold_lower is None else self.rs_threshold_lower
+        if lower > self.rs_threshold:
+            raise ValueError(f"rs_threshold_lower (default 1 / rs_threshold) must be <= rs_threshold="
+                             f"{self.rs_threshold}, got {lower}")
+        unused = [name for name, off in (("is_threshold", self.is_level == "off"),
+                                         ("rs_threshold", self.rs_level == "off"),
+                                         ("rs_threshold_lower", self.rs_level == "off"),
+                                         ("log_mismatch", self.is_level != "off" or self.rs_level != "off"))
+                  if off and name in self.model_fields_set]
+        for name in unused:
+            warnings.warn(f"algo.rollout_correction.{name} has no effect with is_level={self.is_level!r}, "
+                          f"rs_level={self.rs_level!r}", stacklevel=2)
+        return self
+
+    def build(self) -> RolloutCorrection | None:
+        """The loss option; None (the loss unchanged) when both corrections and the metrics are off."""
+        if self.is_level == "off" and self.rs_level == "off" and not self.log_mismatch:
+            return None
+        is_on, rs_on = self.is_level != "off", self.rs_level != "off"
+        return RolloutCorrection(is_level=self.is_level if is_on else None,
+                                 is_threshold=self.is_threshold if is_on else 2.0,
+                                 rs_level=self.rs_level if rs_on else None,
+                                 rs_threshold=self.rs_threshold if rs_on else 2.0,
+                                 rs_threshold_lower=self.rs_threshold_lower if rs_on else None)
