@@ -4,6 +4,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
+from flowrl.rl.correction import RolloutCorrectionConfig
 
 
 class DAPOConfig(BaseModel):
@@ -17,6 +18,9 @@ class DAPOConfig(BaseModel):
                                                       "(filled from rollout.max_new_tokens).")
     overlong_buffer_len: int = Field(0, ge=0, description="Soft overlong punishment window; 0 is off.")
     overlong_penalty: float = Field(1.0, ge=0, description="Penalty at the hard cap.")
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
+                                                        description="Truncated IS / rejection against the "
+                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=DAPOConfig)
@@ -31,5 +35,6 @@ def dapo(batch, actor, rollout, reward, cfg):
         batch = fl.fill(batch, max_rounds=cfg.max_sampling_rounds)
     batch = actor.logprobs(batch)
     batch = stages.group_advantage(batch)
-    loss = losses.clip_higher_loss(clip_low=cfg.clip_low, clip_high=cfg.clip_high, loss_agg_mode="token-mean")
+    loss = losses.clip_higher_loss(clip_low=cfg.clip_low, clip_high=cfg.clip_high, loss_agg_mode="token-mean",
+                                   rollout_correction=cfg.rollout_correction.build())
     return actor.update(batch, loss=loss)

@@ -6,6 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
+from flowrl.rl.correction import RolloutCorrectionConfig
 from flowrl.rl.subgraphs import critic_free_step
 from flowrl.rl.ops.aggregate import AggMode
 
@@ -23,12 +24,15 @@ class DPPOConfig(BaseModel):
     ratio_cap: float = Field(20.0, ge=1, description="Truncation of the detached IS ratio (verl's clip_ratio_c).")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
     loss_agg_mode: AggMode = Field("token-mean", description="How token losses are averaged (flowrl.rl.ops.aggregate).")
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
+                                                        description="Truncated IS / rejection against the "
+                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=DPPOConfig)
 def dppo(batch, actor, rollout, ref, reward, cfg):
     make_loss = DIVERGENCE_LOSSES[cfg.divergence]
     loss = make_loss(clip_low=cfg.clip_low, clip_high=cfg.clip_high, ratio_cap=cfg.ratio_cap, kl_coef=cfg.kl_coef,
-                     kl_kind="k3", loss_agg_mode=cfg.loss_agg_mode)
+                     kl_kind="k3", loss_agg_mode=cfg.loss_agg_mode, rollout_correction=cfg.rollout_correction.build())
     return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size,
                             advantage=stages.group_advantage, loss=loss)

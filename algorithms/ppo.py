@@ -4,6 +4,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
+from flowrl.rl.correction import RolloutCorrectionConfig
 
 
 class PPOConfig(BaseModel):
@@ -14,6 +15,9 @@ class PPOConfig(BaseModel):
     gamma: float = Field(1.0, ge=0, le=1, description="Discount.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     kl_coef: float = Field(0.001, ge=0, description="KL-in-reward weight; 0 drops the ref role.")
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
+                                                        description="Truncated IS / rejection against the "
+                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=PPOConfig)
@@ -27,4 +31,5 @@ def ppo(batch, actor, rollout, ref, critic, reward, cfg):
     batch = stages.token_rewards(batch, kl_coef=cfg.kl_coef)
     batch = stages.gae_advantage(batch, gamma=cfg.gamma, lam=cfg.lam)
     batch = critic.update(batch, loss=losses.ValueLoss(clip=cfg.value_clip))
-    return actor.update(batch, loss=losses.ppo_loss(clip=cfg.clip, dual_clip=cfg.dual_clip))
+    loss = losses.ppo_loss(clip=cfg.clip, dual_clip=cfg.dual_clip, rollout_correction=cfg.rollout_correction.build())
+    return actor.update(batch, loss=loss)

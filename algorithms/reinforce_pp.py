@@ -4,6 +4,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
+from flowrl.rl.correction import RolloutCorrectionConfig
 
 
 class ReinforcePPConfig(BaseModel):
@@ -13,6 +14,9 @@ class ReinforcePPConfig(BaseModel):
     kl_coef: float = Field(0.001, ge=0, description="Weight of the k1 KL-to-reference penalty in the token "
                                                     "rewards; 0 drops the ref role.")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount of the return-to-go.")
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
+                                                        description="Truncated IS / rejection against the "
+                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=ReinforcePPConfig)
@@ -24,4 +28,4 @@ def reinforce_pp(batch, actor, rollout, ref, reward, cfg):
         batch = ref.logprobs(batch)
     batch = stages.token_rewards(batch, kl_coef=cfg.kl_coef, kl_kind="k1")
     batch = stages.reinforce_pp_advantage(batch, gamma=cfg.gamma)
-    return actor.update(batch, loss=losses.ppo_loss(clip=cfg.clip))
+    return actor.update(batch, loss=losses.ppo_loss(clip=cfg.clip, rollout_correction=cfg.rollout_correction.build()))

@@ -4,6 +4,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
+from flowrl.rl.correction import RolloutCorrectionConfig
 from flowrl.rl.ops.aggregate import AggMode
 
 
@@ -13,6 +14,9 @@ class ReMaxConfig(BaseModel):
                                                  "(1 is the paper's setting).")
     clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range.")
     loss_agg_mode: AggMode = Field("token-mean", description="How token losses are averaged (flowrl.rl.ops.aggregate).")
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
+                                                        description="Truncated IS / rejection against the "
+                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=ReMaxConfig)
@@ -24,4 +28,6 @@ def remax(batch, actor, rollout, reward, cfg):
     batch = reward.score(batch)
     batch = actor.logprobs(batch)
     batch = stages.remax_advantage(batch)
-    return actor.update(batch, loss=losses.ppo_loss(clip=cfg.clip, loss_agg_mode=cfg.loss_agg_mode))
+    loss = losses.ppo_loss(clip=cfg.clip, loss_agg_mode=cfg.loss_agg_mode,
+                           rollout_correction=cfg.rollout_correction.build())
+    return actor.update(batch, loss=loss)

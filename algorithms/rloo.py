@@ -4,6 +4,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
+from flowrl.rl.correction import RolloutCorrectionConfig
 from flowrl.rl.subgraphs import critic_free_step
 from flowrl.rl.ops.aggregate import AggMode
 
@@ -14,11 +15,14 @@ class RLOOConfig(BaseModel):
     clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range.")
     kl_coef: float = Field(0.001, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
     loss_agg_mode: AggMode = Field("seq-mean-token-mean", description="How token losses are averaged.")
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
+                                                        description="Truncated IS / rejection against the "
+                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=RLOOConfig)
 def rloo(batch, actor, rollout, ref, reward, cfg):
     loss = losses.ppo_loss(clip=cfg.clip, dual_clip=None, kl_coef=cfg.kl_coef, kl_kind="k3",
-                           loss_agg_mode=cfg.loss_agg_mode)
+                           loss_agg_mode=cfg.loss_agg_mode, rollout_correction=cfg.rollout_correction.build())
     return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size, advantage=stages.rloo_advantage,
                             loss=loss)
