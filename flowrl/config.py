@@ -49,6 +49,8 @@ class TrainConfig(Section):
     eval_every: int = Field(10, ge=0, description="Greedy evaluation on fixed prompts every this many steps, "
                                                    "before the first step and after the last (0: off).")
     eval_prompts: int = Field(64, ge=1, description="Prompts in the evaluation set.")
+    eval_samples: int = Field(0, ge=0, description="Also sample this many responses per evaluation prompt (at "
+                                                   "rollout.temperature) for mean@k and pass@k (0: greedy only).")
     export: bool = Field(True, description="At the end, write the actor as a Hugging Face model folder "
                                            "to output_dir/final (loadable with from_pretrained).")
     resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir if there is one.")

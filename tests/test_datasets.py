@@ -113,7 +113,12 @@ def test_training_on_a_data_set_with_validation_rows(tmp_path):
                                  "train.eval_every=1", "algo.group_size=2", "rollout.max_new_tokens=3",
                                  f"data.train_files={write_jsonl(tmp_path / 't.jsonl', train_rows)}",
                                  f"data.val_files={write_jsonl(tmp_path / 'v.jsonl', val_rows)}",
-                                 "data.reward=exact_match", "data.max_prompt_length=8", "data.reward_workers=2"])
+                                 "data.reward=exact_match", "data.max_prompt_length=8", "data.reward_workers=2",
+                                 "train.eval_samples=3"])
     history = train(cfg, progress=False)
     assert [r["step"] for r in history] == [1, 2]
-    assert all(0.0 <= r["reward/mean"] <= 1.0 and "eval/reward/mean" in r for r in history)
+    assert all(0.0 <= r["reward/mean"] <= 1.0 for r in history)
+    for r in history:  # every validation row is data_source "exact": its metrics equal the overall ones
+        assert r["eval/exact/greedy"] == r["eval/reward/mean"] and r["eval/exact/mean@3"] == r["eval/mean@3"]
+        assert r["eval/mean@3"] == pytest.approx(r["eval/sampled/mean"]) and 0.0 <= r["eval/pass@3"] <= 1.0
+        assert r["eval/pass@3"] >= r["eval/mean@3"] - 1e-6  # 0/1 scores: a prompt's mean is at most its max

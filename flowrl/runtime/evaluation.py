@@ -1,9 +1,12 @@
-"""Greedy evaluation on a fixed prompt set, itself a small graph over the run's roles.
+"""Evaluation on a fixed prompt set, itself a small graph over the run's roles.
 
 Like verl's validation pass: the rollout decodes greedily with the actor's
 current weights and the reward scores it; `eval/reward/mean` is the accuracy
 on the arithmetic task. The prompts come from a seed the training stream never
-uses, so the set stays the same across a run and its resumes.
+uses (or are data.val_files' rows), so the set stays the same across a run and
+its resumes. Rows with a `data_source` add `eval/<source>/greedy`; with
+train.eval_samples = k, k sampled responses per prompt add mean@k and pass@k
+(flowrl.data.eval_metrics).
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from typing import Any
 
 from tensordict import TensorDict
 
-from flowrl.graph.algorithm import algorithm
+from flowrl.data.batch import column
+from flowrl.data.eval_metrics import greedy_metrics, sampled_metrics
+from flowrl.graph.algorithm import Algorithm, algorithm
 from flowrl.graph.role import role_spec
 from flowrl.plan.placement import Placement
 from flowrl.plan.planner import Plan, compile_plan
@@ -28,16 +33,27 @@ def greedy_eval(batch, rollout, reward):
     return reward.score(batch, metric="eval/reward")
 
 
-def eval_plan(train: Plan, task: Any, role_classes: dict[str, type] | None = None) -> Plan | None:
+def sampled_eval(k: int) -> Algorithm:
+    """k responses per prompt at the rollout's temperature."""
+    def sampled_eval(batch, rollout, reward):
+        batch = rollout.sync_weights(batch)
+        batch = rollout.generate(batch, n=k)
+        return reward.score(batch, metric="eval/sampled")
+
+    return algorithm(sampled_eval)
+
+
+def eval_plan(train: Plan, task: Any, role_classes: dict[str, type] | None = None,
+              graph: Algorithm = greedy_eval) -> Plan | None:
     """The evaluation graph on the training run's pools, or None when the run places none of its model roles."""
-    needed = [r for r in greedy_eval.roles if not role_spec(r, (role_classes or {}).get(r)).on_driver]
+    needed = [r for r in graph.roles if not role_spec(r, (role_classes or {}).get(r)).on_driver]
     if any(r not in train.pools for r in needed):
         return None
     pools = {train.pools[r].name: train.pools[r] for r in needed}
     placement = Placement(pools=[pool.model_copy(update={"roles": [r for r in needed if train.pools[r] is pool]})
                                  for pool in pools.values()])
     inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
-    return compile_plan(greedy_eval, placement, inputs, role_classes, None)
+    return compile_plan(graph, placement, inputs, role_classes, None)
 
 
 class Evaluator:
@@ -45,10 +61,24 @@ class Evaluator:
 
     `executor` runs `eval_plan(...)` over the training run's roles (`Executor.for_plan`)."""
 
-    def __init__(self, executor: Executor, prompts: TensorDict):
-        self.executor = executor
-        self.prompts = prompts
+    def __init__(self, executor: Executor, prompts: TensorDict, sampled: Executor | None = None, k: int = 0):
+        self.executor, self.prompts, self.sampled, self.k = executor, prompts, sampled, k
+
+    @classmethod
+    def build(cls, executor: Executor, evaluation: Plan, prompts: TensorDict, k: int, task: Any,
+              role_classes: dict[str, type] | None = None) -> "Evaluator":
+        """Greedy evaluation, and with k > 0 the k-sample one, over the training executor's roles."""
+        sampled = eval_plan(executor.plan, task, role_classes, sampled_eval(k)) if k else None
+        return cls(executor.for_plan(evaluation), prompts, executor.for_plan(sampled) if sampled else None, k)
 
     def __call__(self, step: int) -> dict[str, float]:
-        _, logged = self.executor.run_step(step, iter([self.prompts.clone()]))
-        return {k: v for k, v in logged.items() if k.startswith("eval/")}
+        batch, logged = self.executor.run_step(step, iter([self.prompts.clone()]))
+        out = {k: v for k, v in logged.items() if k.startswith("eval/")}
+        if "data_source" in batch.keys():
+            out.update(greedy_metrics(batch["scores"].tolist(), column(batch, "data_source")))
+        if self.sampled is not None:
+            batch, logged = self.sampled.run_step(step, iter([self.prompts.clone()]))
+            out.update({k: v for k, v in logged.items() if k.startswith("eval/")})
+            sources = column(batch, "data_source") if "data_source" in batch.keys() else None
+            out.update(sampled_metrics(batch["scores"].tolist(), batch["group"].tolist(), sources, self.k))
+        return out

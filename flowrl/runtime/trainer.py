@@ -114,7 +114,8 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
             eval_source, eval_size = eval_task(task, local.train.eval_prompts, world)
             eval_stream = PromptStream(eval_source, tokenizer, eval_size, rank=rank, world_size=world,
                                        seed=cfg.train.seed + EVAL_SEED_OFFSET, chat_template=cfg.task.chat_template)
-            evaluate = Evaluator(executor.for_plan(evaluation), next(eval_stream))
+            evaluate = Evaluator.build(executor, evaluation, next(eval_stream), cfg.train.eval_samples, task,
+                                       cfg.role_classes(algo.roles))
         start = resume.restore(found, executor, stream, main=rank == 0) if found else 0
     except BaseException:
         executor.close()
