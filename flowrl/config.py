@@ -20,7 +20,9 @@ from flowrl.plan.placement import Placement
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """Strict: `train.steps=true` or `train.steps="3"` is refused, not coerced."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 class ModelConfig(Section):
@@ -59,6 +61,9 @@ class TrainConfig(Section):
                                               "rank, or one per torchrun rank); 'ray': one Ray actor per rank "
                                               "of each placement pool, started from this one process "
                                               "(needs the `ray` extra).")
+    node_timeout_s: float | None = Field(None, gt=0, description="Ray executor: a node whose workers have not "
+                                         "finished this many seconds after it started is an error naming the "
+                                         "node, its pool and the ranks still running (None: wait forever).")
     loggers: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=lambda: ["console", "jsonl"], description="Where step metrics go: console (the step "
         "line), jsonl (metrics.jsonl), tensorboard, wandb (offline), mlflow (local store); see flowrl.runtime.loggers.")
@@ -174,9 +179,7 @@ def set_dotted(values: dict[str, Any], key: str, raw: str) -> None:
 
 
 def load_run_config(path: str | None = None, overrides: list[str] = ()) -> RunConfig:
-    values: dict[str, Any] = {}
-    if path:
-        values = json.loads(Path(path).read_text()) if path.endswith(".json") else _load_yaml(path)
+    values: dict[str, Any] = read_config_file(path) if path else {}
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep:
@@ -185,10 +188,37 @@ def load_run_config(path: str | None = None, overrides: list[str] = ()) -> RunCo
     return validate(RunConfig, values)
 
 
-def _load_yaml(path: str) -> dict[str, Any]:
-    import yaml  # optional: JSON configs need nothing extra
+def read_config_file(path: str) -> dict[str, Any]:
+    """A JSON, YAML or TOML file of RunConfig values (by suffix); every problem is one line naming the file."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--config {path}: no such file")
+    text = file.read_text(errors="replace")
+    suffix = file.suffix.lower()
+    try:
+        if suffix == ".json":
+            values = json.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            import yaml  # optional: JSON and TOML configs need nothing extra
 
-    return yaml.safe_load(Path(path).read_text()) or {}
+            values = yaml.safe_load(text)
+        elif suffix == ".toml":
+            import tomllib
+
+            values = tomllib.loads(text)
+        else:
+            raise ValueError(f"--config {path}: unknown format {suffix or '(no suffix)'!r}; use .json, .yaml or .toml")
+    except ValueError as err:  # JSONDecodeError and TOMLDecodeError are ValueErrors
+        if str(err).startswith("--config"):
+            raise
+        raise ValueError(f"--config {path}: not valid {suffix[1:].upper()}: {err}") from None
+    except Exception as err:  # yaml's errors
+        raise ValueError(f"--config {path}: not valid YAML: {' '.join(str(err).split())}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ValueError(f"--config {path}: expected a mapping of sections, got {type(values).__name__}")
+    return values
 
 
 def warn_no_effect(cfg: RunConfig, used_roles: tuple[str, ...]) -> None:

@@ -116,8 +116,17 @@ class SleepyTrainEngine(FakeTrainEngine):
         return super().forward(batch, **kwargs)
 
 
-def fake_specs(forward_s: float = 0.0) -> dict[str, RoleSpec]:
-    """The built-in roles' registrations with classes that build over fakes (for a RoleFactory's `specs`)."""
+class ExitingTrainEngine(FakeTrainEngine):
+    """A FakeTrainEngine whose process ends in forward (a worker that dies)."""
+
+    def forward(self, batch, **kwargs):
+        import os
+        os._exit(3)
+
+
+def fake_specs(forward_s: float = 0.0, ref_exits: bool = False) -> dict[str, RoleSpec]:
+    """The built-in roles' registrations with classes that build over fakes (for a RoleFactory's `specs`);
+    `ref_exits`: the reference's worker process ends in its first forward."""
     from flowrl.roles import Actor, Ref, Reward, Rollout
 
     class FakeActor(Actor):
@@ -128,7 +137,7 @@ def fake_specs(forward_s: float = 0.0) -> dict[str, RoleSpec]:
     class FakeRef(Ref):
         @classmethod
         def build(cls, ctx):
-            return Ref(engine=SleepyTrainEngine(forward_s))
+            return Ref(engine=ExitingTrainEngine() if ref_exits else SleepyTrainEngine(forward_s))
 
     class FakeRollout(Rollout):
         @classmethod

@@ -81,10 +81,11 @@ def two_forwards(batch, actor, rollout, ref):
     return ref.logprobs(batch)
 
 
-def fake_executor(placement, algo=two_forwards, forward_s=0.0, cfg=None):
+def fake_executor(placement, algo=two_forwards, forward_s=0.0, cfg=None, node_timeout_s=None, ref_exits=False):
     plan = fl.compile_plan(algo, placement, INPUTS, ROLE_CLASSES)
     factory = make_factory(cfg or RunConfig(), plan, ParityTask(), Path("unused"))
-    return RayExecutor(plan, dataclasses.replace(factory, specs=fake_specs(forward_s)))
+    return RayExecutor(plan, dataclasses.replace(factory, specs=fake_specs(forward_s, ref_exits)),
+                       node_timeout_s=node_timeout_s)
 
 
 def test_independent_nodes_on_two_pools_overlap():
@@ -148,3 +149,29 @@ def test_the_reward_placed_in_a_pool_scores_there_as_on_the_driver(tmp_path):
     pooled = train(config(tmp_path / "pooled", *common, placed), progress=False)
     for key in ("reward/mean", "actor/pg_loss"):
         assert [r[key] for r in pooled] == pytest.approx([r[key] for r in driver], abs=1e-6), key
+
+
+TWO_POOLS = fl.Placement(pools=[fl.Pool(name="a", roles=["actor", "rollout"]), fl.Pool(name="b", roles=["ref"])])
+
+
+def test_the_watchdog_names_a_node_that_hangs():
+    from flowrl.runtime.ray_executor import NodeTimeout
+
+    executor = fake_executor(TWO_POOLS, forward_s=30.0, node_timeout_s=1.5)
+    try:
+        with pytest.raises(NodeTimeout, match=r"node (actor|ref).logprobs on pool '(a|b)' did not finish within "
+                                              r"train.node_timeout_s=1.5 s \(ranks still running: \[0\]\)"):
+            executor.run_step(0, PromptStream(ParityTask(), FakeTokenizer(), batch_size=2))
+    finally:
+        executor.close()
+
+
+def test_a_worker_that_dies_is_named():
+    from flowrl.runtime.ray_executor import WorkerDied
+
+    executor = fake_executor(TWO_POOLS, ref_exits=True)
+    try:
+        with pytest.raises(WorkerDied, match=r"a worker died while running .*ref.logprobs @b"):
+            executor.run_step(0, PromptStream(ParityTask(), FakeTokenizer(), batch_size=2))
+    finally:
+        executor.close()

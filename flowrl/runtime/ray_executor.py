@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import ray
+from ray.exceptions import GetTimeoutError, RayActorError
 from tensordict import TensorDict
 
 from flowrl import metrics
@@ -81,10 +82,12 @@ class PoolEngine:
 
 
 class RayExecutor:
-    def __init__(self, plan: Plan, factory: Any, extra_driver_roles: tuple[str, ...] = ()):
+    def __init__(self, plan: Plan, factory: Any, extra_driver_roles: tuple[str, ...] = (),
+                 node_timeout_s: float | None = None):
         """`factory` (a flowrl.runtime.factory.RoleFactory, or any object with build(names) and for_pool(pool))
-        builds the driver's roles here and each pool's roles in its workers."""
-        self.plan = plan
+        builds the driver's roles here and each pool's roles in its workers. `node_timeout_s`: the watchdog
+        (train.node_timeout_s)."""
+        self.plan, self.node_timeout_s = plan, node_timeout_s
         self.nodes, self.fill_at = _checked_nodes(plan)
         pools = {pool.name: pool for pool in plan.pools.values()}
         self.driver_roles = factory.build(tuple(dict.fromkeys((*plan.driver_roles(), *extra_driver_roles))))
@@ -215,8 +218,8 @@ class RayExecutor:
         return _Launched(node, loaded, [], start)
 
     def _resolve(self, done: list[_Launched], batch: TensorDict) -> TensorDict:
-        """Wait for `done` (one ray.get) and merge their results into the batch in trace order."""
-        values = iter(ray.get([ref for run in done for ref in (*run.batches, *run.logged)]))
+        """Wait for `done` (one ray.get, under the watchdog) and merge their results into the batch in trace order."""
+        values = iter(self._get(done))
         for launched in done:
             outs = [next(values) for _ in launched.batches]
             with metrics.node(launched.node.name):
@@ -225,6 +228,37 @@ class RayExecutor:
             metrics.log(f"timing_s/{launched.node.name}", time.perf_counter() - launched.start)
             batch = _merge(launched.node, outs, batch)
         return batch
+
+    def _get(self, done: list[_Launched]) -> list[Any]:
+        """ray.get of every result; a node past train.node_timeout_s, or a dead worker, is a named error."""
+        refs = [ref for run in done for ref in (*run.batches, *run.logged)]
+        timeout = None
+        if self.node_timeout_s is not None:
+            timeout = max(0.0, min(run.start for run in done) + self.node_timeout_s - time.perf_counter())
+        try:
+            return ray.get(refs, timeout=timeout)
+        except GetTimeoutError:
+            raise NodeTimeout(self._stuck(done)) from None
+        except RayActorError as err:
+            raise WorkerDied(f"a worker died while running {', '.join(r.node.label() for r in done)}: "
+                             f"{' '.join(str(err).split())[:300]}; rerun to resume from the last checkpoint") from None
+
+    def _stuck(self, done: list[_Launched]) -> str:
+        ready, _ = ray.wait([ref for run in done for ref in run.batches], num_returns=sum(len(r.batches) for r in done),
+                            timeout=0)
+        finished = set(ready)
+        stuck = [(run, [rank for rank, ref in enumerate(run.batches) if ref not in finished]) for run in done]
+        run, ranks = next((run, ranks) for run, ranks in stuck if ranks)
+        return (f"node {run.node.name} on pool {run.node.pool!r} did not finish within train.node_timeout_s="
+                f"{self.node_timeout_s:g} s (ranks still running: {ranks}); rerun to resume from the last checkpoint")
+
+
+class NodeTimeout(RuntimeError):
+    """A node ran past train.node_timeout_s (the message names it, its pool and the ranks still running)."""
+
+
+class WorkerDied(RuntimeError):
+    """A Ray worker process ended while running a node."""
 
 
 def _merge(node: Node, outs: list[Any], batch: TensorDict) -> TensorDict:

@@ -129,7 +129,8 @@ def _executor(cfg: RunConfig, plan: Plan, factory: RoleFactory, world: int, eval
         from flowrl.runtime.ray_executor import RayExecutor, init_ray  # ray is optional: imported only when asked
 
         init_ray()
-        return RayExecutor(plan, factory, extra_driver_roles=evaluation.driver_roles() if evaluation else ())
+        return RayExecutor(plan, factory, extra_driver_roles=evaluation.driver_roles() if evaluation else (),
+                           node_timeout_s=cfg.train.node_timeout_s)
     names = tuple(dict.fromkeys((*plan.roles, *(evaluation.roles if evaluation else ()))))
     return LocalExecutor(plan, factory.build(names), world_size=world)
 
