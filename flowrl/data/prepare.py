@@ -73,14 +73,14 @@ CONVERTERS: dict[str, Callable[..., dict[str, Any]]] = {"gsm8k": gsm8k_row, "mat
 
 def convert(kind: str, source: str, output: str, split: str = "train") -> int:
     """Write `source`'s rows converted by CONVERTERS[kind] to `output` (.parquet or .jsonl); returns the count."""
-    import datasets
-
     if Path(output).suffix not in (".parquet", ".jsonl"):
         raise ValueError(f"--output {output}: must end in .parquet or .jsonl")
     rows = [CONVERTERS[kind](raw, i, split, f"--input {source} row {i}")
-            for i, raw in enumerate(read_table(source, "--input"))]
+            for i, raw in enumerate(read_table(source, "--input"))]  # names the extra when datasets is missing
     if not rows:
         raise ValueError(f"--input {source}: no rows")
+    import datasets
+
     table = datasets.Dataset.from_list(rows)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     table.to_parquet(output) if output.endswith(".parquet") else table.to_json(output, lines=True)
