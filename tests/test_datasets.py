@@ -122,3 +122,11 @@ def test_training_on_a_data_set_with_validation_rows(tmp_path):
         assert r["eval/exact/greedy"] == r["eval/reward/mean"] and r["eval/exact/mean@3"] == r["eval/mean@3"]
         assert r["eval/mean@3"] == pytest.approx(r["eval/sampled/mean"]) and 0.0 <= r["eval/pass@3"] <= 1.0
         assert r["eval/pass@3"] >= r["eval/mean@3"] - 1e-6  # 0/1 scores: a prompt's mean is at most its max
+
+
+def test_cli_names_a_missing_data_file_in_one_line(tmp_path, capsys):
+    from flowrl.cli import main
+
+    code = main(["train", "--output-dir", str(tmp_path), "--set", f"data.train_files={tmp_path}/nope.parquet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == f"flowrl: error: data.train_files: no such file or folder '{tmp_path}/nope.parquet'"
