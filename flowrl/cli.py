@@ -32,8 +32,15 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--no-progress", action="store_true", help="no progress bar or per-step lines")
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the full traceback of an error")
-    sub.choices["plan"].add_argument("--format", choices=("text", "mermaid", "dot"), default="text",
-                                     help="the plan as text, or as Mermaid or Graphviz DOT source")
+    plan = sub.choices["plan"]
+    plan.add_argument("--format", choices=("text", "mermaid", "dot"), default="text",
+                      help="the plan as text, or as Mermaid or Graphviz DOT source")
+    plan.add_argument("--gpus", type=int, help="build the pools for this many GPUs and estimate memory per GPU")
+    plan.add_argument("--nodes", type=int, default=1, help="nodes the GPUs are on (with --gpus)")
+    plan.add_argument("--split", type=float, help="with --gpus: this fraction of the GPUs for the rollout, the "
+                                                  "rest for training (default: every role on every GPU)")
+    plan.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU (with --gpus)")
+    plan.add_argument("--prompt-len", type=int, default=256, help="prompt tokens assumed for the estimate")
     show = sub.add_parser("config", help="print every config field with its default and description")
     show.add_argument("algorithm", nargs="?", help="also print this algorithm's algo.* options")
     data = sub.add_parser("data", help="convert a raw GSM8K or MATH file into verl's data set schema")
@@ -81,6 +88,12 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "plan":
         algo = trainer.resolve_algorithm(cfg.algorithm)
         task = trainer.run_task(cfg)
+        if args.gpus:
+            from flowrl.runtime.planning import plan_on_gpus
+
+            print(plan_on_gpus(cfg, algo, task, args.gpus, args.nodes, args.split, args.gpu_memory_gib,
+                               args.prompt_len))
+            return 0
         plan = trainer.make_plan(cfg, algo, task)
         print({"text": plan.describe, "mermaid": plan.mermaid, "dot": plan.dot}[args.format]())
         return 0

@@ -1,0 +1,60 @@
+"""`flowrl plan ALGO --gpus N [--nodes M] [--split R]`: pools built for a GPU count, with a memory estimate.
+
+Loads no weights: the model's shape comes from its config.json (the built-in tiny model's recipe when
+model.path is unset), the workload from the run config, and flowrl.plan.resources does the arithmetic.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import transformers
+
+from flowrl.config import RunConfig
+from flowrl.engines.tiny_model import build_tiny_model
+from flowrl.graph.algorithm import Algorithm
+from flowrl.graph.role import role_spec
+from flowrl.graph.trace import NodeKind
+from flowrl.plan.planner import model_roles
+from flowrl.plan.resources import GIB, ModelShape, Workload, check_fits, describe, estimate, gpu_placement
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def plan_on_gpus(cfg: RunConfig, algo: Algorithm, task: Any, gpus: int, nodes: int = 1, split: float | None = None,
+                 gpu_gib: float = 80.0, prompt_len: int = 256) -> str:
+    """The plan on `gpus` GPUs (pools, memory per GPU, graph); a PlanError when an estimate does not fit."""
+    from flowrl.runtime.trainer import make_plan
+
+    inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
+    classes = cfg.role_classes(algo.roles)
+    roles = model_roles(algo, inputs, classes, None)
+    followers = tuple(r for r in roles if role_spec(r, classes.get(r)).weights_from)
+    placement = gpu_placement(roles, followers, gpus, nodes, split)
+    cfg = cfg.model_copy(update={"placement": placement, "train": cfg.train.model_copy(update={"device": "cuda"})})
+    plan = make_plan(cfg, algo, task)
+    shape = ModelShape.from_config(_model_config(cfg, task), DTYPE_BYTES[cfg.model.dtype])
+    n = max([node.kwargs.get("n", 1) for node in plan.nodes if node.kind is NodeKind.ROWS] or [1])
+    work = Workload(rows=cfg.train.batch_size * n, micro_batch_size=cfg.train.micro_batch_size,
+                    seq_len=prompt_len + cfg.rollout.max_new_tokens,
+                    logprob_chunk_tokens=getattr(cfg.actor, "logprob_chunk_tokens", 0) or 10**9,
+                    gradient_checkpointing=cfg.model.gradient_checkpointing)
+    per_gpu = estimate(plan, shape, work)
+    check_fits(plan, per_gpu, int(gpu_gib * GIB))
+    pools = {pool.name: pool for pool in plan.pools.values()}
+    header = (f"{gpus} GPUs on {nodes} node(s), {gpu_gib:g} GiB each; model {shape.num_params / 1e6:.1f}M "
+              f"parameters; {work.rows} rows of {work.seq_len} tokens per step")
+    return "\n".join([header, describe(per_gpu, pools), plan.describe()])
+
+
+def _model_config(cfg: RunConfig, task: Any) -> dict:
+    if cfg.model.path is not None:
+        return json.loads((Path(cfg.model.path) / "config.json").read_text())
+    transformers.utils.logging.disable_progress_bar()
+    with tempfile.TemporaryDirectory() as folder:  # the built-in model's recipe, built tiny and thrown away
+        path = build_tiny_model(Path(folder) / "m", chars=task.chars, hidden_size=cfg.model.tiny_hidden_size,
+                                num_layers=cfg.model.tiny_num_layers)
+        return json.loads((path / "config.json").read_text())
