@@ -251,12 +251,6 @@ def _truncate_jsonl(path: Path, last_step: int) -> None:
     os.replace(tmp, path)
 
 
-def _append_jsonl(path: Path, row: dict[str, float]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
-
-
 LINE = ("eval/reward/mean", "reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/clipfrac", "actor/grad_norm",
         "critic/vf_loss", "response_length/mean", "sampling/groups")
 
