@@ -56,7 +56,8 @@ def run(model_path, out_dir, rank, world):
     FullStateSync()(engine, rollout)
     prompts = make_batch([(p, [0]) for p, _ in ROWS])
     generated = rollout.generate(prompts["prompt_ids"], prompts["prompt_mask"], PARAMS, seed=5)
-    return dict(logprobs=logprobs, grad_norm=metrics["grad_norm"], state=engine.full_state_dict(),
+    streamed = {name: tensor.clone() for name, tensor in engine.named_full_tensors()}  # the vLLM sync's source
+    return dict(logprobs=logprobs, grad_norm=metrics["grad_norm"], state=engine.full_state_dict(), streamed=streamed,
                 restored_state=restored.full_state_dict(), response_ids=generated["response_ids"],
                 response_mask=generated["response_mask"])
 
@@ -96,6 +97,7 @@ def test_fsdp2_matches_single_process(tiny_model_path, tmp_path: pathlib.Path):
     for result in ranks:
         assert abs(result["grad_norm"] - single["grad_norm"]) < 1e-5 * single["grad_norm"]
         assert_states_close(result["state"], single["state"], atol=1e-5)
+        assert_states_close(result["streamed"], result["state"], atol=0)  # unsharded, tied lm_head included
         assert_states_close(result["restored_state"], single["restored_state"], atol=1e-5)
         assert torch.equal(result["response_ids"], single["response_ids"])
         assert torch.equal(result["response_mask"], single["response_mask"])
