@@ -9,7 +9,6 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
-KILLS = 3
 ARGS = ["train", "grpo", "--no-progress", "--set", "train.steps=8", "--set", "train.save_every=1",
         "--set", "train.eval_every=0", "--set", "train.batch_size=8"]
 
@@ -23,26 +22,33 @@ def metrics(folder):
     return [{k: v for k, v in row.items() if not k.startswith("timing_s/")} for row in rows]
 
 
+def logged_steps(folder):
+    path = folder / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def kill_after_step(folder, step, delay):
+    """Start a run, SIGKILL it `delay` seconds after metrics.jsonl shows `step` (the checkpoint of that step is
+    being written then); returns whether it was killed (False: it had finished)."""
+    proc = subprocess.Popen(command(folder), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and logged_steps(folder) < step and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(delay)
+    killed = proc.poll() is None
+    proc.kill()  # SIGKILL: no cleanup of any kind
+    proc.wait()
+    return killed
+
+
 def test_kill_9_at_random_points_then_resume_equals_an_uninterrupted_run(tmp_path):
-    start = time.perf_counter()
     straight = subprocess.run(command(tmp_path / "straight"), capture_output=True, text=True, timeout=600)
-    duration = time.perf_counter() - start
     assert straight.returncode == 0, straight.stderr
-    rng, kills = random.Random(0), 0
-    for attempt in range(KILLS + 1):  # KILLS attempts killed at random points of the run, then one to the end
-        proc = subprocess.Popen(command(tmp_path / "killed"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True)
-        try:
-            _, err = proc.communicate(timeout=rng.uniform(0.4, 1.0) * duration if attempt < KILLS else 600)
-        except subprocess.TimeoutExpired:
-            proc.kill()  # SIGKILL: no cleanup of any kind
-            proc.communicate()
-            kills += 1
-            continue
-        assert proc.returncode in (0, 3), err  # 3: an earlier attempt had already finished the run
-        if proc.returncode == 3:
-            break
-    assert kills >= 2 and proc.returncode in (0, 3)
+    rng = random.Random(0)
+    kills = sum(kill_after_step(tmp_path / "killed", step, rng.uniform(0.0, 0.3)) for step in (2, 4, 6))
+    last = subprocess.run(command(tmp_path / "killed"), capture_output=True, text=True, timeout=600)
+    assert last.returncode in (0, 3), last.stderr  # 3: an attempt had finished the run before its kill
+    assert kills >= 2
     assert metrics(tmp_path / "killed") == metrics(tmp_path / "straight")
     weights = [AutoModelForCausalLM.from_pretrained(tmp_path / run / "final").state_dict()
                for run in ("straight", "killed")]

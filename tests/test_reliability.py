@@ -138,3 +138,12 @@ def test_cli_mistakes_end_in_one_line(tmp_path, args, message):
 def test_debug_shows_the_traceback(tmp_path):
     done = cli("--debug", "train", "grpo", "--config", "missing.json", cwd=tmp_path)
     assert done.returncode == 1 and "Traceback" in done.stderr and "no such file" in done.stderr
+
+
+def test_a_metrics_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
+    train(config(tmp_path, "train.steps=2"), progress=False)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "reward/me')  # killed while appending step 3's row
+    rows = train(config(tmp_path, "train.steps=3"), progress=False)
+    logged = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [3] and logged == [1, 2, 3]

@@ -90,6 +90,7 @@ class RayExecutor:
         self.plan, self.node_timeout_s = plan, node_timeout_s
         self.nodes, self.fill_at = _checked_nodes(plan)
         pools = {pool.name: pool for pool in plan.pools.values()}
+        _check_cluster(pools)
         self.driver_roles = factory.build(tuple(dict.fromkeys((*plan.driver_roles(), *extra_driver_roles))))
         self.workers: dict[str, list[Any]] = {}
         setups = []
@@ -288,6 +289,18 @@ def _checked_nodes(plan: Plan) -> tuple[list[Node], int | None]:
         raise PlanError(f"{plan.algorithm}: dynamic sampling (fill) leaves ranks with unequal rows, which FSDP "
                         f"cannot step together; give pool {wide[0]!r} world_size 1")
     return nodes, fill_at
+
+
+def _check_cluster(pools: dict[str, Pool]) -> None:
+    """A PlanError naming the pool when the cluster lacks the GPUs the CUDA pools ask for (Ray would wait forever)."""
+    have = ray.cluster_resources().get("GPU", 0)
+    need = 0
+    for pool in pools.values():
+        if pool.device == "cuda":
+            need += pool.world_size
+            if need > have:
+                raise PlanError(f"placement: pool {pool.name!r} needs {pool.world_size} GPU(s) ({need} for the CUDA "
+                                f"pools so far), but the Ray cluster has {have:g}")
 
 
 def _start_pool(pool: Pool, factory: Any, roles: tuple[str, ...]) -> tuple[list[Any], list[ray.ObjectRef]]:

@@ -245,10 +245,18 @@ def _truncate_jsonl(path: Path, last_step: int) -> None:
     if not path.exists():
         return
     rows = [line for line in path.read_text().splitlines()
-            if line and last_step > 0 and json.loads(line)["step"] <= last_step]
+            if last_step > 0 and (step := _step_of(line)) is not None and step <= last_step]
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(f"{line}\n" for line in rows))
     os.replace(tmp, path)
+
+
+def _step_of(line: str) -> int | None:
+    """A metrics row's step; None for a line a kill cut short."""
+    try:
+        return int(json.loads(line)["step"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
 
 
 LINE = ("eval/reward/mean", "reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/clipfrac", "actor/grad_norm",
