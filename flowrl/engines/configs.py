@@ -35,7 +35,7 @@ class ModelSource:
 class EngineConfig(BaseModel):
     """Base of engine configs; validating a dict against the base picks the registered class by `engine`."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
     registry: ClassVar[Registry[type["EngineConfig"]]]
     engine: str = Field("hf", description="Engine, by registered name.")
 
