@@ -40,7 +40,8 @@ def read_table(name: str, field: str) -> Any:
     try:
         import datasets
     except ImportError:
-        raise ValueError(f"{field}: reading data sets needs the `datasets` package: pip install 'flowrl[data]'") from None
+        raise ValueError(f"{field}: reading data sets needs the `datasets` package: pip install -e '.[data]' "
+                         f"in the flowrl checkout") from None
 
     path = Path(name)
     datasets.disable_progress_bars()

@@ -50,7 +50,8 @@ def math(data_source: str, solution_str: str, ground_truth: str, extra_info: Any
     try:
         from math_verify import parse, verify
     except ImportError:
-        raise ValueError("data.reward: the 'math' scorer needs math-verify: pip install 'flowrl[data]'") from None
+        raise ValueError("data.reward: the 'math' scorer needs math-verify: pip install -e '.[data]' in the flowrl "
+                         "checkout") from None
     gold = parse(ground_truth if "\\boxed" in ground_truth else f"\\boxed{{{ground_truth}}}")
     answer = parse(solution_str)
     return 1.0 if gold and answer and verify(gold, answer) else 0.0

@@ -132,7 +132,8 @@ def open_loggers(names: list[str], out: Path, config: dict[str, Any],
     for name in names:
         package = _PACKAGES.get(name)
         if package and importlib.util.find_spec(package) is None:
-            raise ValueError(f"train.loggers: {name!r} needs the {package} package: pip install 'flowrl[{name}]'")
+            raise ValueError(f"train.loggers: {name!r} needs the {package} package: pip install -e '.[{name}]' "
+                             f"in the flowrl checkout")
     made = {"console": lambda: ConsoleLogger(write, line), "jsonl": lambda: JsonlLogger(out / "metrics.jsonl"),
             "tensorboard": lambda: TensorBoardLogger(out / "tensorboard"),
             "wandb": lambda: WandbLogger(out / "wandb", config), "mlflow": lambda: MLflowLogger(out / "mlruns", config)}
