@@ -147,3 +147,10 @@ def test_a_metrics_line_cut_short_by_a_kill_is_dropped_on_resume(tmp_path):
     rows = train(config(tmp_path, "train.steps=3"), progress=False)
     logged = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [3] and logged == [1, 2, 3]
+
+
+def test_the_cli_imports_nothing_heavy_before_its_arguments_parse():
+    """`flowrl --help` must answer at once: importing the CLI loads neither torch nor transformers."""
+    code = "import sys, flowrl.cli; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
