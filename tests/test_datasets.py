@@ -130,3 +130,39 @@ def test_cli_names_a_missing_data_file_in_one_line(tmp_path, capsys):
     code = main(["train", "--output-dir", str(tmp_path), "--set", f"data.train_files={tmp_path}/nope.parquet"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err == f"flowrl: error: data.train_files: no such file or folder '{tmp_path}/nope.parquet'"
+
+
+def test_a_resumed_data_set_run_continues_at_the_same_rows(tmp_path):
+    """6 rows, 4 prompts a step: epochs end mid-step; a crash after step 3 resumes from step 2's checkpoint."""
+    import torch
+
+    rows = [row(i, prompt=f"{i}+{i}=", truth=str(2 * i)) for i in range(6)]
+    path = write_jsonl(tmp_path / "t.jsonl", rows)
+
+    def cfg(out):
+        return load_run_config(None, [f"train.output_dir={out}", "train.steps=4", "train.save_every=2",
+                                      "train.batch_size=4", "train.eval_every=0", "algo.group_size=2",
+                                      "rollout.max_new_tokens=2", f"data.train_files={path}",
+                                      "data.reward=exact_match", "data.reward_workers=0",
+                                      "actor.lr_schedule=linear", "actor.lr_decay_steps=8"])
+
+    straight = train(cfg(tmp_path / "a"), progress=False)
+
+    class Crash(Exception):
+        pass
+
+    def crash_at_3(step, logged):
+        if step == 3:
+            raise Crash
+
+    with pytest.raises(Crash):
+        train(cfg(tmp_path / "b"), progress=False, on_step=crash_at_3)
+    resumed = train(cfg(tmp_path / "b"), progress=False)
+    assert [r["step"] for r in resumed] == [3, 4]
+    for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm", "actor/lr"):
+        assert [r[key] for r in resumed] == [r[key] for r in straight[2:]], key
+    lrs = [r["actor/lr"] for r in straight]
+    assert all(a > b for a, b in zip(lrs, lrs[1:])), lrs  # linear decay over the run's optimizer steps
+    a, b = (torch.load(tmp_path / run / "checkpoints/step_000004/actor/engine.pt", weights_only=False)["model"]
+            for run in ("a", "b"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
