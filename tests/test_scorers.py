@@ -89,3 +89,17 @@ def test_bad_scorer_names_fail_naming_data_reward(tmp_path):
         resolve("no_such_module_x:f")
     with pytest.raises(ValueError, match=r"data.reward: cannot load '.*my_scorers.py:absent': AttributeError"):
         resolve(f"{scorer_file(tmp_path)}:absent")
+
+
+def test_a_dropped_pool_leaves_no_workers(tmp_path):
+    import gc
+
+    pool = ScoringPool(2)
+    assert pool.score(samples("exact_match", ["x"])) == [0.0]
+    workers = list(pool._pool._pool)
+    assert all(w.is_alive() for w in workers)
+    del pool
+    gc.collect()
+    for w in workers:
+        w.join(timeout=10)
+    assert not any(w.is_alive() for w in workers)

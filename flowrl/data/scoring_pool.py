@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import sys
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +77,9 @@ class ScoringPool:
     def _start(self) -> Any:
         # fork: workers start in milliseconds and see scorers the parent imported; spawn where fork is absent
         method = "fork" if sys.platform == "linux" else "spawn"
-        return multiprocessing.get_context(method).Pool(self.num_workers)
+        pool = multiprocessing.get_context(method).Pool(self.num_workers)
+        weakref.finalize(self, pool.terminate)  # a task dropped without close() leaves no workers behind
+        return pool
 
     def close(self) -> None:
         if self._pool is not None:
