@@ -94,8 +94,10 @@ class DataConfig(Section):
     shuffle: bool = Field(True, description="Shuffle the training rows each epoch (by train.seed and epoch).")
     reward: str = Field("auto", description="'auto' scores each row by its data_source (gsm8k, math); or a "
                                             "scorer: gsm8k, gsm8k_flexible, math, exact_match, "
-                                            "module:function or file.py:function.")
-    reward_workers: int = Field(4, ge=0, description="Processes scoring responses (0: in the driver, no timeout).")
+                                            "module:function, file.py:function, or an http(s):// reward server "
+                                            "(flowrl.data.http_reward).")
+    reward_workers: int = Field(4, ge=0, description="Processes scoring responses (0: in the driver, no timeout); "
+                                                     "with a reward server, batches in flight at once.")
     reward_timeout_s: float = Field(10.0, gt=0, description="A response scored longer than this scores 0.0.")
 
     @field_validator("train_files", "val_files", mode="before")

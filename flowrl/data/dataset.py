@@ -17,6 +17,7 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
+from flowrl.data.http_reward import HttpScorer, is_url
 from flowrl.data.scorers import resolve, scorer_name
 from flowrl.data.scoring_pool import Sample, ScoringPool
 
@@ -95,6 +96,8 @@ class DatasetTask:
         self._order: tuple[tuple[int, int], list[int]] | None = None
         self.val: DatasetTask | None = None  # the validation rows, when the run has them
         self.extra_chars = ""
+        if is_url(reward):  # one server scores every row
+            return
         for row in rows:
             name = scorer_name(row["data_source"], reward)
             if name is None:

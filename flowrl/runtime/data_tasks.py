@@ -7,6 +7,7 @@ from typing import Any
 
 from flowrl.config import RunConfig
 from flowrl.data.dataset import DatasetTask, load_rows
+from flowrl.data.http_reward import HttpScorer, is_url
 from flowrl.data.prompts import encode_prompt
 from flowrl.data.scoring_pool import ScoringPool
 from flowrl.data.tasks import make_task
@@ -22,7 +23,10 @@ def run_task(cfg: RunConfig) -> Any:
         return make_task(cfg.task.name, cfg.task.max_operand)
     if cfg.task.name != "arithmetic":
         warnings.warn("task.name has no effect: data.train_files is set", stacklevel=2)
-    pool = ScoringPool(d.reward_workers, d.reward_timeout_s)
+    if is_url(d.reward):  # a reward server: reward_workers batches in flight at once
+        pool = HttpScorer(d.reward, d.reward_timeout_s, num_parallel=d.reward_workers)
+    else:
+        pool = ScoringPool(d.reward_workers, d.reward_timeout_s)
     options = dict(reward=d.reward, chat_template=cfg.task.chat_template, pool=pool)
     task = DatasetTask(load_rows(d.train_files, "data.train_files"), shuffle=d.shuffle, **options)
     task.val = DatasetTask(load_rows(d.val_files, "data.val_files"), shuffle=False, **options) if d.val_files else None
