@@ -97,7 +97,7 @@ def test_mlflow_file_store_read_back(tmp_path):
 
 def test_a_missing_package_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setattr(loggers_module.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ValueError, match=r"train.loggers: 'wandb' needs the wandb package: pip install 'flowrl\[wandb\]'"):
+    with pytest.raises(ValueError, match=r"train.loggers: 'wandb' needs the wandb package: pip install -e '\.\[wandb\]'"):
         open_loggers(["jsonl", "wandb"], tmp_path, {})
 
 
