@@ -216,20 +216,23 @@ def test_chunked_logprobs_equal_full_logits_with_gradients(tiny_model_path):
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5), name
 
 
-def test_compiled_layers_compute_what_eager_ones_do(tiny_model_path):
-    """actor.compile: each decoder layer is torch.compile'd; outputs and gradients equal the eager model's."""
+def test_compiled_passes_compute_what_eager_ones_do(tiny_model_path):
+    """actor.compile: the engine's passes run torch.compile'd (chunked logprobs and full logits); outputs and
+    gradients equal the eager model's, and the module itself is left uncompiled for a rollout sharing it."""
     from flowrl.engines.configs import ModelSource, TrainEngineConfig
 
     batch = make_batch(ROWS[:3])
     outs, grads = [], []
-    for compile in (False, True):
-        config = TrainEngineConfig.model_validate({"compile": compile})
+    for compile, chunk in ((False, 0), (True, 0), (True, 3)):
+        config = TrainEngineConfig.model_validate({"compile": compile, "logprob_chunk_tokens": chunk})
         engine = config.build(ModelSource(tiny_model_path), head="actor", device="cpu")
-        out = engine._outputs(batch, temperature=1.0, with_entropy=False)
+        out = engine._outputs(batch, temperature=1.3, with_entropy=False)
         out["logprobs"].sum().backward()
         outs.append(out["logprobs"])
         grads.append({name: p.grad for name, p in engine.model.named_parameters()})
-    assert torch.allclose(outs[0], outs[1], atol=1e-5)
+        assert not any(m._compiled_call_impl for m in engine.model.modules())
+    assert torch.allclose(outs[0], outs[1], atol=1e-5) and torch.allclose(outs[0], outs[2], atol=1e-5)
     assert grads[0].keys() == grads[1].keys()  # the same parameter names: checkpoints and exports unchanged
     for name in grads[0]:
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5), name
+        assert torch.allclose(grads[0][name], grads[2][name], atol=1e-5), name

@@ -33,20 +33,19 @@ class HFTrainConfig(TrainEngineConfig):
     logprob_chunk_tokens: int = Field(4096, ge=0, description="Log-probabilities from the lm_head this many "
                                                               "tokens at a time, never the full fp32 logits "
                                                               "(0: full logits).")
-    compile: bool = Field(False, description="torch.compile each decoder layer (regional compilation, as "
-                                             "torchtitan does): fused norms, rotary and activations.")
+    compile: bool = Field(False, description="torch.compile the decoder and the log-probability chunks for "
+                                             "this engine's passes (fused norms, rotary, activations and "
+                                             "log-softmax; fewer saved activations). The module itself stays "
+                                             "uncompiled, so a rollout engine sharing it keeps its own graph.")
 
     def build(self, source: ModelSource, *, head: Head, device: str, trainable: bool = True) -> HFTrainEngine:
         dtype = DTYPES[source.dtype]
         model = load_causal_lm(source.path, dtype) if head == "actor" else load_value_model(source.path, dtype)
-        chunk = dict(logprob_chunk_tokens=self.logprob_chunk_tokens)
+        chunk = dict(logprob_chunk_tokens=self.logprob_chunk_tokens, compile=self.compile)
         if not trainable:
             return HFTrainEngine(model.requires_grad_(False), kind=head, device=device, **chunk)
         if source.gradient_checkpointing:
             _checkpoint_layers(model)
-        if self.compile:
-            for layer in model.get_decoder().layers:
-                layer.compile()
         return HFTrainEngine(model, kind=head, lr=self.lr, weight_decay=self.weight_decay, grad_clip=self.grad_clip,
                              warmup_steps=self.warmup_steps, device=device, lr_schedule=self.lr_schedule,
                              lr_decay_steps=self.lr_decay_steps, **chunk)

@@ -46,12 +46,14 @@ class HFTrainEngine:
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  grad_clip: float = 1.0, warmup_steps: int = 0, device: str | torch.device = "cpu",
                  by_length: bool = True, logprob_chunk_tokens: int = 0, lr_schedule: str = "constant",
-                 lr_decay_steps: int = 0):
+                 lr_decay_steps: int = 0, compile: bool = False):
         """by_length: group rows of similar length into micro-batches (and trim their padding); False keeps
         the batch's row order, as fixed-width micro-batches of verl without dynamic batch size do.
         logprob_chunk_tokens: compute actor logprobs `chunk` tokens at a time from the hidden states
         (flowrl.engines.logprobs), never holding the full fp32 logits; 0 computes full logits (and so do
-        FSDP2-sharded engines)."""
+        FSDP2-sharded engines).
+        compile: run this engine's passes through torch.compile'd wrappers of the model, its decoder and the
+        logprob chunks; the module is not changed (a rollout engine sharing it is unaffected)."""
         _check_args(kind=kind, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip, warmup_steps=warmup_steps)
         self.kind, self.by_length, self.logprob_chunk_tokens = kind, by_length, logprob_chunk_tokens
         self.grad_clip = grad_clip
@@ -63,6 +65,9 @@ class HFTrainEngine:
             shard_model(self.model, self.device.type, self.world_size)
         else:
             self.model.to(self.device)
+        self.compiled = compile
+        self._model_fn = torch.compile(self.model) if compile else self.model
+        self._decoder_fn = torch.compile(self.model.get_decoder()) if compile and kind == "actor" else None
         self.hyperparameters = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, eps=eps,
                                            weight_decay=weight_decay)
@@ -190,17 +195,18 @@ class HFTrainEngine:
         inputs = dict(input_ids=torch.cat([prompt_ids, response_ids], dim=1), attention_mask=mask,
                       position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False)
         if self.kind == "critic":  # the value of the state before each response token
-            logits = self.model(**inputs).logits
+            logits = self._model_fn(**inputs).logits
             return {"values": logits[:, num_prompt - 1:num_prompt + num_response - 1, 0].float()}
         if self.kind == "reward":  # the score after each response token (a reward model reads the last one)
-            logits = self.model(**inputs).logits
+            logits = self._model_fn(**inputs).logits
             return {"scores": logits[:, num_prompt:num_prompt + num_response, 0].float()}
         # the last R + 1 positions are P - 1 .. P + R - 1; the very last predicts past the response
         if self.logprob_chunk_tokens and not self.sharded:
-            hidden_BTH = self.model.get_decoder()(**inputs).last_hidden_state[:, num_prompt - 1:-1]
+            decoder = self.model.get_decoder() if self._decoder_fn is None else self._decoder_fn
+            hidden_BTH = decoder(**inputs).last_hidden_state[:, num_prompt - 1:-1]
             return token_logprobs(hidden_BTH, self.model.get_output_embeddings().weight, response_ids, temperature,
-                                  with_entropy, self.logprob_chunk_tokens)
-        logits_BRV = self.model(**inputs, logits_to_keep=num_response + 1).logits[:, :-1].float() / temperature
+                                  with_entropy, self.logprob_chunk_tokens, compiled=self.compiled)
+        logits_BRV = self._model_fn(**inputs, logits_to_keep=num_response + 1).logits[:, :-1].float() / temperature
         return full_logits_logprobs(logits_BRV, response_ids, with_entropy)
 
     def _step(self, mini: TensorDict, loss_fn: LossFn, temperature: float, micro_batch_size: int,

@@ -10,20 +10,23 @@ ever exist. Results equal the full computation (to float rounding).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
 
 def token_logprobs(hidden_BRH: torch.Tensor, weight_VH: torch.Tensor, tokens_BR: torch.Tensor, temperature: float,
-                   with_entropy: bool, chunk_tokens: int) -> dict[str, torch.Tensor]:
-    """{"logprobs": [B, R]} (and "entropy" [B, R]) of `tokens` under softmax(hidden @ weight.T / temperature)."""
+                   with_entropy: bool, chunk_tokens: int, compiled: bool = False) -> dict[str, torch.Tensor]:
+    """{"logprobs": [B, R]} (and "entropy" [B, R]) of `tokens` under softmax(hidden @ weight.T / temperature).
+    compiled: each chunk runs torch.compile'd (the fp32 upcast, log-softmax and gather fused)."""
     shape = tokens_BR.shape
     hidden_NH, tokens_N = hidden_BRH.reshape(-1, hidden_BRH.shape[-1]), tokens_BR.reshape(-1)
-    chunks = []
+    chunks, chunk_fn = [], _compiled_chunk() if compiled else _chunk
     for start in range(0, tokens_N.numel(), chunk_tokens):
         args = (hidden_NH[start:start + chunk_tokens], weight_VH, tokens_N[start:start + chunk_tokens],
                 temperature, with_entropy)
-        chunks.append(checkpoint(_chunk, *args, use_reentrant=False) if torch.is_grad_enabled() else _chunk(*args))
+        chunks.append(checkpoint(chunk_fn, *args, use_reentrant=False) if torch.is_grad_enabled() else chunk_fn(*args))
     out = {"logprobs": torch.cat([c[0] for c in chunks]).reshape(shape)}
     if with_entropy:
         out["entropy"] = torch.cat([c[1] for c in chunks]).reshape(shape)
@@ -45,3 +48,8 @@ def _chunk(hidden_NH: torch.Tensor, weight_VH: torch.Tensor, tokens_N: torch.Ten
     logits_NV = (hidden_NH @ weight_VH.T).float() / temperature
     out = full_logits_logprobs(logits_NV, tokens_N, with_entropy)
     return out["logprobs"], out.get("entropy")
+
+
+@functools.cache
+def _compiled_chunk():
+    return torch.compile(_chunk, dynamic=True)
