@@ -64,6 +64,15 @@ class TrainConfig(Section):
     node_timeout_s: float | None = Field(None, gt=0, description="Ray executor: a node whose workers have not "
                                          "finished this many seconds after it started is an error naming the "
                                          "node, its pool and the ranks still running (None: wait forever).")
+    ship_files: bool = Field(True, description="Ray executor: model folders reach the workers through Ray's "
+                             "object store, and checkpoints and exports come back to this process's disk, so no "
+                             "node needs to see it (False: every node reads and writes the paths as given, e.g. "
+                             "on a shared filesystem; better for models of many GB).")
+    placement_timeout_s: float = Field(60.0, gt=0, description="Ray executor: a pool Ray has not placed on the "
+                                       "cluster's nodes after this many seconds is an error naming it.")
+    rollout_share: float | None = Field(None, gt=0, lt=1, description="placement 'auto' on a Ray cluster's "
+                                        "GPUs: this fraction of them for the roles that follow weights (the "
+                                        "rollout), the rest for training; None: every role on every GPU.")
     loggers: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=lambda: ["console", "jsonl"], description="Where step metrics go: console (the step "
         "line), jsonl (metrics.jsonl), tensorboard, wandb (offline), mlflow (local store); see flowrl.runtime.loggers.")
@@ -122,7 +131,10 @@ class RunConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     data: DataConfig = Field(default_factory=DataConfig)
-    placement: Placement | None = Field(None, description="Resource pools; None colocates every model role.")
+    placement: Placement | Literal["auto"] = Field("auto", description="Resource pools, or 'auto': every model "
+                                                   "role on one pool (the hybrid engine) of one rank per torchrun "
+                                                   "rank, or with train.executor=ray on CUDA, of every GPU of the "
+                                                   "Ray cluster (split by train.rollout_share).")
     algo: dict[str, Any] = Field(default_factory=dict, description="The algorithm's own options, validated "
                                                                    "by its config class.")
     roles: dict[str, str] = Field(default_factory=dict, description="Bind an algorithm's role parameter to "
@@ -236,6 +248,9 @@ def warn_no_effect(cfg: RunConfig, used_roles: tuple[str, ...]) -> None:
                       f"has no effect: micro-batches never exceed a mini-batch", stacklevel=2)
     if cfg.task.name != "arithmetic" and cfg.task.max_operand != default.task.max_operand:
         warnings.warn("task.max_operand has no effect: task.name is not 'arithmetic'", stacklevel=2)
+    if t.rollout_share is not None and not (cfg.placement == "auto" and t.executor == "ray" and t.device == "cuda"):
+        warnings.warn("train.rollout_share has no effect: it splits the GPUs of placement 'auto' under "
+                      "train.executor=ray on train.device=cuda", stacklevel=2)
     for section in ("critic", "actor", "rollout"):  # config sections named after the roles that use them
         if section not in used_roles and getattr(cfg, section) != getattr(default, section):
             warnings.warn(f"{section}.* has no effect: the algorithm uses no {section}", stacklevel=2)

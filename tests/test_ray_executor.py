@@ -180,6 +180,6 @@ def test_a_worker_that_dies_is_named():
 def test_a_cuda_pool_on_a_cluster_without_gpus_is_refused_at_once():
     placement = fl.Placement(pools=[fl.Pool(name="a", roles=["actor", "rollout"], device="cuda"),
                                     fl.Pool(name="b", roles=["ref"])])
-    with pytest.raises(fl.PlanError, match=r"pool 'a' needs 1 GPU\(s\) \(1 for the CUDA pools so far\), but the "
-                                           r"Ray cluster has 0"):
+    with pytest.raises(fl.PlanError, match=r"pool 'a' needs 1 GPU \(1 per rank, 1 for the pools so far\), but "
+                                           r"the Ray cluster has 0"):
         fake_executor(placement)

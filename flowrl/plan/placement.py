@@ -9,7 +9,7 @@ hold their own copy.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -25,6 +25,13 @@ class Pool(BaseModel):
     roles: list[str] = Field(description="Roles hosted by this pool's workers.")
     world_size: int = Field(1, ge=1, description="Workers (ranks) in the pool.")
     device: Literal["cpu", "cuda"] = Field("cpu", description="Device type of the pool's workers.")
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray executor: how the pool's ranks (one placement-group bundle each) spread over "
+                            "nodes; PACK fills a node before the next.")
+    resources: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict, description="Ray executor: resources each rank "
+                                        "asks for besides a CPU share and its GPU, e.g. a custom resource a node "
+                                        "was started with (ray start --resources='{\"trainer\": 8}') to pin the "
+                                        "pool to it.")
 
     @field_validator("roles")
     @classmethod

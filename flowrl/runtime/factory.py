@@ -67,6 +67,18 @@ class RoleFactory:
                            micro_batch_size=s.micro_batch_size // pool.world_size)
         return replace(self, context=replace(self.context, device=pool.device, settings=settings))
 
+    def folders(self) -> tuple[Path, ...]:
+        """The model folders its roles load from (model.path, model.reward_path)."""
+        c = self.context
+        return (c.model.path, *((c.reward_model.path,) if c.reward_model is not None else ()))
+
+    def relocated(self, moved: dict[str, Path]) -> "RoleFactory":
+        """The factory loading each model folder from `moved[str(folder)]` (e.g. a node's copy of it)."""
+        c = self.context
+        reward = None if c.reward_model is None else replace(c.reward_model, path=moved[str(c.reward_model.path)])
+        model = replace(c.model, path=moved[str(c.model.path)])
+        return replace(self, context=replace(c, model=model, reward_model=reward))
+
 
 def make_factory(cfg: RunConfig, plan: Plan, task: Any, path: Path, extra: dict[str, RoleSpec] | None = None) -> RoleFactory:
     """The factory for `plan`'s roles (and `extra` ones, e.g. the evaluation's) under run config `cfg`."""

@@ -2,6 +2,7 @@
 
 Loads no weights: the model's shape comes from its config.json (the built-in tiny model's recipe when
 model.path is unset), the workload from the run config, and flowrl.plan.resources does the arithmetic.
+`flowrl train` on CUDA checks its plan the same way against the memory of its GPUs (`check_memory`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from flowrl.engines.tiny_model import build_tiny_model
 from flowrl.graph.algorithm import Algorithm
 from flowrl.graph.role import role_spec
 from flowrl.graph.trace import NodeKind
-from flowrl.plan.planner import model_roles
+from flowrl.plan.planner import Plan, model_roles
 from flowrl.plan.resources import GIB, ModelShape, Workload, check_fits, describe, estimate, gpu_placement
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -36,18 +37,33 @@ def plan_on_gpus(cfg: RunConfig, algo: Algorithm, task: Any, gpus: int, nodes: i
     placement = gpu_placement(roles, followers, gpus, nodes, split)
     cfg = cfg.model_copy(update={"placement": placement, "train": cfg.train.model_copy(update={"device": "cuda"})})
     plan = make_plan(cfg, algo, task)
-    shape = ModelShape.from_config(_model_config(cfg, task), DTYPE_BYTES[cfg.model.dtype])
-    n = max([node.kwargs.get("n", 1) for node in plan.nodes if node.kind is NodeKind.ROWS] or [1])
-    work = Workload(rows=cfg.train.batch_size * n, micro_batch_size=cfg.train.micro_batch_size,
-                    seq_len=prompt_len + cfg.rollout.max_new_tokens,
-                    logprob_chunk_tokens=getattr(cfg.actor, "logprob_chunk_tokens", 0) or 10**9,
-                    gradient_checkpointing=cfg.model.gradient_checkpointing)
-    per_gpu = estimate(plan, shape, work)
+    shape, work, per_gpu = _estimate(cfg, plan, _model_config(cfg, task), prompt_len)
     check_fits(plan, per_gpu, int(gpu_gib * GIB))
     pools = {pool.name: pool for pool in plan.pools.values()}
     header = (f"{gpus} GPUs on {nodes} node(s), {gpu_gib:g} GiB each; model {shape.num_params / 1e6:.1f}M "
               f"parameters; {work.rows} rows of {work.seq_len} tokens per step")
     return "\n".join([header, describe(per_gpu, pools), plan.describe()])
+
+
+def check_memory(cfg: RunConfig, plan: Plan, model_path: Path, gpu_bytes: int | None,
+                 prompt_len: int = 256) -> None:
+    """A PlanError naming the pool when the estimate for the model at `model_path` exceeds `gpu_bytes` per GPU
+    (None: unknown, nothing checked); prompts are assumed data.max_prompt_length (else `prompt_len`) long."""
+    if gpu_bytes is None:
+        return
+    config = json.loads((model_path / "config.json").read_text())
+    _, _, per_gpu = _estimate(cfg, plan, config, cfg.data.max_prompt_length or prompt_len)
+    check_fits(plan, per_gpu, gpu_bytes)
+
+
+def _estimate(cfg: RunConfig, plan: Plan, config: dict, prompt_len: int) -> tuple[ModelShape, Workload, dict]:
+    shape = ModelShape.from_config(config, DTYPE_BYTES[cfg.model.dtype])
+    n = max([node.kwargs.get("n", 1) for node in plan.nodes if node.kind is NodeKind.ROWS] or [1])
+    work = Workload(rows=cfg.train.batch_size * n, micro_batch_size=cfg.train.micro_batch_size,
+                    seq_len=prompt_len + cfg.rollout.max_new_tokens,
+                    logprob_chunk_tokens=getattr(cfg.actor, "logprob_chunk_tokens", 0) or 10**9,
+                    gradient_checkpointing=cfg.model.gradient_checkpointing)
+    return shape, work, estimate(plan, shape, work)
 
 
 def _model_config(cfg: RunConfig, task: Any) -> dict:

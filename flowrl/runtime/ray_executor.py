@@ -1,10 +1,12 @@
 """The Ray executor: a compiled plan over one Ray actor (`PoolWorker`) per rank of each pool.
 
 - Each pool's workers build only that pool's roles; a pool of several ranks is
-  its own torch.distributed group (gloo on CPU, NCCL on CUDA, rendezvous on a
-  driver-chosen port of 127.0.0.1, so one host), and its train engines shard
-  with FSDP2 over it; its ranks build their roles with the pool's
-  RoleFactory. Stage nodes and roles on no pool (the reward) run on the driver.
+  its own torch.distributed group (gloo on CPU, NCCL on CUDA), and its train
+  engines shard with FSDP2 over it; its ranks build their roles with the
+  pool's RoleFactory. Stage nodes and roles on no pool (the reward) run on the
+  driver. Where pools go on a cluster of several nodes (placement groups, the
+  rendezvous at rank 0's node, model folders, checkpoints and exports moved
+  through the object store): flowrl.runtime.ray_cluster.
 - A role node splits the batch's rows evenly over its pool's ranks (generate
   splits prompts, so a prompt's samples stay on one rank) and the results are
   concatenated. A node starts once its predecessors in the plan's graph have
@@ -14,16 +16,16 @@
 - Weight sync across pools: every rank of the source role (the actor)
   gathers the full state dict (collective under FSDP) and rank 0's ObjectRef
   goes to every rank of the following role (the rollout).
-- Workers ask Ray for `WORKER_NUM_CPUS` CPUs (0: they fit on any machine,
-  however many pools) and one GPU each on CUDA pools.
+- Workers ask Ray for a sliver of a CPU (they fit on any machine, however
+  many pools) and one GPU each on CUDA pools.
 """
 
 from __future__ import annotations
 
 import copy
-import socket
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 import ray
@@ -32,23 +34,26 @@ from tensordict import TensorDict
 
 from flowrl import metrics
 from flowrl.data.batch import concat
+from flowrl.engines.hf_models import atomic_dir
 from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
 from flowrl.graph.trace import Node, NodeKind
 from flowrl.plan.placement import DRIVER, Pool
+from flowrl.runtime import ray_cluster
+from flowrl.runtime.ray_cluster import ShippedFolder, pack, unpack
 from flowrl.plan.planner import Plan
 from flowrl.runtime.distributed import average
 from flowrl.runtime.ray_worker import PoolWorker
 from flowrl.runtime.scheduling import call_node, fill_index, ready, run_step, scheduled
 
-WORKER_NUM_CPUS = 0  # Ray CPUs reserved per worker; torch still uses OMP_NUM_THREADS (Ray sets 1) threads
 _EMPTY = TensorDict({}, batch_size=[0])
 
 
-def init_ray() -> None:
-    """Start (or join, with RAY_ADDRESS) a Ray cluster unless this process already did."""
+def init_ray(address: str | None = None, **kwargs: Any) -> None:
+    """Start (or join: `address`, or RAY_ADDRESS; ray://host:port through Ray Client) a Ray cluster unless this
+    process already did."""
     if not ray.is_initialized():
-        ray.init(include_dashboard=False)
+        ray.init(address, **({"include_dashboard": False} if address is None else {}), **kwargs)
 
 
 @dataclass
@@ -73,30 +78,40 @@ class PoolEngine:
 
     workers: tuple[Any, ...]
     role: str
+    ship_files: bool = False  # files travel between the driver's `path` and the workers' scratch folders
 
     def save(self, path: str) -> None:
-        ray.get([w.save.remote(self.role, path) for w in self.workers])
+        saved = ray.get([w.save.remote(self.role, None if self.ship_files else path) for w in self.workers])
+        if self.ship_files:
+            _write_folder({name: data for files in saved for name, data in files.items()}, path)
 
     def load(self, path: str) -> None:
-        ray.get([w.load.remote(self.role, path) for w in self.workers])
+        files = ray.put(pack(Path(path))) if self.ship_files else None
+        ray.get([w.load.remote(self.role, None if self.ship_files else path, files) for w in self.workers])
 
 
 class RayExecutor:
     def __init__(self, plan: Plan, factory: Any, extra_driver_roles: tuple[str, ...] = (),
-                 node_timeout_s: float | None = None):
+                 node_timeout_s: float | None = None, ship_files: bool = False,
+                 placement_timeout_s: float = 60.0):
         """`factory` (a flowrl.runtime.factory.RoleFactory, or any object with build(names) and for_pool(pool))
         builds the driver's roles here and each pool's roles in its workers. `node_timeout_s`: the watchdog
-        (train.node_timeout_s)."""
-        self.plan, self.node_timeout_s = plan, node_timeout_s
+        (train.node_timeout_s); `ship_files`: model folders, checkpoints and exports travel through the object
+        store (train.ship_files; the factory then needs folders() and relocated()); `placement_timeout_s`: how
+        long Ray may take to place the pools."""
+        self.plan, self.node_timeout_s, self.ship_files = plan, node_timeout_s, ship_files
         self.nodes, self.fill_at = _checked_nodes(plan)
         pools = {pool.name: pool for pool in plan.pools.values()}
-        _check_cluster(pools)
+        ray_cluster.check_cluster(list(pools.values()))
         self.driver_roles = factory.build(tuple(dict.fromkeys((*plan.driver_roles(), *extra_driver_roles))))
+        self.groups = ray_cluster.place(list(pools.values()), placement_timeout_s)
         self.workers: dict[str, list[Any]] = {}
+        shipped = ray_cluster.ship(factory.folders()) if ship_files else None
         setups = []
         for name, pool in pools.items():
             roles = tuple(r for r, p in plan.pools.items() if p.name == name)
-            self.workers[name], started = _start_pool(pool, factory.for_pool(pool), roles)
+            self.workers[name], started = _start_pool(pool, self.groups[name], factory.for_pool(pool), roles,
+                                                      shipped)
             setups += started
         try:
             ray.get(setups)
@@ -131,7 +146,8 @@ class RayExecutor:
         return self._resolve([self._launch(node, batch, StepCalls(step))], batch)
 
     def train_engines(self) -> dict[str, PoolEngine]:
-        return {r: PoolEngine(tuple(self._workers_of(r)), r) for r in self.plan.trainable() if r in self.plan.pools}
+        return {r: PoolEngine(tuple(self._workers_of(r)), r, self.ship_files)
+                for r in self.plan.trainable() if r in self.plan.pools}
 
     @property
     def versions(self) -> dict[str, int]:
@@ -147,7 +163,10 @@ class RayExecutor:
     def save_pretrained(self, role: str, path: str, tokenizer: Any = None) -> None:
         """The role's model as a Hugging Face folder (every rank gathers; rank 0 writes)."""
         tokenizer_ref = ray.put(tokenizer)
-        ray.get([w.save_pretrained.remote(role, path, tokenizer_ref) for w in self._workers_of(role)])
+        target = None if self.ship_files else path
+        saved = ray.get([w.save_pretrained.remote(role, target, tokenizer_ref) for w in self._workers_of(role)])
+        if self.ship_files:
+            _write_folder({name: data for files in saved for name, data in files.items()}, path)
 
     def close(self) -> None:
         """Ends the workers (of every view: close only the executor you built)."""
@@ -155,6 +174,8 @@ class RayExecutor:
             for worker in workers:
                 ray.kill(worker)
         self.workers = {}
+        ray_cluster.release(self.groups)
+        self.groups = {}
 
     def _workers_of(self, role: str) -> list[Any]:
         return self.workers[self.plan.pools[role].name]
@@ -291,29 +312,19 @@ def _checked_nodes(plan: Plan) -> tuple[list[Node], int | None]:
     return nodes, fill_at
 
 
-def _check_cluster(pools: dict[str, Pool]) -> None:
-    """A PlanError naming the pool when the cluster lacks the GPUs the CUDA pools ask for (Ray would wait forever)."""
-    have = ray.cluster_resources().get("GPU", 0)
-    need = 0
-    for pool in pools.values():
-        if pool.device == "cuda":
-            need += pool.world_size
-            if need > have:
-                raise PlanError(f"placement: pool {pool.name!r} needs {pool.world_size} GPU(s) ({need} for the CUDA "
-                                f"pools so far), but the Ray cluster has {have:g}")
-
-
-def _start_pool(pool: Pool, factory: Any, roles: tuple[str, ...]) -> tuple[list[Any], list[ray.ObjectRef]]:
-    """The pool's workers and their setup calls (in flight: the ranks rendezvous with each other)."""
-    options = dict(num_cpus=WORKER_NUM_CPUS, num_gpus=1 if pool.device == "cuda" else 0)
-    workers = [ray.remote(PoolWorker).options(**options).remote() for _ in range(pool.world_size)]
-    address = f"tcp://127.0.0.1:{_free_port()}"
-    setups = [w.setup.remote(factory, roles, pool.device, rank, pool.world_size, address)
+def _start_pool(pool: Pool, group: Any, factory: Any, roles: tuple[str, ...],
+                shipped: dict[str, ShippedFolder] | None) -> tuple[list[Any], list[ray.ObjectRef]]:
+    """The pool's workers, one on each bundle of its placement group, and their setup calls (in flight: the
+    ranks meet at the address rank 0 finds on its node)."""
+    workers = [ray.remote(PoolWorker).options(**ray_cluster.worker_options(pool, group, rank)).remote()
+               for rank in range(pool.world_size)]
+    address = workers[0].rendezvous.remote()
+    setups = [w.setup.remote(factory, roles, pool.device, rank, pool.world_size, address, shipped)
               for rank, w in enumerate(workers)]
     return workers, setups
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _write_folder(files: dict[str, bytes], path: str) -> None:
+    """Files the workers sent, written as folder `path` on the driver (whole or not at all)."""
+    with atomic_dir(path) as tmp:
+        unpack(files, tmp)

@@ -1,17 +1,22 @@
 """PoolWorker: one rank of a pool, as a Ray actor holding that pool's roles.
 
-The driver (flowrl.runtime.ray_executor) creates one per rank. `setup` joins
-the pool's own torch.distributed process group when the pool has several
-ranks (gloo on CPU, NCCL on CUDA), so train engines shard with FSDP2 across
-exactly that pool's workers, then builds only the pool's roles with the
-pool's RoleFactory. Every other method is a thin call into a role or its
-engine; collectives (FSDP forwards, updates, full_state_dict, save) work
-because the driver calls every rank of a pool.
+The driver (flowrl.runtime.ray_executor) creates one per rank, on the
+rank's bundle of the pool's placement group. `setup` joins the pool's own
+torch.distributed process group when the pool has several ranks (gloo on
+CPU, NCCL on CUDA; at the address rank 0's `rendezvous` gave), so train
+engines shard with FSDP2 across exactly that pool's workers, then builds only
+the pool's roles with the pool's RoleFactory, loading shipped model folders
+from this node's copy. `save`, `load` and `save_pretrained` with no path move
+files to and from the driver instead of this node's disk (train.ship_files).
+Every other method is a thin call into a role or its engine; collectives
+(FSDP forwards, updates, full_state_dict, save) work because the driver calls
+every rank of a pool.
 """
 
 from __future__ import annotations
 
 import random
+import socket
 from typing import Any
 
 import ray
@@ -23,13 +28,24 @@ from tensordict import TensorDict
 from flowrl import metrics
 from flowrl.graph.context import CallInfo
 from flowrl.graph.trace import Node
+from flowrl.runtime.ray_cluster import Files, ShippedFolder, pack, scratch, unpack
 from flowrl.runtime.scheduling import call_role
 
 
 class PoolWorker:
+    def rendezvous(self) -> str:
+        """Where the pool's process group meets (asked of rank 0): this node's address and a port free here."""
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+
     def setup(self, factory: Any, names: tuple[str, ...], device: str, rank: int, world_size: int,
-              address: str) -> None:
-        """Join the pool's process group (world_size > 1) and build the roles in `names`."""
+              address: str, shipped: dict[str, ShippedFolder] | None = None) -> None:
+        """Join the pool's process group (world_size > 1) and build the roles in `names` (from this node's
+        copies of the `shipped` folders, if given)."""
+        if shipped is not None:
+            factory = factory.relocated({path: folder.local() for path, folder in shipped.items()})
         if world_size > 1:
             if device == "cuda":
                 torch.cuda.set_device(0)  # Ray makes this worker's one GPU the only visible device
@@ -59,14 +75,28 @@ class PoolWorker:
     def set_version(self, role: str, version: int) -> None:
         self.roles[role].version = version
 
-    def save(self, role: str, path: str) -> None:
-        self.roles[role].engine.save(path)
+    def save(self, role: str, path: str | None) -> Files | None:
+        """Into `path` on this node, or (None) into a scratch folder whose files return to the driver."""
+        if path is not None:
+            return self.roles[role].engine.save(path)
+        with scratch() as folder:
+            self.roles[role].engine.save(str(folder / role))
+            return pack(folder / role)
 
-    def load(self, role: str, path: str) -> None:
-        self.roles[role].engine.load(path)
+    def load(self, role: str, path: str | None, files: Files | None = None) -> None:
+        """From `path` on this node, or (None) from the driver's `files`."""
+        if path is not None:
+            return self.roles[role].engine.load(path)
+        with scratch() as folder:
+            unpack(files, folder / role)
+            self.roles[role].engine.load(str(folder / role))
 
-    def save_pretrained(self, role: str, path: str, tokenizer: Any) -> None:
-        self.roles[role].engine.save_pretrained(path, tokenizer)
+    def save_pretrained(self, role: str, path: str | None, tokenizer: Any) -> Files | None:
+        if path is not None:
+            return self.roles[role].engine.save_pretrained(path, tokenizer)
+        with scratch() as folder:
+            self.roles[role].engine.save_pretrained(str(folder / role), tokenizer)
+            return pack(folder / role)
 
     def close(self) -> None:
         if dist.is_initialized():

@@ -20,7 +20,9 @@ from flowrl.data.tasks import Task, check_task, make_task
 from flowrl.engines.hf_models import load_tokenizer
 from flowrl.graph.algorithm import ALGORITHMS, Algorithm
 from flowrl.plan.placement import Placement
+from flowrl.graph.role import role_spec
 from flowrl.plan.planner import Plan, compile_plan, model_roles
+from flowrl.plan.resources import gpu_placement
 from flowrl.runtime.data_tasks import eval_task, fit_prompts, run_task
 from flowrl.runtime import checkpoint, distributed, resume
 from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan
@@ -46,8 +48,9 @@ def resolve_algorithm(name: str) -> Algorithm:
     return algo
 
 
-def make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int = 1) -> Plan:
-    """Validate the algorithm's options and compile its graph; loads no model."""
+def make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int = 1, gpus: int | None = None) -> Plan:
+    """Validate the algorithm's options and compile its graph; loads no model. Placement 'auto' colocates the
+    model roles on `world_size` ranks, or on `gpus` CUDA ranks (a Ray cluster's) split by train.rollout_share."""
     values = dict(cfg.algo)
     if "max_response_len" in algo.config_cls.model_fields:
         values.setdefault("max_response_len", cfg.rollout.max_new_tokens)
@@ -55,9 +58,13 @@ def make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int = 1) -
     inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
     classes = cfg.role_classes(algo.roles)
     placement = cfg.placement
-    if placement is None:  # colocate exactly the model roles this configuration uses
-        placement = Placement.colocated(model_roles(algo, inputs, classes, algo_cfg), world_size=world_size,
-                                        device=cfg.train.device)
+    if placement == "auto":  # exactly the model roles this configuration uses
+        roles = model_roles(algo, inputs, classes, algo_cfg)
+        if gpus is None:
+            placement = Placement.colocated(roles, world_size=world_size, device=cfg.train.device)
+        else:
+            followers = tuple(r for r in roles if role_spec(r, classes.get(r)).weights_from)
+            placement = gpu_placement(roles, followers, gpus, split=cfg.train.rollout_share)
     return compile_plan(algo, placement, inputs, classes, algo_cfg)
 
 
@@ -87,12 +94,13 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     """
     algo = algo or resolve_algorithm(cfg.algorithm)
     task = check_task(task, "task") if task is not None else run_task(cfg)
-    if cfg.train.device == "cuda" and not torch.cuda.is_available():
+    ray_gpus = cfg.train.executor == "ray" and cfg.train.device == "cuda"  # the GPUs are the cluster's
+    if cfg.train.device == "cuda" and not ray_gpus and not torch.cuda.is_available():
         raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
-    rank, world = distributed.setup(cfg.train.device)
+    rank, world = distributed.setup("cpu" if ray_gpus else cfg.train.device)
     if cfg.train.executor == "ray" and world > 1:
         raise ValueError("train.executor: 'ray' starts its own workers from one process; run it without torchrun")
-    plan = make_plan(cfg, algo, task, world)
+    plan = make_plan(cfg, algo, task, world, gpus=_cluster_gpus() if ray_gpus and cfg.placement == "auto" else None)
     warn_no_effect(cfg, plan.roles)
     found = resume.find(cfg)  # before any model is built: a refused resume changes nothing on disk
     _check_writable(Path(cfg.train.output_dir))
@@ -101,6 +109,10 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     path = model_path(cfg, task) if rank == 0 else None
     distributed.barrier()  # rank 0 builds the tiny model once; the others then load it
     path = path or model_path(cfg, task)
+    if cfg.train.device == "cuda":
+        from flowrl.runtime.planning import check_memory
+
+        check_memory(cfg, plan, path, _gpu_bytes(cfg))
     local, tokenizer = _per_rank_config(cfg, world), load_tokenizer(path)
     fit_prompts(cfg, tokenizer, task)  # data sets: over-long prompts dropped or refused
     evaluation = eval_plan(plan, task, cfg.role_classes(algo.roles)) if cfg.train.eval_every else None
@@ -130,9 +142,33 @@ def _executor(cfg: RunConfig, plan: Plan, factory: RoleFactory, world: int, eval
 
         init_ray()
         return RayExecutor(plan, factory, extra_driver_roles=evaluation.driver_roles() if evaluation else (),
-                           node_timeout_s=cfg.train.node_timeout_s)
+                           node_timeout_s=cfg.train.node_timeout_s, ship_files=cfg.train.ship_files,
+                           placement_timeout_s=cfg.train.placement_timeout_s)
     names = tuple(dict.fromkeys((*plan.roles, *(evaluation.roles if evaluation else ()))))
     return LocalExecutor(plan, factory.build(names), world_size=world)
+
+
+def _cluster_gpus() -> int:
+    """The Ray cluster's GPUs (placement 'auto' with train.executor=ray on CUDA); none is a one-line error."""
+    import ray
+
+    from flowrl.runtime.ray_executor import init_ray
+
+    init_ray()
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    if gpus == 0:
+        raise ValueError(f"placement 'auto': train.device is 'cuda', but the Ray cluster has no GPU (it has "
+                         f"{ray.cluster_resources()}); start the nodes with GPUs or set train.device=cpu")
+    return gpus
+
+
+def _gpu_bytes(cfg: RunConfig) -> int:
+    """Memory of one GPU: this process's, or with the Ray executor one of the cluster's."""
+    if cfg.train.executor != "ray":
+        return torch.cuda.get_device_properties(0).total_memory
+    from flowrl.runtime.ray_cluster import gpu_memory
+
+    return gpu_memory()
 
 
 OnStep = Callable[[int, dict[str, float]], None]
