@@ -98,15 +98,26 @@ def test_gae_skips_interior_padding_and_ignores_garbage():
         assert torch.allclose(a, b)
 
 
-def test_reinforce_pp_discounted_returns_reset_at_padding():
+def test_reinforce_pp_discounted_returns_carry_across_interior_gaps():
     rewards = t([0, 0, 1], [0, 2, NAN], [1, 5, 1])
     mask = t([1, 1, 1], [1, 1, 0], [1, 0, 1])
-    # gamma .5. row 0: [.25, .5, 1]; row 1: [2 * .5, 2, 0 (padding)]
-    # row 2 resets at the padding t1: t2 1, t1 0, t0 1 + .5 * 0 = 1
+    # gamma .5. row 0: [.25, .5, 1]; row 1: [2 * .5, 2, 0 (trailing padding)]
+    # row 2: t2 1; t1 is a gap (a tool observation): return 0, its reward 5
+    # dropped, the running 1 carried undiscounted; t0 1 + .5 * 1 = 1.5
     adv, ret = reinforce_pp(rewards, mask, gamma=0.5)
-    assert torch.allclose(ret, t([0.25, 0.5, 1], [1, 2, 0], [1, 0, 1]))
+    assert torch.allclose(ret, t([0.25, 0.5, 1], [1, 2, 0], [1.5, 0, 1]))
     assert torch.allclose(adv, masked_whiten(ret, mask))
     assert adv[1, 2].item() == 0.0 and adv[2, 1].item() == 0.0
+
+
+def test_reinforce_pp_multi_turn_equals_the_compact_trajectory():
+    # verl issue 7278: [act, act, obs, obs, act, act], reward 1 at the end; without the
+    # observations the return is 1 on every action token, and so it is with them
+    expanded, mask = t([[0, 0, 0, 0, 0, 1]]), t([[1, 1, 0, 0, 1, 1]])
+    _, ret = reinforce_pp(expanded, mask)
+    assert torch.equal(ret, t([[1, 1, 0, 0, 1, 1]]))
+    _, compact = reinforce_pp(t([[0, 0, 0, 1]]), torch.ones(1, 4))
+    assert torch.equal(ret[mask.bool()], compact.flatten())
 
 
 def test_remax():

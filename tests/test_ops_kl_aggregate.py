@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from flowrl.rl.ops.aggregate import AGG_MODES, agg_loss, agg_weight
-from flowrl.rl.ops.kl import kl_penalty
+from flowrl.rl.ops.aggregate import AGG_MODES, SUM_MODES, agg_loss, agg_weight
+from flowrl.rl.ops.kl import adaptive_kl_coef, kl_penalty
 from flowrl.rl.ops.masked import masked_mean, masked_sum, masked_var, masked_whiten
 
 NAN = float("nan")
@@ -66,6 +66,7 @@ MASK = t([1, 1, 0], [1, 0, 0])
     ("seq-mean-token-sum", 3.5),  # (3 + 4) / 2 rows
     ("seq-mean-token-mean", 2.75),  # (1.5 + 4) / 2 rows
     ("seq-mean-token-sum-norm", 7 / 6),  # 7 / (2 rows * T=3)
+    ("token-sum", 7.0),  # 1 + 2 + 4
 ])
 def test_agg_loss_modes(mode, expected):
     assert agg_loss(LOSS, MASK, mode).item() == pytest.approx(expected)
@@ -102,9 +103,11 @@ def test_agg_weight_recombines_split_batch_exactly(mode):
     mask = t([1, 1, 1], [1, 0, 0], [1, 1, 0], [0, 0, 0])
     # token-mean by hand: whole (1+2+3+4+7+8) / 6 = 25/6;
     # halves 10/4 (w 4) and 15/2 (w 2) -> (10 + 15) / 6
+    # token-sum: the halves' sums add up (weight 1 each, not normalised): 10 + 15
     halves = [(loss[:2], mask[:2]), (loss[2:], mask[2:])]
     weights = [agg_weight(m, mode) for _, m in halves]
-    combined = sum(agg_loss(x, m, mode) * w for (x, m), w in zip(halves, weights)) / sum(weights)
+    combined = sum(agg_loss(x, m, mode) * w for (x, m), w in zip(halves, weights))
+    combined = combined if mode in SUM_MODES else combined / sum(weights)
     assert combined.item() == pytest.approx(agg_loss(loss, mask, mode).item())
     if mode == "token-mean":
         assert combined.item() == pytest.approx(25 / 6)
@@ -139,3 +142,43 @@ def test_k3_is_clamped_and_nonnegative():
 def test_kl_bad_kind():
     with pytest.raises(ValueError, match="kl_kind"):
         kl_penalty(LOGP, REF, "k4")
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("k1+", [0.5, -1.0, 0.0]), ("abs+", [0.5, 1.0, 0.0]), ("k2+", [0.125, 0.5, 0.0]),
+    ("k3+", [0.106531, 0.718282, 0.0]), ("low_var_kl+", [0.106531, 0.718282, 0.0]),
+])
+def test_straight_through_kl_has_the_base_value_and_k2_gradient(kind, expected):
+    logp = LOGP.clone().requires_grad_(True)
+    value = kl_penalty(logp, REF, kind)
+    assert torch.allclose(value, t(*expected), atol=1e-6)
+    value.sum().backward()
+    # k2's gradient: logp - ref = [.5, -1, 0] (k1's would be [1, 1, 1])
+    assert torch.allclose(logp.grad, t(0.5, -1.0, 0.0))
+
+
+def test_straight_through_kl_matches_verl_on_random_inputs():
+    import verl_reference as verl
+
+    g = torch.Generator().manual_seed(0)
+    logp, ref = -torch.rand(4, 5, generator=g) * 3, -torch.rand(4, 5, generator=g) * 3
+    for base in ("k1", "abs", "k2", "k3"):
+        ours, theirs = logp.clone().requires_grad_(True), logp.clone().requires_grad_(True)
+        a, b = kl_penalty(ours, ref, base + "+"), verl.kl_straight_through(theirs, ref, base)
+        (a * ref).sum().backward()
+        (b * ref).sum().backward()
+        assert torch.allclose(a, b, atol=1e-6) and torch.allclose(ours.grad, theirs.grad, atol=1e-6)
+
+
+def test_adaptive_kl_coef():
+    # above target: error .15 / .1 - 1 = .5, clipped to .2; 4 rows / horizon 8 -> .1 * (1 + .2 * .5) = .11
+    assert adaptive_kl_coef(0.1, 0.15, 0.1, horizon=8, num_steps=4) == pytest.approx(0.11)
+    # below: .05 / .1 - 1 = -.5 -> -.2 -> .1 * (1 - .1) = .09; on target: unchanged
+    assert adaptive_kl_coef(0.1, 0.05, 0.1, horizon=8, num_steps=4) == pytest.approx(0.09)
+    assert adaptive_kl_coef(0.1, 0.1, 0.1, horizon=8, num_steps=4) == pytest.approx(0.1)
+    # inside the clip: .11 / .1 - 1 = .1; 2 rows / horizon 4 -> 1.05
+    assert adaptive_kl_coef(0.2, 0.11, 0.1, horizon=4, num_steps=2) == pytest.approx(0.21)
+    with pytest.raises(ValueError, match="horizon"):
+        adaptive_kl_coef(0.1, 0.1, 0.1, horizon=0, num_steps=1)
+    with pytest.raises(ValueError, match="target_kl"):
+        adaptive_kl_coef(0.1, 0.1, 0.0, horizon=1, num_steps=1)

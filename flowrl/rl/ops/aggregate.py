@@ -17,8 +17,11 @@ import torch
 
 from flowrl.rl.ops.masked import masked_mean, masked_sum, valid_mask
 
-AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+                  "token-sum"]
 AGG_MODES: tuple[str, ...] = get_args(AggMode)
+SUM_MODES: tuple[str, ...] = ("token-sum",)
+"""Modes that are sums, not means: a batch's loss is the sum of its micro-batches' losses (agg_weight 1 each)."""
 
 
 def check_agg_mode(mode: str) -> None:
@@ -37,6 +40,8 @@ def agg_loss(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: str,
     """Aggregate `loss_BT` over valid tokens to a scalar (0 when none are valid).
 
     - "token-mean": sum of valid token losses / number of valid tokens.
+    - "token-sum": sum of valid token losses (verl's token-sum, e.g. for a KL
+      term that should not shrink with the batch's length).
     - "seq-mean-token-sum": mean over sequences of each sequence's token sum.
     - "seq-mean-token-mean": mean over sequences of each sequence's token mean.
     - "seq-mean-token-sum-norm" (Dr.GRPO): sum of valid token losses /
@@ -47,6 +52,8 @@ def agg_loss(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: str,
     check_agg_mode(mode)
     if mode == "token-mean":
         return masked_mean(loss_BT, mask_BT)
+    if mode == "token-sum":
+        return masked_sum(loss_BT, mask_BT)
     num_seqs = max(num_sequences(mask_BT), 1)
     if mode == "seq-mean-token-sum":
         return masked_sum(loss_BT, mask_BT, dim=-1).sum() / num_seqs
@@ -59,14 +66,17 @@ def agg_loss(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: str,
 
 
 def agg_weight(mask_BT: torch.Tensor, mode: str) -> float:
-    """A micro-batch's count in `mode`'s unit: valid tokens or sequences.
+    """A micro-batch's count in `mode`'s unit: valid tokens or sequences; for a sum mode 1 when it has a
+    valid token (its loss adds in whole), else 0.
 
-        mask [[1, 1, 0], [1, 0, 0]]: token-mean -> 3 tokens, seq-* -> 2 rows
+        mask [[1, 1, 0], [1, 0, 0]]: token-mean -> 3 tokens, seq-* -> 2 rows, token-sum -> 1
     """
     check_agg_mode(mode)
+    if mode in SUM_MODES:
+        return float(num_sequences(mask_BT) > 0)
     if mode == "token-mean":
         return float(valid_mask(mask_BT, mask_BT).sum())
     return float(num_sequences(mask_BT))
 
 
-__all__ = ["AGG_MODES", "agg_loss", "agg_weight", "check_agg_mode", "num_sequences"]
+__all__ = ["AGG_MODES", "SUM_MODES", "agg_loss", "agg_weight", "check_agg_mode", "num_sequences"]

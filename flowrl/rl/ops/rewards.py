@@ -50,3 +50,34 @@ def kl_in_reward(token_rewards_BT: torch.Tensor, kl_BT: torch.Tensor, kl_coef: f
     if mask_BT is None:
         return shaped_BT
     return torch.where(valid_mask(mask_BT, shaped_BT), shaped_BT, 0)
+
+
+PF_PPO_METHODS = ("pow", "max_min", "max_random")
+
+
+def pf_ppo_weights(scores_B: torch.Tensor, method: str = "pow", weight_pow: float = 2.0) -> torch.Tensor:
+    """PF-PPO's (arXiv:2409.06957) sampling weight per row from its score, verl's compute_pf_ppo_reweight_data.
+
+    - "pow": |score| ** weight_pow;
+    - "max_min": 1 for rows at the batch's max or min score, else 0;
+    - "max_random": .4 for rows at the max, .1 for the others;
+    then + 1e-8 (so every row keeps a chance). scores [1, -2, .5]: pow 2 ->
+    [1, 4, .25]; max_min -> [1, 1, 0]; max_random -> [.4, .1, .1].
+    """
+    if method not in PF_PPO_METHODS:
+        raise ValueError(f"reweight_method must be one of {PF_PPO_METHODS}, got {method!r}")
+    scores_B = scores_B if scores_B.is_floating_point() else scores_B.to(torch.get_default_dtype())
+    if method == "pow":
+        weights_B = scores_B.abs().pow(weight_pow)
+    elif method == "max_min":
+        weights_B = ((scores_B == scores_B.max()) | (scores_B == scores_B.min())).to(scores_B.dtype)
+    else:
+        weights_B = torch.where(scores_B == scores_B.max(), 0.4, 0.1).to(scores_B.dtype)
+    return torch.clamp(weights_B + 1e-8, min=1e-8)
+
+
+def pf_ppo_resample(scores_B: torch.Tensor, method: str = "pow", weight_pow: float = 2.0,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """B row indices drawn with replacement in proportion to pf_ppo_weights (torch.multinomial, as verl)."""
+    weights_B = pf_ppo_weights(scores_B, method, weight_pow)
+    return torch.multinomial(weights_B, scores_B.shape[0], replacement=True, generator=generator)

@@ -1,0 +1,173 @@
+"""Loop-by-loop restatements of verl's estimators and losses (verl/trainer/ppo/core_algos.py, 0.9-0.10).
+
+Each follows verl's computation step for step (python dicts of groups, the same
+torch calls where the result depends on them: topk, randperm), written for
+these tests; flowrl's vectorised ops are compared against them on random inputs.
+"""
+
+from collections import defaultdict
+
+import torch
+
+
+def whiten(x, mask, eps=1e-8):
+    n = mask.sum()
+    mean = (x * mask).sum() / n
+    var = (((x - mean) ** 2) * mask).sum() / n * n / (n - 1)
+    return (x - mean) * torch.rsqrt(var + eps)
+
+
+def masked_mean(x, mask, dim=None):
+    return (x * mask).sum() / mask.sum() if dim is None else (x * mask).sum(dim) / mask.sum(dim)
+
+
+def _groups(index):
+    out = defaultdict(list)
+    for i, g in enumerate(index):
+        out[int(g)].append(i)
+    return out
+
+
+def reinforce_pp(rewards, mask, gamma):
+    returns, running = torch.zeros_like(rewards), 0
+    for t in reversed(range(rewards.shape[1])):
+        new = rewards[:, t] + gamma * running
+        returns[:, t] = new * mask[:, t]
+        running = new * mask[:, t] + running * (1 - mask[:, t])
+    return whiten(returns, mask) * mask, returns
+
+
+def reinforce_pp_baseline(scores, mask, index):
+    scores = scores.clone()
+    for rows in _groups(index).values():
+        mean = scores[rows].mean() if len(rows) > 1 else 0.0
+        for i in rows:
+            scores[i] = scores[i] - mean
+    tiled = scores.unsqueeze(-1) * mask
+    return whiten(tiled, mask) * mask
+
+
+def gpg(scores, mask, index, f_norm=1.0):
+    alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1)
+    out = scores.clone()
+    for rows in _groups(index).values():
+        mean = scores[rows].mean() if len(rows) > 1 else 0.0
+        for i in rows:
+            out[i] = alpha * (scores[i] - mean) / f_norm
+    return out.unsqueeze(-1) * mask
+
+
+def opo(scores, mask, index):
+    lengths, out = mask.sum(-1), scores.clone()
+    for rows in _groups(index).values():
+        baseline = (lengths[rows] * scores[rows]).sum() / lengths[rows].sum() if len(rows) > 1 else 0.0
+        for i in rows:
+            out[i] = scores[i] - baseline
+    return out.unsqueeze(-1) * mask
+
+
+def grpo_passk(scores, mask, index, eps=1e-6, norm_by_std=True):
+    out = torch.zeros_like(scores)
+    for rows in _groups(index).values():
+        rewards = scores[rows]
+        top, top_idx = torch.topk(rewards, 2)
+        adv = top[0] - top[1]
+        out[rows[top_idx[0].item()]] = adv / (torch.std(rewards) + eps) if norm_by_std else adv
+    return out.unsqueeze(-1) * mask
+
+
+def optimal_token_baseline(rewards, mask, index, old_logprobs, sum_pi_squared, is_weights=None,
+                           handle_zero_tail=True, eps=1e-8):
+    returns = (rewards * mask).flip(-1).cumsum(-1).flip(-1)
+    w = 1 - 2 * old_logprobs.exp() + sum_pi_squared
+    if is_weights is not None:
+        w = w * is_weights ** 2
+    w_cum = (w * mask).cumsum(-1)
+    baselines = torch.zeros_like(returns)
+    for rows in _groups(index).values():
+        if len(rows) == 1:
+            continue
+        idx = torch.tensor(rows)
+        b = (returns[idx] * w_cum[idx] * mask[idx]).sum(0) / ((w_cum[idx] * mask[idx]).sum(0) + eps)
+        baselines[idx] = b.unsqueeze(0).expand(len(rows), -1)
+        if handle_zero_tail:
+            lengths = mask[idx].sum(-1)
+            ordered = torch.sort(lengths).values
+            longest, second = int(ordered[-1]), int(ordered[-2])
+            at_max = (lengths == longest).nonzero(as_tuple=True)[0]
+            if at_max.numel() == 1 and longest > second:
+                baselines[rows[int(at_max[0])], second:] = 0.0
+    return (returns - baselines) * mask
+
+
+def sapo_tokens(old, logp, adv, tau_pos=1.0, tau_neg=1.05):
+    ratio = torch.exp(torch.clamp(logp - old, -20, 20))
+    taus = torch.where(adv > 0, torch.tensor(tau_pos), torch.tensor(tau_neg))
+    return -torch.sigmoid(taus * (ratio - 1.0)) * (4.0 / taus) * adv
+
+
+def seq_mean_token_mean(loss, mask):
+    per_row = (loss * mask).sum(-1) / (mask.sum(-1) + 1e-8)
+    rows = (mask.sum(-1) > 0).float()
+    return (per_row * rows).sum() / rows.sum()
+
+
+def geo_mean(old, logp, adv, mask, clip_low, clip_high):
+    log_ratio = logp - old
+    sgn = torch.sign(adv)
+    clamped = torch.clamp(log_ratio, -clip_low, clip_high)
+    picked = sgn * torch.min(sgn * log_ratio, sgn * clamped)
+    n = mask.sum(-1)
+    ratio = torch.exp((picked * mask).sum(-1) / (n + 1e-8))
+    seq_adv = (adv * mask).sum(-1) / (n + 1e-8)
+    return torch.mean(-seq_adv * ratio)
+
+
+def kl_cov_tokens(old, logp, adv, mask, kl_cov_ratio, coef):
+    log_ratio = logp - old
+    ratio = torch.exp(log_ratio)
+    losses = -adv * ratio
+    with_kl = -adv * ratio + coef * log_ratio.abs()
+    valid = mask > 0
+    valid_idx = torch.nonzero(valid.reshape(-1), as_tuple=True)[0]
+    a, lp = adv[valid].detach().reshape(-1), logp[valid].detach().reshape(-1)
+    cov = (a - a.mean()) * (lp - lp.mean())
+    top = valid_idx[torch.topk(cov, max(1, int(len(cov) * kl_cov_ratio)), largest=True).indices]
+    width = adv.shape[1]
+    losses[top // width, top % width] = with_kl[top // width, top % width]
+    return losses
+
+
+def clip_cov_tokens(old, logp, adv, mask, clip, ratio_, lb, ub, generator):
+    ratio = torch.exp(logp - old)
+    loss1 = -adv * ratio
+    loss2 = -adv * torch.clamp(ratio, 1 - clip, 1 + clip)
+    by_origin = (loss2 > loss1) & (mask > 0)
+    cov = (adv - masked_mean(adv, mask)) * (logp - masked_mean(logp.detach(), mask))
+    cov[mask == 0] = -torch.inf
+    cov[by_origin] = -torch.inf
+    num = max(int(ratio_ * mask.sum().item()), 1)
+    idx = torch.nonzero((cov < ub) & (cov > lb) & (mask > 0))
+    corr = torch.ones_like(adv)
+    if len(idx):
+        idx = idx[torch.randperm(len(idx), generator=generator)[:min(num, len(idx))]]
+        corr[idx[:, 0], idx[:, 1]] = 0
+    return torch.maximum(loss1, loss2) * corr
+
+
+def kl_straight_through(logp, ref, base):
+    log_ratio = logp - ref
+    forward = {"k1": log_ratio, "abs": log_ratio.abs(), "k2": 0.5 * log_ratio ** 2,
+               "k3": torch.clamp(torch.exp(torch.clamp(-log_ratio, -20, 20)) + log_ratio - 1, -10, 10)}[base]
+    backward = 0.5 * log_ratio.square()
+    return backward - backward.detach() + forward.detach()
+
+
+def pf_ppo_weights(scores, method, weight_pow):
+    if method == "pow":
+        w = torch.pow(torch.abs(scores), weight_pow)
+    elif method == "max_min":
+        w = torch.where((scores == scores.max()) | (scores == scores.min()), 1.0, 0.0)
+    else:
+        w = torch.where(scores == scores.max(), 0.4, 0.1)
+    return torch.clamp(w + 1e-8, min=1e-8)
