@@ -16,7 +16,7 @@ from typing import Any
 
 _PUBLIC = {
     "Algorithm": "flowrl.graph", "algorithm": "flowrl.graph", "stage": "flowrl.graph", "Stage": "flowrl.graph",
-    "fill": "flowrl.graph", "role": "flowrl.graph", "graph_method": "flowrl.graph",
+    "fill": "flowrl.graph", "buffer": "flowrl.graph", "role": "flowrl.graph", "graph_method": "flowrl.graph",
     "GraphError": "flowrl.errors", "PlanError": "flowrl.errors", "LocalExecutor": "flowrl.runtime.executor",
     "Placement": "flowrl.plan", "Plan": "flowrl.plan", "Pool": "flowrl.plan", "compile_plan": "flowrl.plan",
 }

@@ -118,5 +118,6 @@ class _MissingRole:
 
 ALGORITHMS: Registry[Algorithm] = Registry("algorithm")
 """Algorithms by name (`flowrl train NAME`); the prebuilt ones load on first use."""
-for _name in ("ppo", "grpo", "dapo", "rloo", "reinforce_pp", "remax", "gspo", "cispo", "dppo"):
+for _name in ("ppo", "grpo", "dapo", "rloo", "reinforce_pp", "remax", "gspo", "cispo", "dppo",
+              "grpo_async"):
     ALGORITHMS.register(_name, f"flowrl.algorithms.{_name}:{_name}")

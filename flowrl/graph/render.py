@@ -3,7 +3,7 @@
 `Algorithm` and `Plan` show as a Mermaid flowchart in Jupyter (through
 `_repr_mimebundle_`), and `flowrl plan ALGO --format mermaid|dot` prints the
 source. Role nodes are boxes labelled with their pool; stages are rounded;
-row-changing, fill and sync nodes are marked.
+row-changing, fill, sync and buffer nodes are marked.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import networkx as nx
 from flowrl.graph.trace import SOURCE, Node, NodeKind
 
 _MERMAID_SHAPES = {NodeKind.MAP: ("[", "]"), NodeKind.ROWS: ("[/", "/]"), NodeKind.FILL: ("{{", "}}"),
-                   NodeKind.SYNC: ("[(", ")]")}
+                   NodeKind.SYNC: ("[(", ")]"), NodeKind.BUFFER: ("[[", "]]")}
 
 
 def _ids(graph: nx.DiGraph, order: list[str]) -> dict[str, str]:
@@ -22,7 +22,7 @@ def _ids(graph: nx.DiGraph, order: list[str]) -> dict[str, str]:
 
 def _label(node: Node) -> str:
     text = node.label()
-    return text if node.role is not None or node.kind is NodeKind.FILL else f"{text} (stage)"
+    return text if node.role is not None or node.kind in (NodeKind.FILL, NodeKind.BUFFER) else f"{text} (stage)"
 
 
 def mermaid(graph: nx.DiGraph, order: list[str], title: str) -> str:

@@ -32,6 +32,8 @@ class Stage:
         kwargs = {**self.bound, **kwargs}
         if isinstance(batch, SymBatch):
             check_call(f"stage {self.name}", self.fn, batch, **kwargs)
+            if self.spec.check is not None:
+                self.spec.check(**kwargs)
             return batch.tracer.record(batch, self.name, self.spec, kwargs, fn=self.fn)
         if not isinstance(batch, TensorDict):
             raise GraphError(f"stage {self.name} got {type(batch).__name__}, expected a TensorDict batch")
@@ -58,3 +60,22 @@ fill = Stage(_fill, Spec(reads=("group",), kind=NodeKind.FILL))
 fill.__doc__ = """Dynamic sampling: keep sampling fresh prompts through the nodes before this one
 until `num_groups` groups survive (default: the step's prompt count), at most
 `max_rounds` rounds; the batch is then cut to that many groups."""
+
+
+def buffer(batch: TensorDict, max_staleness: int = 0) -> TensorDict:
+    """Eagerly a no-op; executors run the nodes before it ahead of those after it (flowrl.runtime.buffering)."""
+    return batch
+
+
+def _check_buffer(max_staleness: int = 0) -> None:
+    if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
+        raise GraphError(f"buffer: max_staleness must be an int >= 0, got {max_staleness!r}")
+
+
+buffer = Stage(buffer, Spec(reads=("policy_version",), kind=NodeKind.BUFFER, check=_check_buffer))
+buffer.__doc__ = """Bounded staleness: the nodes before this one (generate, score: the producers) may run up
+to `max_staleness` steps ahead of the nodes after it (logprobs, update: the consumers). With
+`max_staleness=k >= 1` the batch trained at step t was sampled with the weights of k updates earlier, and an
+executor with the rollout on its own pool generates step t+k's batch while step t trains (k = 1 is verl's
+one-step-off-policy). Rows whose `policy_version` lags the trained weights by more than k are dropped and
+counted (`buffer/dropped`). `max_staleness=0` is the synchronous step exactly."""

@@ -5,7 +5,7 @@ networkx DiGraph. The edges are the whole schedule: an edge runs to a node from
 the node that last wrote each field it reads, from every node that read a
 field since it was last written when this node overwrites it, and from the
 last writer of a field it writes again. A node that changes rows (or fills,
-or syncs) is a barrier: it follows every node since the previous barrier and
+syncs or buffers) is a barrier: it follows every node since the previous barrier and
 every later node follows it. So independent nodes (ref and old logprobs) have
 no path between them, and executors may run them at once. A read of a field
 no earlier node writes fails here, before any model loads.
@@ -32,6 +32,7 @@ class NodeKind(str, enum.Enum):
     ROWS = "rows"  # rows dropped, repeated or reordered
     FILL = "fill"  # dynamic sampling: re-run the nodes before it until enough groups survive
     SYNC = "sync"  # moves weights between roles; reads and writes no field
+    BUFFER = "buffer"  # bounded staleness: the nodes before it may run up to `max_staleness` steps ahead
 
     @property
     def barrier(self) -> bool:

@@ -96,6 +96,12 @@ def compile_plan(algo: Algorithm, placement: Placement, input_fields: set[str],
     fills = [n for n in order if graph.nodes[n]["node"].kind is NodeKind.FILL]
     if len(fills) > 1:
         raise PlanError(f"{algo.name}: at most one fill node per step, got {fills}")
+    buffers = [n for n in order if graph.nodes[n]["node"].kind is NodeKind.BUFFER]
+    if len(buffers) > 1:
+        raise PlanError(f"{algo.name}: at most one buffer node per step, got {buffers}")
+    if buffers and fills and order.index(fills[0]) > order.index(buffers[0]):
+        raise PlanError(f"{algo.name}: {fills[0]} comes after {buffers[0]}; fill re-runs the nodes before it, so "
+                        f"put it before the buffer (with the producers)")
     deferred = deferrable(nodes_in_order(graph, order), specs)
     nodes = []
     for node in nodes_in_order(graph, order):

@@ -18,6 +18,7 @@ from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
 from flowrl.graph.trace import Node
 from flowrl.plan.planner import Plan
+from flowrl.runtime import buffering
 from flowrl.runtime.scheduling import call_node, fill_index, run_step, scheduled
 
 
@@ -40,7 +41,8 @@ class Executor(Protocol):
     def versions(self, versions: dict[str, int]) -> None: ...
 
     def train_engines(self) -> dict[str, TrainEngine]:
-        """What a checkpoint saves and loads (save/load of the trainable roles)."""
+        """What a checkpoint saves and loads (save/load of the trainable roles, and of the buffered batches
+        under flowrl.runtime.buffering.BUFFER when the plan buffers)."""
         ...
 
     def save_pretrained(self, role: str, path: str, tokenizer: Any = None) -> None:
@@ -65,16 +67,20 @@ class LocalExecutor:
         if self.fill_at is not None and world_size > 1:
             raise PlanError(f"{plan.algorithm}: dynamic sampling (fill) leaves ranks with unequal rows, which "
                             f"FSDP cannot step together; run it with world_size 1")
+        self.pipeline = buffering.make(plan, self.nodes, lambda: self.versions, overlap=False)
 
     def run_step(self, step: int, prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
         """One training step over prompt batches drawn from `prompts`; returns the batch and metrics."""
+        if self.pipeline is not None:
+            return self.pipeline.step(step, prompts, self._run)
         return run_step(step, self.nodes, self.fill_at, self._run, prompts)
 
     def for_plan(self, plan: Plan) -> "LocalExecutor":
         return LocalExecutor(plan, self.roles, self.world_size)
 
     def train_engines(self) -> dict[str, TrainEngine]:
-        return {name: self.roles[name].engine for name in self.plan.trainable()}
+        return buffering.checkpointed({name: self.roles[name].engine for name in self.plan.trainable()},
+                                      self.pipeline)
 
     @property
     def versions(self) -> dict[str, int]:

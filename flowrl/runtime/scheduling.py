@@ -44,8 +44,9 @@ def call_role(node: Node, role: Any, batch: TensorDict, info: CallInfo) -> Tenso
 
 
 def call_node(node: Node, roles: dict[str, Any], batch: TensorDict, calls: StepCalls) -> TensorDict:
-    """Run one node in this process: a role method on `roles`, or a stage (a fill node is a no-op here)."""
-    if node.kind is NodeKind.FILL:
+    """Run one node in this process: a role method on `roles`, or a stage (fill and buffer nodes are no-ops
+    here: the step around them acts on them)."""
+    if node.kind in (NodeKind.FILL, NodeKind.BUFFER):
         return batch
     with metrics.node(node.name):
         if node.role is None:
