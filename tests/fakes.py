@@ -124,15 +124,43 @@ class ExitingTrainEngine(FakeTrainEngine):
         os._exit(3)
 
 
-def fake_specs(forward_s: float = 0.0, ref_exits: bool = False) -> dict[str, RoleSpec]:
+class SleepyRolloutEngine(FakeRolloutEngine):
+    """A FakeRolloutEngine whose generate takes `seconds` (a slow sampler: generation the bottleneck)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def generate(self, *args, **kwargs):
+        import time
+        time.sleep(self.seconds)
+        return super().generate(*args, **kwargs)
+
+
+class SlowUpdateEngine(SleepyTrainEngine):
+    """A SleepyTrainEngine whose update takes `update_s` too."""
+
+    def __init__(self, seconds: float, update_s: float) -> None:
+        super().__init__(seconds)
+        self.update_s = update_s
+
+    def update(self, *args, **kwargs):
+        import time
+        time.sleep(self.update_s)
+        return super().update(*args, **kwargs)
+
+
+def fake_specs(forward_s: float = 0.0, ref_exits: bool = False, generate_s: float = 0.0,
+               update_s: float = 0.0) -> dict[str, RoleSpec]:
     """The built-in roles' registrations with classes that build over fakes (for a RoleFactory's `specs`);
-    `ref_exits`: the reference's worker process ends in its first forward."""
+    `ref_exits`: the reference's worker process ends in its first forward; `generate_s` / `update_s`: how long
+    each generation / actor update takes."""
     from flowrl.roles import Actor, Ref, Reward, Rollout
 
     class FakeActor(Actor):
         @classmethod
         def build(cls, ctx):
-            return Actor(engine=SleepyTrainEngine(forward_s))
+            return Actor(engine=SlowUpdateEngine(forward_s, update_s))
 
     class FakeRef(Ref):
         @classmethod
@@ -142,7 +170,7 @@ def fake_specs(forward_s: float = 0.0, ref_exits: bool = False) -> dict[str, Rol
     class FakeRollout(Rollout):
         @classmethod
         def build(cls, ctx):
-            return Rollout(engine=FakeRolloutEngine(), params=SamplingParams(max_new_tokens=2),
+            return Rollout(engine=SleepyRolloutEngine(generate_s), params=SamplingParams(max_new_tokens=2),
                            source=ctx.roles.get("actor"), weight_sync=lambda train, rollout: None)
 
     class FakeReward(Reward):

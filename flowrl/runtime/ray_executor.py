@@ -39,7 +39,7 @@ from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
 from flowrl.graph.trace import Node, NodeKind
 from flowrl.plan.placement import DRIVER, Pool
-from flowrl.runtime import ray_cluster
+from flowrl.runtime import buffering, ray_cluster
 from flowrl.runtime.ray_cluster import ShippedFolder, pack, unpack
 from flowrl.plan.planner import Plan
 from flowrl.runtime.distributed import average
@@ -119,9 +119,14 @@ class RayExecutor:
             self.close()
             raise
         self._versions = _Versions({r: 0 for r in plan.versioned()})
+        self.pipeline = buffering.make(plan, self.nodes, lambda: self.versions, overlap=True)
 
     def run_step(self, step: int, prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
-        """One training step over prompt batches drawn from `prompts`; returns the batch and metrics."""
+        """One training step over prompt batches drawn from `prompts`; returns the batch and metrics. With a
+        buffer (k >= 1) and the producers on pools of their own, step t+k's producers run in a thread beside
+        step t's consumers (flowrl.runtime.buffering)."""
+        if self.pipeline is not None:
+            return self.pipeline.step(step, prompts, self._run)
         return run_step(step, self.nodes, self.fill_at, self._run, prompts)
 
     def for_plan(self, plan: Plan) -> "RayExecutor":
@@ -134,6 +139,7 @@ class RayExecutor:
         view = copy.copy(self)
         view.plan = plan
         view.nodes, view.fill_at = _checked_nodes(plan)
+        view.pipeline = buffering.make(plan, view.nodes, lambda: view.versions, overlap=True)
         return view
 
     def call(self, role: str, method: str, batch: TensorDict, step: int = 0, **kwargs: Any) -> TensorDict:
@@ -146,8 +152,8 @@ class RayExecutor:
         return self._resolve([self._launch(node, batch, StepCalls(step))], batch)
 
     def train_engines(self) -> dict[str, PoolEngine]:
-        return {r: PoolEngine(tuple(self._workers_of(r)), r, self.ship_files)
-                for r in self.plan.trainable() if r in self.plan.pools}
+        return buffering.checkpointed({r: PoolEngine(tuple(self._workers_of(r)), r, self.ship_files)
+                                       for r in self.plan.trainable() if r in self.plan.pools}, self.pipeline)
 
     @property
     def versions(self) -> dict[str, int]:
