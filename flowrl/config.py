@@ -43,6 +43,9 @@ class TrainConfig(Section):
     batch_size: int = Field(32, ge=1, description="Prompts per step (groups, once sampled).")
     mini_batch_size: int = Field(128, ge=1, description="Responses per optimizer step.")
     micro_batch_size: int = Field(64, ge=1, description="Responses per forward/backward pass.")
+    forward_micro_batch_size: int = Field(0, ge=0, description="Responses per no-grad forward pass (old and "
+                                                               "reference logprobs, values, scores); 0: "
+                                                               "train.micro_batch_size.")
     epochs: int = Field(1, ge=1, description="Passes over each step's batch per update.")
     seed: int = Field(0, description="Seed of data order, sampling and the tiny model.")
     output_dir: str = Field("runs/flowrl", description="Checkpoints, metrics.jsonl and the tiny model go here.")

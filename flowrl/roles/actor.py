@@ -20,7 +20,7 @@ def _update_reads(loss: LossFn, **_: Any) -> tuple[str, ...]:
 
 
 def _logprobs(engine: TrainEngine, s: UpdateSettings, batch: TensorDict) -> torch.Tensor:
-    return engine.forward(batch, temperature=s.temperature, micro_batch_size=s.micro_batch_size)["logprobs"]
+    return engine.forward(batch, temperature=s.temperature, micro_batch_size=s.forward_rows)["logprobs"]
 
 
 def _update(engine: TrainEngine, s: UpdateSettings, batch: TensorDict, loss: LossFn, seed: int | None,
@@ -97,7 +97,7 @@ class Critic:
 
     @graph_method(reads=MODEL_INPUT, writes=("values",))
     def values(self, batch: TensorDict) -> TensorDict:
-        out = self.engine.forward(batch, micro_batch_size=self.settings.micro_batch_size)
+        out = self.engine.forward(batch, micro_batch_size=self.settings.forward_rows)
         batch["values"] = out["values"] * batch["response_mask"]
         return batch
 

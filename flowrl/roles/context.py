@@ -18,6 +18,11 @@ from flowrl.engines.hf_models import load_tokenizer
 class UpdateSettings:
     mini_batch_size: int = 32
     micro_batch_size: int = 16
+    forward_micro_batch_size: int = 0  # rows per no-grad forward pass (logprobs, values, scores); 0: micro's
+
+    @property
+    def forward_rows(self) -> int:
+        return self.forward_micro_batch_size or self.micro_batch_size
     epochs: int = 1
     temperature: float = 1.0
 

@@ -83,7 +83,7 @@ class RewardModel:
 
     @graph_method(reads=MODEL_INPUT, writes=_scores_key)
     def score(self, batch: TensorDict, metric: str = "reward", key: str = "scores") -> TensorDict:
-        scores_BR = self.engine.forward(batch, micro_batch_size=self.settings.micro_batch_size)["scores"]
+        scores_BR = self.engine.forward(batch, micro_batch_size=self.settings.forward_rows)["scores"]
         last_B = (batch["response_mask"].sum(-1) - 1).clamp(min=0)
         batch[key] = scores_BR.gather(1, last_B.unsqueeze(-1)).squeeze(-1)
         metrics.log(f"{metric}/mean", batch[key].mean())

@@ -59,12 +59,13 @@ class RoleFactory:
     def for_pool(self, pool: Pool) -> "RoleFactory":
         """The factory a pool's ranks build from: its device, and its share of the (global) batch sizes."""
         s = self.context.settings
-        for name in ("mini_batch_size", "micro_batch_size"):
+        for name in ("mini_batch_size", "micro_batch_size", "forward_micro_batch_size"):
             if getattr(s, name) % pool.world_size:
                 raise ValueError(f"train.{name}={getattr(s, name)} must be divisible by the world_size "
                                  f"{pool.world_size} of pool {pool.name!r}")
         settings = replace(s, mini_batch_size=s.mini_batch_size // pool.world_size,
-                           micro_batch_size=s.micro_batch_size // pool.world_size)
+                           micro_batch_size=s.micro_batch_size // pool.world_size,
+                           forward_micro_batch_size=s.forward_micro_batch_size // pool.world_size)
         return replace(self, context=replace(self.context, device=pool.device, settings=settings))
 
     def folders(self) -> tuple[Path, ...]:
@@ -84,6 +85,7 @@ def make_factory(cfg: RunConfig, plan: Plan, task: Any, path: Path, extra: dict[
     """The factory for `plan`'s roles (and `extra` ones, e.g. the evaluation's) under run config `cfg`."""
     t, m = cfg.train, cfg.model
     settings = UpdateSettings(mini_batch_size=t.mini_batch_size, micro_batch_size=t.micro_batch_size,
+                              forward_micro_batch_size=t.forward_micro_batch_size,
                               epochs=t.epochs, temperature=cfg.rollout.temperature)
     reward_model = None if m.reward_path is None else ModelSource(model_folder(m.reward_path, "model.reward_path"),
                                                                   m.dtype)
