@@ -19,6 +19,7 @@ _PUBLIC = {
     "fill": "flowrl.graph", "buffer": "flowrl.graph", "role": "flowrl.graph", "graph_method": "flowrl.graph",
     "GraphError": "flowrl.errors", "PlanError": "flowrl.errors", "LocalExecutor": "flowrl.runtime.executor",
     "Placement": "flowrl.plan", "Plan": "flowrl.plan", "Pool": "flowrl.plan", "compile_plan": "flowrl.plan",
+    "connect": "flowrl.runtime.ray_cluster", "train": "flowrl.runtime.trainer", "load_run_config": "flowrl.config",
 }
 _MODULES = {"losses": "flowrl.rl.losses", "stages": "flowrl.rl.stages", "metrics": "flowrl.metrics",
             "roles": "flowrl.roles"}

@@ -36,6 +36,26 @@ SHIPPED_DIR = "flowrl-shipped"  # under each node's temp folder
 Files = dict[str, bytes]  # a folder's files by relative path
 
 
+def connect(address: str, **kwargs: Any) -> Any:
+    """Drive a Ray cluster from this process (a notebook): `ray://head:10001` (Ray Client) or `head:6379` (the
+    cluster's GCS, from a machine on its network). Then `train` with train.executor=ray runs its loop here and
+    its pools on the cluster: the step lines, progress and metrics come back here, and checkpoints and exports
+    land on this machine's disk (train.ship_files). Functions and classes defined here (algorithms, stages,
+    tasks, reward functions) travel by value; modules they import must be installed on the cluster's nodes or
+    sent with runtime_env={"py_modules": [...]}. `kwargs` go to ray.init; an earlier connection is closed."""
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"connect: address {address!r}; expected 'ray://host:port' or 'host:port'")
+    if ray.is_initialized():
+        ray.shutdown()
+    try:
+        return ray.init(address.strip(), **kwargs)
+    except ModuleNotFoundError as err:  # Ray Client needs grpcio
+        raise ValueError(f"connect {address}: Ray Client needs {err.name}: pip install -e '.[ray]'") from None
+    except ConnectionError as err:
+        raise ValueError(f"connect {address}: {' '.join(str(err).split())}; is the head running "
+                         f"(ray start --head --ray-client-server-port=PORT) and its port reachable?") from None
+
+
 def bundle(pool: Pool) -> dict[str, float]:
     """What one rank of the pool asks Ray for."""
     return {"CPU": BUNDLE_NUM_CPUS, **({"GPU": 1.0} if pool.device == "cuda" else {}), **pool.resources}

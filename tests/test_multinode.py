@@ -1,0 +1,156 @@
+"""A two-node Ray cluster on this machine, started and stopped by the test through the `ray start` processes it
+starts: a pool spread over both nodes trains like the local executor from model folders shipped to them, and
+the remote-cluster notebook drives the cluster through Ray Client from a separate process."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from flowrl.config import load_run_config
+from flowrl.engines.tiny_model import build_tiny_model
+from flowrl.errors import PlanError
+from flowrl.runtime.trainer import train
+from fakes import ParityTask
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("grpc")  # Ray Client: the `ray` extra's ray[client]
+from flowrl.runtime import ray_cluster  # noqa: E402  (needs ray)
+
+NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "remote_cluster.ipynb"
+TESTS = str(Path(__file__).parent)
+PORT_FLAGS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
+              "--metrics-export-port", "--node-manager-port", "--object-manager-port")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def _node(args: list[str], resources: dict, env: dict, log: Path) -> subprocess.Popen:
+    """One Ray node as a `ray start --block` process (its own ports; ending the process stops the node)."""
+    cmd = [shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray", "start", "--block", "--num-cpus=1",
+           f"--resources={json.dumps(resources)}", "--object-store-memory=100000000", "--disable-usage-stats",
+           *[f"{flag}={_free_port()}" for flag in PORT_FLAGS], *args]
+    return subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head (resource node_a) and a second node (node_b), with Ray Client; this process connects through it."""
+    temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths have a length limit
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled",  # two nodes started apart share no auth token
+           "PYTHONPATH": os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)}
+    gcs, client = _free_port(), _free_port()
+    nodes = [_node(["--head", f"--port={gcs}", f"--ray-client-server-port={client}", "--include-dashboard=false",
+                    f"--temp-dir={temp}"], {"node_a": 1}, env, temp / "head.log")]
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    try:
+        _wait(lambda: socket.create_connection(("127.0.0.1", client), timeout=1).close() or True, "the head")
+        nodes.append(_node([f"--address=127.0.0.1:{gcs}"], {"node_b": 1}, env, temp / "second.log"))
+        address = f"ray://127.0.0.1:{client}"
+        ray_cluster.connect(address)
+        _wait(lambda: sum(n["Alive"] for n in ray.nodes()) == 2, "the second node")
+        yield {"address": address, "env": env}
+    finally:
+        ray.shutdown()
+        for node in nodes:
+            node.terminate()
+        for node in nodes:
+            node.wait(60)
+        shutil.rmtree(temp, ignore_errors=True)
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
+
+
+def _wait(ready, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if ready():
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not come up within {timeout_s:g} s")
+        time.sleep(1)
+
+
+def test_a_pool_over_two_nodes_trains_as_locally_from_model_folders_shipped_to_them(cluster, tmp_path, monkeypatch):
+    """The ref pool's two ranks sit on different nodes (STRICT_SPREAD) and meet at rank 0's node; the model
+    folder is moved away once it is in the object store, so the workers cannot read the driver's path."""
+    model = build_tiny_model(tmp_path / "model", chars=ParityTask.chars, hidden_size=64, num_layers=2, seed=0)
+    common = ["task.name=fakes:ParityTask", "train.steps=2", "train.batch_size=4", "algo.group_size=4",
+              "train.eval_every=0", "train.export=false", f"model.path={model}"]
+    local = train(load_run_config(None, [f"train.output_dir={tmp_path / 'local'}", *common]), progress=False)
+
+    shipped = ray_cluster.ship
+
+    def ship_then_hide(folders):
+        out = shipped(folders)
+        model.rename(tmp_path / "elsewhere")  # no node can read model.path from here on
+        return out
+
+    monkeypatch.setattr(ray_cluster, "ship", ship_then_hide)
+    spread = {"pools": [{"name": "main", "roles": ["actor", "rollout"], "resources": {"node_a": 1}},
+                        {"name": "ref", "roles": ["ref"], "world_size": 2, "strategy": "STRICT_SPREAD"}]}
+    nodes_of = {}
+
+    def record_nodes(step, logged):
+        for row in ray.util.placement_group_table().values():
+            if row["name"] in ("flowrl-main", "flowrl-ref") and row["state"] == "CREATED":
+                nodes_of[row["name"]] = list(row["bundles_to_node_id"].values())
+
+    remote = train(load_run_config(None, [f"train.output_dir={tmp_path / 'ray'}", *common, "train.executor=ray",
+                                          f"placement={json.dumps(spread)}"]), progress=False, on_step=record_nodes)
+    assert not model.exists()
+    assert len(set(nodes_of["flowrl-ref"])) == 2, nodes_of
+    for key in ("reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+        assert [row[key] for row in remote] == pytest.approx([row[key] for row in local], abs=1e-6), key
+    saved = tmp_path / "ray" / "checkpoints" / "step_000002" / "actor"  # on the driver's disk
+    assert saved.is_dir() and any(saved.iterdir())
+
+
+def test_a_pool_the_cluster_cannot_host_is_refused_naming_it(cluster, tmp_path):
+    common = ["task.name=fakes:ParityTask", "train.steps=1", "train.batch_size=4", "train.executor=ray",
+              "train.eval_every=0", f"train.output_dir={tmp_path}"]
+    three = {"pools": [{"name": "wide", "roles": ["actor", "rollout", "ref"], "world_size": 3,
+                        "strategy": "STRICT_SPREAD"}]}
+    with pytest.raises(PlanError, match=r"pool 'wide' spreads 3 ranks over as many nodes \(STRICT_SPREAD\), but "
+                                        r"only 2 of the cluster's 2 nodes"):
+        train(load_run_config(None, [*common, f"placement={json.dumps(three)}"]), progress=False)
+    missing = {"pools": [{"name": "g", "roles": ["actor", "rollout", "ref"], "resources": {"node_c": 1}}]}
+    with pytest.raises(PlanError, match=r"pool 'g' needs 1 node_c .* but the Ray cluster has 0"):
+        train(load_run_config(None, [*common, f"placement={json.dumps(missing)}"]), progress=False)
+    apart = {"pools": [{"name": "g", "roles": ["actor", "rollout", "ref"],
+                        "resources": {"node_a": 0.5, "node_b": 0.5}}]}  # enough in total, on no one node
+    with pytest.raises(PlanError, match=r"Ray did not place pool 'g' .* within train.placement_timeout_s=2 s"):
+        train(load_run_config(None, [*common, "train.placement_timeout_s=2", f"placement={json.dumps(apart)}"]),
+              progress=False)
+
+
+def test_the_remote_cluster_notebook_runs_through_ray_client(cluster, tmp_path):
+    """Its task, reward, stage and algorithm are defined in the driver's __main__, as in a notebook's cells."""
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    for old, new in (('"ray://127.0.0.1:10001"', repr(cluster["address"])), ("train.steps=4", "train.steps=2"),
+                     ('{"trainer": 1}, {"generator": 1}', '{"node_a": 1}, {"node_b": 1}')):
+        assert old in code
+        code = code.replace(old, new)
+    done = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, cwd=tmp_path,
+                          env=cluster["env"], timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "step 1:" in done.stdout and "step 2:" in done.stdout  # the step lines came back to the driver
+    assert "equal to the local executor" in done.stdout
