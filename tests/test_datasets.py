@@ -10,6 +10,7 @@ from flowrl.config import load_run_config
 from flowrl.data import PromptStream
 from flowrl.data.dataset import DatasetTask, load_rows
 from flowrl.data.scoring_pool import ScoringPool
+from flowrl.engines.sharded_checkpoint import read_model
 from flowrl.runtime.data_tasks import run_task
 from flowrl.runtime.trainer import train
 from fakes import FakeTokenizer
@@ -163,6 +164,6 @@ def test_a_resumed_data_set_run_continues_at_the_same_rows(tmp_path):
         assert [r[key] for r in resumed] == [r[key] for r in straight[2:]], key
     lrs = [r["actor/lr"] for r in straight]
     assert all(a > b for a, b in zip(lrs, lrs[1:])), lrs  # linear decay over the run's optimizer steps
-    a, b = (torch.load(tmp_path / run / "checkpoints/step_000004/actor/engine.pt", weights_only=False)["model"]
+    a, b = (read_model(tmp_path / run / "checkpoints/step_000004/actor")
             for run in ("a", "b"))
     assert all(torch.equal(a[k], b[k]) for k in a)

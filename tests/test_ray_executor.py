@@ -62,7 +62,7 @@ def test_a_two_rank_fsdp_pool_trains_checkpoints_and_resumes(tmp_path):
     first = train(config(tmp_path, *common, "train.steps=2", wide), progress=False)
     assert [row["step"] for row in first] == [1, 2]
     assert all(math.isfinite(row["actor/pg_loss"]) and row["actor/grad_norm"] > 0 for row in first)
-    assert (tmp_path / "checkpoints" / "step_000002" / "actor" / "engine.pt").exists()
+    assert (tmp_path / "checkpoints" / "step_000002" / "actor" / ".metadata").exists()
     # resume on one pool of two ranks (the rollout keeps its own copy, synced inside the workers): checkpoints
     # hold full state dicts, so any placement loads them
     hybrid = 'placement={"pools": [{"name": "all", "roles": ["actor", "ref", "rollout"], "world_size": 2}]}'
@@ -71,7 +71,7 @@ def test_a_two_rank_fsdp_pool_trains_checkpoints_and_resumes(tmp_path):
     assert math.isfinite(resumed[0]["actor/pg_loss"]) and 0.0 <= resumed[0]["reward/mean"] <= 1.0
     rows = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows == [1, 2, 3]
-    assert (tmp_path / "checkpoints" / "step_000003" / "actor" / "engine.pt").exists()
+    assert (tmp_path / "checkpoints" / "step_000003" / "actor" / ".metadata").exists()
 
 
 @fl.algorithm

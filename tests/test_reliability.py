@@ -58,9 +58,9 @@ def test_settings_a_checkpoint_fixes_are_refused_by_name(tmp_path):
 
 def test_a_damaged_newest_checkpoint_falls_back_to_an_intact_one(tmp_path):
     train(config(tmp_path, "train.steps=4", "train.save_every=2"), progress=False)
-    engine = tmp_path / "checkpoints" / "step_000004" / "actor" / "engine.pt"
+    engine = tmp_path / "checkpoints" / "step_000004" / "actor" / "__0_0.distcp"
     engine.write_bytes(engine.read_bytes()[:100])  # truncated
-    with pytest.warns(UserWarning, match=r"step_000004 is damaged \(actor/engine.pt has 100 bytes"):
+    with pytest.warns(UserWarning, match=r"step_000004 is damaged \(actor/__0_0.distcp has 100 bytes"):
         rows = train(config(tmp_path, "train.steps=5", "train.save_every=2"), progress=False)
     assert [row["step"] for row in rows] == [3, 4, 5]
     assert checkpoint.damage(tmp_path / "checkpoints" / "step_000004") is None  # rewritten whole by the rerun

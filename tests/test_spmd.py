@@ -16,7 +16,8 @@ def test_two_rank_grpo_trains_checkpoints_and_resumes(tmp_path):
     first = torchrun(*common, "--steps", "3", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     assert first.stdout.count("done: 3 steps") == 1  # rank 0 reports
-    assert (tmp_path / "run" / "checkpoints" / "step_000003" / "actor" / "engine.pt").exists()
+    shards = tmp_path / "run" / "checkpoints" / "step_000003" / "actor"
+    assert sorted(p.name for p in shards.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # one per rank
 
     again = torchrun(*common, "--steps", "4", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]

@@ -13,6 +13,7 @@ import flowrl as fl
 from flowrl.rl import losses
 from flowrl.config import load_run_config
 from flowrl.engines.hf_models import load_tokenizer
+from flowrl.engines.sharded_checkpoint import read_model
 from flowrl.runtime.trainer import train
 from transformers import AutoModelForCausalLM
 
@@ -32,7 +33,7 @@ def test_default_grpo_run_raises_reward(tmp_path):
     assert last > first + 0.15, r
     assert (tmp_path / "checkpoints" / "step_000040" / "actor").exists()
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "final")  # the trained actor, as HF weights
-    saved = torch.load(tmp_path / "checkpoints/step_000040/actor/engine.pt", weights_only=False)["model"]
+    saved = read_model(tmp_path / "checkpoints/step_000040/actor")
     assert all(torch.equal(exported.state_dict()[k], v) for k, v in saved.items())
     assert load_tokenizer(tmp_path / "final").decode(load_tokenizer(tmp_path / "final").encode("1+2=")) == "1+2="
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -59,7 +60,7 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path):
     assert logged == [0, 1, 2, 3, 4]  # the crashed run's step 3 row is replaced, not duplicated
     for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm"):
         assert [row[key] for row in resumed] == [row[key] for row in straight[2:]], key
-    a, b = (torch.load(tmp_path / run / "checkpoints/step_000004/actor/engine.pt", weights_only=False)["model"]
+    a, b = (read_model(tmp_path / run / "checkpoints/step_000004/actor")
             for run in ("a", "b"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 

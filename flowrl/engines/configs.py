@@ -53,7 +53,10 @@ class EngineConfig(BaseModel):
 class TrainEngineConfig(EngineConfig):
     registry: ClassVar[Registry[type[EngineConfig]]] = Registry("train engine")
 
-    def build(self, source: ModelSource, *, head: Head, device: str, trainable: bool = True) -> TrainEngine:
+    def build(self, source: ModelSource, *, head: Head, device: str, trainable: bool = True,
+              base_of: TrainEngine | None = None) -> TrainEngine:
+        """The engine; a frozen one (`trainable`=False) may read its weights from `base_of`, a trained engine in
+        this process starting from the same model (the reference policy of a LoRA actor)."""
         raise NotImplementedError(f"{type(self).__name__} must implement build()")
 
 

@@ -1,4 +1,5 @@
-"""FSDP2 helpers for the train engine: shard a transformers model, and gather its weights one tensor at a time.
+"""FSDP2 helpers for the train engine: shard a transformers model (optionally offloaded to the CPU), gather its
+weights one tensor at a time, and move optimizer state between devices.
 
 `full_tensors` is what a streamed weight sync reads: each state-dict entry
 unsharded on the engine's device (`DTensor.full_tensor()`, an all-gather
@@ -12,19 +13,21 @@ from typing import Iterator
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 
-def full_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, unsharded tensor) for each state-dict entry, in state-dict order, on the parameters' device.
+def full_tensors(model: torch.nn.Module, device: torch.device | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, unsharded tensor) for each state-dict entry, in state-dict order, on the parameters' device (or
+    on `device`, where shards offloaded to the CPU are gathered: the mesh's collectives run there).
 
     Tied weights (a tied `lm_head.weight`) appear under each of their names, as in the checkpoint: an
     inference engine may keep them apart (vLLM processes its lm_head separately). Collective when sharded.
     """
     for name, value in model.state_dict().items():
-        full = value.full_tensor() if isinstance(value, DTensor) else value
-        yield name, full.detach()
+        if isinstance(value, DTensor):
+            value = (value if device is None else value.to(device)).full_tensor()
+        yield name, value.detach()
 
 
 def shard_device(device: torch.device) -> torch.device:
@@ -38,14 +41,31 @@ def shard_device(device: torch.device) -> torch.device:
     return current
 
 
-def shard_model(model: torch.nn.Module, device_type: str, world_size: int) -> None:
-    """`fully_shard` each decoder layer, then the root, over a 1-D mesh of all ranks."""
+def shard_model(model: torch.nn.Module, device_type: str, world_size: int, offload: bool = False) -> None:
+    """`fully_shard` each decoder layer, then the root, over a 1-D mesh of all ranks.
+
+    offload: FSDP2's CPUOffloadPolicy: the sharded parameters, their gradients and so the optimizer state
+    live on the CPU (the optimizer step runs there); each layer's parameters are copied to the device and
+    gathered only while it computes.
+    """
     try:
-        layers = model.model.layers
+        layers = model.get_decoder().layers  # a peft model forwards get_decoder to the model it wraps
     except AttributeError as error:
-        raise ValueError(f"FSDP2 sharding needs the decoder layers at model.model.layers, which "
+        raise ValueError(f"FSDP2 sharding needs the decoder layers at model.get_decoder().layers, which "
                          f"{type(model).__name__} lacks") from error
     mesh = init_device_mesh(device_type, (world_size,))
+    policy = CPUOffloadPolicy(pin_memory=device_type == "cuda") if offload else None
+    kwargs = {} if policy is None else {"offload_policy": policy}
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
+
+
+@torch.no_grad()
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
+    """Every tensor of the optimizer's state to `device` (verl's optimizer offload: AdamW's moments wait on the
+    CPU between steps, and come back for the step)."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and not (key == "step" and value.device.type == "cpu"):
+                state[key] = value.to(device, non_blocking=True)

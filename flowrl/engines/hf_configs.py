@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 from pydantic import Field, model_validator
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing, checkpoint_wrapper)
@@ -14,10 +16,12 @@ from flowrl.engines.hf_models import load_causal_lm, load_value_model
 from flowrl.engines.hf_rollout import HFRolloutEngine
 from flowrl.engines.hf_static import StaticCacheRolloutEngine
 from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines import lora
 from flowrl.engines.lr_schedules import check_schedule
 from flowrl.engines.protocols import TrainEngine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 class HFTrainConfig(TrainEngineConfig):
@@ -38,7 +42,25 @@ class HFTrainConfig(TrainEngineConfig):
                                              "log-softmax; fewer saved activations). The module itself stays "
                                              "uncompiled, so a rollout engine sharing it keeps its own graph.")
 
-    def build(self, source: ModelSource, *, head: Head, device: str, trainable: bool = True) -> HFTrainEngine:
+    offload_params: bool = Field(False, description="FSDP2 CPU offload: the sharded parameters, their gradients "
+                                 "and AdamW's state live in CPU memory and the optimizer step runs there; each "
+                                 "layer is copied to the GPU while it computes (needs 2 or more ranks off the CPU).")
+    offload_optimizer: bool = Field(False, description="AdamW's state waits in CPU memory between optimizer steps "
+                                    "(verl's optimizer offload): the GPU holds it during the step only.")
+    lora_rank: int = Field(0, ge=0, description="LoRA adapters of this rank on lora_target_modules (peft: "
+                           "`pip install -e '.[lora]'`); only they train, checkpoint and sync, and the reference "
+                           "policy is the same module with them disabled. 0: full fine-tuning (actor only).")
+    lora_alpha: float = Field(16.0, gt=0, description="LoRA scale: an adapter adds lora_alpha / lora_rank * B @ A.")
+    lora_target_modules: list[str] = Field(default_factory=lambda: list(LORA_TARGETS), description="Names of the "
+                                           "linear layers that get LoRA adapters (the attention and MLP "
+                                           "projections of Llama and Qwen models).")
+
+    def build(self, source: ModelSource, *, head: Head, device: str, trainable: bool = True,
+              base_of: TrainEngine | None = None) -> HFTrainEngine | lora.BaseModelEngine:
+        """`base_of`: a trained engine in this process whose starting weights a frozen engine may read instead
+        of loading them: under LoRA, its module with the adapters disabled."""
+        if not trainable and head == "actor" and isinstance(base_of, HFTrainEngine) and base_of.lora:
+            return lora.BaseModelEngine(base_of)
         dtype = DTYPES[source.dtype]
         model = load_causal_lm(source.path, dtype) if head == "actor" else load_value_model(source.path, dtype)
         chunk = dict(logprob_chunk_tokens=self.logprob_chunk_tokens, compile=self.compile)
@@ -46,9 +68,29 @@ class HFTrainConfig(TrainEngineConfig):
             return HFTrainEngine(model.requires_grad_(False), kind=head, device=device, **chunk)
         if source.gradient_checkpointing:
             _checkpoint_layers(model)
+        self._check_offload(head, device)
+        if self.lora_rank:
+            if head != "actor":
+                raise ValueError(f"{head}.lora_rank={self.lora_rank}: LoRA is for the actor; set it to 0")
+            model = lora.apply(model, self.lora_rank, self.lora_alpha, self.lora_target_modules,
+                               f"{head}.lora_target_modules")
         return HFTrainEngine(model, kind=head, lr=self.lr, weight_decay=self.weight_decay, grad_clip=self.grad_clip,
                              warmup_steps=self.warmup_steps, device=device, lr_schedule=self.lr_schedule,
-                             lr_decay_steps=self.lr_decay_steps, **chunk)
+                             lr_decay_steps=self.lr_decay_steps, offload_params=self.offload_params,
+                             offload_optimizer=self.offload_optimizer, lora=self.lora_rank > 0, **chunk)
+
+    def _check_offload(self, head: str, device: str) -> None:
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        if self.offload_params and world == 1 and device != "cpu":
+            raise ValueError(f"{head}.offload_params: needs FSDP2, which flowrl applies over 2 or more ranks "
+                             f"(torchrun); with one process set it false (or use {head}.offload_optimizer)")
+        for name in ("offload_params", "offload_optimizer"):
+            if getattr(self, name) and device == "cpu":
+                warnings.warn(f"{head}.{name} has no effect on the CPU: the engine's memory is CPU memory already",
+                              stacklevel=3)
+        if self.offload_params and self.offload_optimizer:
+            warnings.warn(f"{head}.offload_optimizer has no effect: {head}.offload_params keeps the optimizer "
+                          f"state on the CPU already", stacklevel=3)
 
     @model_validator(mode="after")
     def _decays(self) -> "HFTrainConfig":

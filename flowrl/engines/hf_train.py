@@ -9,30 +9,32 @@ GPUs with NCCL. Every rank then passes its own rows: `mini_batch_size` and
 update() is exact: micro-batch losses are weighted by `loss_fn.weight(mb)`
 over the mini-batch's total weight (summed over ranks), so one step's gradient
 is the gradient of the loss on the whole mini-batch, however it is split.
+
+Checkpoints are sharded (flowrl.engines.sharded_checkpoint): every rank writes
+its own shards and a checkpoint loads at any world size. Options: CPU offload
+of the sharded parameters (FSDP2's CPUOffloadPolicy) or of the optimizer state
+between steps, and LoRA (flowrl.engines.lora), where only the adapters train,
+save and load, and the weight sync and export read merged weights.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import pathlib
 from typing import Iterator, Literal
 
 import torch
 import torch.distributed as dist
 from tensordict import TensorDict
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
-from flowrl.engines.fsdp import full_tensors, shard_device, shard_model
+from flowrl.engines import lora as lora_utils, sharded_checkpoint
+from flowrl.engines.fsdp import full_tensors, move_optimizer_state, shard_device, shard_model
 from flowrl.engines.logprobs import full_logits_logprobs, token_logprobs
 from flowrl.engines.lr_schedules import check_schedule, lr_factor
 from flowrl.engines.protocols import LossFn
 from flowrl.engines.hf_models import atomic_dir
-
-CHECKPOINT_FILE = "engine.pt"
 
 
 class HFTrainEngine:
@@ -46,30 +48,38 @@ class HFTrainEngine:
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  grad_clip: float = 1.0, warmup_steps: int = 0, device: str | torch.device = "cpu",
                  by_length: bool = True, logprob_chunk_tokens: int = 0, lr_schedule: str = "constant",
-                 lr_decay_steps: int = 0, compile: bool = False):
+                 lr_decay_steps: int = 0, compile: bool = False, offload_params: bool = False,
+                 offload_optimizer: bool = False, lora: bool = False):
         """by_length: group rows of similar length into micro-batches (and trim their padding); False keeps
         the batch's row order, as fixed-width micro-batches of verl without dynamic batch size do.
         logprob_chunk_tokens: compute actor logprobs `chunk` tokens at a time from the hidden states
         (flowrl.engines.logprobs), never holding the full fp32 logits; 0 computes full logits (and so do
         FSDP2-sharded engines).
         compile: run this engine's passes through torch.compile'd wrappers of the model, its decoder and the
-        logprob chunks; the module is not changed (a rollout engine sharing it is unaffected)."""
+        logprob chunks; the module is not changed (a rollout engine sharing it is unaffected).
+        offload_params: FSDP2's CPU offload (sharded parameters, gradients and optimizer state on the CPU);
+        needs world size > 1 off the CPU. offload_optimizer: AdamW's state waits on the CPU between steps.
+        lora: `model` is a peft LoRA model (flowrl.engines.lora.apply)."""
         _check_args(kind=kind, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip, warmup_steps=warmup_steps)
         self.kind, self.by_length, self.logprob_chunk_tokens = kind, by_length, logprob_chunk_tokens
         self.grad_clip = grad_clip
         self.world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.sharded = self.world_size > 1
         self.device = shard_device(torch.device(device)) if self.sharded else torch.device(device)
-        self.model = model
+        self.model, self.lora, self.offload_optimizer = model, lora, offload_optimizer and self.device.type != "cpu"
+        if offload_params and not self.sharded and self.device.type != "cpu":
+            raise ValueError("offload_params needs FSDP2, which shards over 2 or more ranks (torchrun); with one "
+                             "process set it false")
         if self.sharded:  # fully_shard moves each group to the device as it shards it: no full copy there
-            shard_model(self.model, self.device.type, self.world_size)
+            shard_model(self.model, self.device.type, self.world_size, offload=offload_params)
         else:
             self.model.to(self.device)
         self.compiled = compile
         self._model_fn = torch.compile(self.model) if compile else self.model
         self._decoder_fn = torch.compile(self.model.get_decoder()) if compile and kind == "actor" else None
         self.hyperparameters = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, eps=eps,
+        trained = [p for p in self.model.parameters() if p.requires_grad] or list(self.model.parameters())
+        self.optimizer = torch.optim.AdamW(trained, lr=lr, betas=betas, eps=eps,
                                            weight_decay=weight_decay)
         check_schedule(lr_schedule, warmup_steps, lr_decay_steps)  # then decay (flowrl.engines.lr_schedules)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(
@@ -119,43 +129,39 @@ class HFTrainEngine:
         return metrics
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Unsharded parameters as CPU copies, on every rank (collective when sharded)."""
+        """Unsharded parameters as CPU copies, on every rank (collective when sharded); merged under LoRA."""
+        if self.lora:
+            return {key: value.to("cpu", copy=True) for key, value in self.named_full_tensors()}
         if not self.sharded:
             return {key: value.detach().to("cpu", copy=True) for key, value in self.model.state_dict().items()}
         # cpu_offload=True would leave every rank but 0 with an empty dict; each rank needs the weights.
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         return {key: value.detach().cpu() for key, value in state.items()}
 
-    def named_full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def named_full_tensors(self, merge: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """Each state-dict entry unsharded on this engine's device, one at a time (a streamed weight sync reads
-        these); collective when sharded, so every rank iterates them all."""
-        return full_tensors(self.model)
+        these); collective when sharded, so every rank iterates them all. Under LoRA, the base model's
+        entries with the adapters merged (`merge`=False: the peft model's own entries)."""
+        tensors = full_tensors(self.model, self.device if self.sharded else None)
+        return lora_utils.merged(tensors, lora_utils.scaling(self.model)) if self.lora and merge else tensors
+
+    def save_adapter(self, folder: str) -> str:
+        """The LoRA adapter in peft's format to `folder`, on every rank (collective when sharded)."""
+        if not self.lora:
+            raise ValueError("this train engine has no LoRA adapter to save (its lora_rank is 0)")
+        tensors = lora_utils.adapter_tensors(self.named_full_tensors(merge=False))
+        return str(lora_utils.save_adapter(self.model, tensors, folder))
 
     def save(self, path: str) -> None:
-        """Model, optimizer and scheduler state, gathered to rank 0 and written atomically to folder `path`."""
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = {"model": get_model_state_dict(self.model, options=options),
-                 "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options),
-                 "scheduler": self.scheduler.state_dict()}
-        if self._rank() == 0:
-            with atomic_dir(path) as tmp:
-                torch.save(state, tmp / CHECKPOINT_FILE)
-        if self.sharded:
-            dist.barrier()
+        """Model (under LoRA: the adapters only), optimizer and scheduler state to folder `path`: every rank
+        writes its own shards (collective), and the folder appears whole or not at all."""
+        sharded_checkpoint.save(path, self.model, self.optimizer, self.scheduler, trainable_only=self.lora)
 
     def load(self, path: str) -> None:
-        """Restores what save() wrote; rank 0 reads the file and broadcasts it."""
-        file = pathlib.Path(path) / CHECKPOINT_FILE
-        state = {"model": {}, "optimizer": {}, "scheduler": None}
-        if self._rank() == 0 and file.is_file():
-            state = torch.load(file, map_location="cpu", weights_only=True)
-        scheduler_state = self._broadcast_object(state["scheduler"])
-        if scheduler_state is None:
-            raise ValueError(f"path {path!r} holds no {CHECKPOINT_FILE} (not an HFTrainEngine checkpoint)")
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.sharded)
-        set_model_state_dict(self.model, state["model"], options=options)
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
-        self.scheduler.load_state_dict(scheduler_state)
+        """Restores what save() wrote, at any world size (collective)."""
+        sharded_checkpoint.load(path, self.model, self.optimizer, self.scheduler, trainable_only=self.lora)
+        if self.offload_optimizer:
+            move_optimizer_state(self.optimizer, "cpu")
         self._apply_hyperparameters()
 
     def _apply_hyperparameters(self) -> None:
@@ -170,11 +176,16 @@ class HFTrainEngine:
         self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def save_pretrained(self, path: str, tokenizer=None) -> None:
-        """Exports full HF weights (and the tokenizer, if given) to folder `path`; rank 0 writes."""
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        """Exports full HF weights (and the tokenizer, if given) to folder `path`; rank 0 writes. Under LoRA the
+        base model with the adapters merged."""
+        if self.lora:
+            model, state = self.model.get_base_model(), self.full_state_dict()
+        else:
+            model = self.model
+            state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self._rank() == 0:
             with atomic_dir(path) as tmp:
-                self.model.save_pretrained(tmp, state_dict=state)
+                model.save_pretrained(tmp, state_dict=state)
                 if tokenizer is not None:
                     tokenizer.save_pretrained(tmp)
         if self.sharded:
@@ -244,7 +255,11 @@ class HFTrainEngine:
             self.optimizer.zero_grad(set_to_none=True)
             return None
         torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
+        if self.offload_optimizer:  # AdamW's moments come to the device for the step only
+            move_optimizer_state(self.optimizer, self.device)
         self.optimizer.step()
+        if self.offload_optimizer:
+            move_optimizer_state(self.optimizer, "cpu")
         self.scheduler.step()
         return norm.item()
 
@@ -265,13 +280,6 @@ class HFTrainEngine:
         tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor.item()
-
-    def _broadcast_object(self, obj):
-        if not self.sharded:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
 
     def _check_same_rows(self, num_rows: int) -> None:
         """FSDP2 runs collectives per micro-batch, so unequal row counts would hang; fail instead."""

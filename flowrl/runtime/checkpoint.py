@@ -4,7 +4,9 @@ Layout: <dir>/step_000010/{<role>/, state.json, manifest.json}. A checkpoint is
 written into a hidden temporary folder, its manifest (the size and sha256 of
 every file) written last, and the folder renamed into place; only then does
 the `latest` pointer (itself replaced atomically) move to it. So a crash at any
-point leaves the previous checkpoint intact.
+point leaves the previous checkpoint intact. With several ranks every rank
+writes its own shards of each engine's state into the temporary folder
+(flowrl.engines.sharded_checkpoint); rank 0 renames it once all have finished.
 
 `latest()` returns the newest checkpoint whose files match its manifest: a
 damaged newest one (truncated, edited, a pointer to a missing folder) is
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.engines.protocols import TrainEngine
+from flowrl.runtime import distributed
 
 STATE = "state.json"
 MANIFEST = "manifest.json"
@@ -41,11 +44,13 @@ def step_dir(root: Path, step: int) -> Path:
 
 def save(root: str | Path, step: int, engines: dict[str, TrainEngine], state: dict[str, Any],
          keep: int = 2, is_main: bool = True) -> Path:
-    """Write a checkpoint; with several ranks all call it (engine saves are collective), rank 0 writes."""
+    """Write a checkpoint; with several ranks all call it (engine saves are collective: each rank writes its
+    shards), and rank 0 writes the rest and renames the folder into place."""
     root = Path(root)
     final = step_dir(root, step)
     tmp = root / f".tmp_{final.name}"
     if not is_main:
+        distributed.barrier()  # rank 0 has made the temporary folder afresh
         for role, engine in engines.items():
             engine.save(str(tmp / role))
         return final
@@ -53,6 +58,7 @@ def save(root: str | Path, step: int, engines: dict[str, TrainEngine], state: di
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
+        distributed.barrier()
         for role, engine in engines.items():
             engine.save(str(tmp / role))
         _write_atomic(tmp / STATE, json.dumps({"step": step, **state}, indent=1))

@@ -49,7 +49,7 @@ class RoleFactory:
         return self.context.seed
 
     def build(self, names: tuple[str, ...]) -> dict[str, Any]:
-        """The roles in `names`, each role's weight source (if among them) built first."""
+        """The roles in `names`, each role's weight source or base (if among them) built first."""
         built: dict[str, Any] = {}
         base = replace(self.context, roles=built)
         for name in _sources_first(names, self.specs):
@@ -102,9 +102,9 @@ def _sources_first(names: tuple[str, ...], specs: dict[str, RoleSpec]) -> list[s
     def visit(name: str) -> None:
         if name in order:
             return
-        source = specs[name].weights_from
-        if source in names:
-            visit(source)
+        for source in (specs[name].weights_from, specs[name].base_of):
+            if source in names:
+                visit(source)
         order.append(name)
 
     for name in names:
