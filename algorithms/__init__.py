@@ -10,13 +10,27 @@ from flowrl.algorithms.ppo import PPOConfig, ppo
 from flowrl.algorithms.reinforce_pp import ReinforcePPConfig, reinforce_pp
 from flowrl.algorithms.remax import ReMaxConfig, remax
 from flowrl.algorithms.rloo import RLOOConfig, rloo
+from flowrl.algorithms.reinforce_pp_baseline import ReinforcePPBaselineConfig, reinforce_pp_baseline
+from flowrl.algorithms.gpg import GPGConfig, gpg
+from flowrl.algorithms.opo import OPOConfig, opo
+from flowrl.algorithms.grpo_passk import GRPOPassKConfig, grpo_passk
+from flowrl.algorithms.sapo import SAPOConfig, sapo
+from flowrl.algorithms.gmpo import GMPOConfig, gmpo
+from flowrl.algorithms.clip_cov import ClipCovConfig, clip_cov
+from flowrl.algorithms.kl_cov import KLCovConfig, kl_cov
+from flowrl.algorithms.pf_ppo import PFPPOConfig, pf_ppo
 
 REGISTRY = {"ppo": ppo, "grpo": grpo, "dapo": dapo, "rloo": rloo, "reinforce_pp": reinforce_pp, "remax": remax,
             "gspo": gspo, "cispo": cispo, "dppo": dppo,
-            "grpo_async": grpo_async}
+            "grpo_async": grpo_async,
+            "reinforce_pp_baseline": reinforce_pp_baseline, "gpg": gpg, "opo": opo, "grpo_passk": grpo_passk,
+            "sapo": sapo, "gmpo": gmpo, "clip_cov": clip_cov, "kl_cov": kl_cov, "pf_ppo": pf_ppo}
 
 __all__ = ["REGISTRY", "ppo", "grpo", "dapo", "rloo", "reinforce_pp", "remax", "gspo", "cispo", "dppo",
            "grpo_async",
            "PPOConfig", "GRPOConfig", "DAPOConfig", "RLOOConfig", "ReinforcePPConfig", "ReMaxConfig", "GSPOConfig",
            "CISPOConfig", "DPPOConfig",
-           "GRPOAsyncConfig"]
+           "GRPOAsyncConfig",
+           "reinforce_pp_baseline", "gpg", "opo", "grpo_passk", "sapo", "gmpo", "clip_cov", "kl_cov", "pf_ppo",
+           "ReinforcePPBaselineConfig", "GPGConfig", "OPOConfig", "GRPOPassKConfig", "SAPOConfig", "GMPOConfig",
+           "ClipCovConfig", "KLCovConfig", "PFPPOConfig"]

@@ -25,6 +25,8 @@ from flowrl.rl.correction import RolloutCorrection
 from flowrl.rl.ops.aggregate import agg_loss, agg_weight, check_agg_mode
 from flowrl.rl.ops.kl import check_kl_kind, kl_penalty
 from flowrl.rl.ops.masked import valid_mask
+from flowrl.rl.ops.cov_loss import clip_cov, kl_cov
+from flowrl.rl.ops.policy_gradient import gmpo, gpg, reinforce, sapo
 from flowrl.rl.ops.policy_loss import check_clip_args, check_ratio_cap, cispo, dppo_kl, dppo_tv, gspo, ppo_clip
 from flowrl.rl.ops.value_loss import clipped_value_loss
 
@@ -45,7 +47,8 @@ class PolicyLoss:
     """agg(objective) + kl_coef * agg(kl(logp, ref)) - entropy_coef * agg(entropy).
 
     objective: a function of ops.policy_loss (ppo_clip, gspo, cispo, dppo_tv,
-        dppo_kl), clip values bound with functools.partial.
+        dppo_kl), ops.policy_gradient (reinforce, gpg, sapo, gmpo) or
+        ops.cov_loss (clip_cov, kl_cov), options bound with functools.partial.
     loss_agg_mode: one of ops.aggregate.AGG_MODES, used for every term.
     kl_coef: weight of the KL-to-reference loss (verl's use_kl_loss); 0 = off
         and "ref_logprobs" is not read.
@@ -188,6 +191,51 @@ def dppo_tv_loss(clip_low: float = 0.15, clip_high: float = 0.15, ratio_cap: flo
 def dppo_kl_loss(clip_low: float = 0.15, clip_high: float = 0.15, ratio_cap: float = 20.0, **kw: Any) -> PolicyLoss:
     """DPPO-Binary-KL (arXiv:2602.04879): dppo_tv_loss with the binary KL as the divergence."""
     return _trust_region_loss(dppo_kl, clip_low, clip_high, ratio_cap, **kw)
+
+
+def reinforce_loss(**kw: Any) -> PolicyLoss:
+    """Plain REINFORCE, -A * logp (verl's compute_policy_loss_reinforce); `kw` goes to PolicyLoss."""
+    return PolicyLoss(objective=reinforce, **kw)
+
+
+def gpg_loss(**kw: Any) -> PolicyLoss:
+    """GPG's loss (arXiv:2504.02546, verl's "gpg"): -A * logp, token-mean by default."""
+    return PolicyLoss(objective=gpg, **kw)
+
+
+def sapo_loss(tau_pos: float = 1.0, tau_neg: float = 1.05, loss_agg_mode: str = "seq-mean-token-mean",
+              **kw: Any) -> PolicyLoss:
+    """SAPO (arXiv:2511.20347): soft sigmoid gate, verl's temperatures and its seq-mean-token-mean."""
+    sapo(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.ones(1), tau_pos=tau_pos, tau_neg=tau_neg)  # checks
+    return PolicyLoss(objective=partial(sapo, tau_pos=tau_pos, tau_neg=tau_neg), loss_agg_mode=loss_agg_mode, **kw)
+
+
+def gmpo_loss(clip_low: float = 0.4, clip_high: float = 0.4, loss_agg_mode: str = "seq-mean-token-mean",
+              **kw: Any) -> PolicyLoss:
+    """GMPO (arXiv:2507.20673): geometric mean of sign-clipped token ratios; seq-mean-token-mean is verl's
+    mean over rows of each row's loss."""
+    check_clip_args(clip_low, clip_high)
+    return PolicyLoss(objective=partial(gmpo, clip_low=clip_low, clip_high=clip_high), loss_agg_mode=loss_agg_mode,
+                      **kw)
+
+
+def clip_cov_loss(clip_low: float = 0.2, clip_high: float = 0.2, cov_ratio: float = 2e-4, cov_lb: float = 1.0,
+                  cov_ub: float = 5.0, **kw: Any) -> PolicyLoss:
+    """Clip-Cov (arXiv:2505.22617) with verl's defaults: PPO clip, a few high-covariance tokens detached."""
+    check_clip_args(clip_low, clip_high)
+    if not cov_ratio > 0:
+        raise ValueError(f"cov_ratio must be > 0, got {cov_ratio}")
+    objective = partial(clip_cov, clip_low=clip_low, clip_high=clip_high, cov_ratio=cov_ratio, cov_lb=cov_lb,
+                        cov_ub=cov_ub)
+    return PolicyLoss(objective=objective, **kw)
+
+
+def kl_cov_loss(kl_cov_ratio: float = 2e-4, cov_kl_coef: float = 0.1, **kw: Any) -> PolicyLoss:
+    """KL-Cov (arXiv:2505.22617) with verl's defaults: unclipped surrogate, |log r| penalty (verl's
+    ppo_kl_coef, here cov_kl_coef) on the top-covariance tokens."""
+    if not kl_cov_ratio > 0 or cov_kl_coef < 0:
+        raise ValueError(f"kl_cov_ratio must be > 0 and cov_kl_coef >= 0, got {kl_cov_ratio} and {cov_kl_coef}")
+    return PolicyLoss(objective=partial(kl_cov, kl_cov_ratio=kl_cov_ratio, kl_coef=cov_kl_coef), **kw)
 
 
 @dataclass(frozen=True)

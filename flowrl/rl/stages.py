@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from tensordict import TensorDict
 
 from flowrl import metrics
@@ -105,5 +106,52 @@ def remax_advantage(batch: TensorDict) -> TensorDict:
     return _log_advantages(batch)
 
 
+@stage(reads=("token_rewards", "group", "response_mask"), writes=("advantages", "returns"))
+def reinforce_pp_baseline_advantage(batch: TensorDict) -> TensorDict:
+    """REINFORCE++-baseline: each row's summed token rewards minus its group's mean, whitened over the batch."""
+    mask = batch["response_mask"]
+    scores = torch.where(mask.bool(), batch["token_rewards"], 0).sum(-1)
+    batch["advantages"] = adv_ops.reinforce_pp_baseline(scores, batch["group"], mask)
+    batch["returns"] = batch["advantages"].clone()
+    return _log_advantages(batch)
+
+
+@stage(reads=("scores", "group", "response_mask"), writes=("advantages",))
+def gpg_advantage(batch: TensorDict, *, f_norm: float = 1.0) -> TensorDict:
+    """GPG: score minus the group mean, scaled by rows / rows with a nonzero score."""
+    batch["advantages"] = adv_ops.gpg(batch["scores"], batch["group"], batch["response_mask"], f_norm=f_norm)
+    return _log_advantages(batch)
+
+
+@stage(reads=("scores", "group", "response_mask"), writes=("advantages",))
+def opo_advantage(batch: TensorDict) -> TensorDict:
+    """OPO: score minus the group's length-weighted mean score."""
+    batch["advantages"] = adv_ops.opo(batch["scores"], batch["group"], batch["response_mask"])
+    return _log_advantages(batch)
+
+
+@stage(reads=("scores", "group", "response_mask"), writes=("advantages",))
+def passk_advantage(batch: TensorDict, *, norm_by_std: bool = True) -> TensorDict:
+    """GRPO pass@k: only each group's best sample gets an advantage, best minus second best."""
+    batch["advantages"] = adv_ops.grpo_passk(batch["scores"], batch["group"], batch["response_mask"],
+                                             norm_by_std=norm_by_std)
+    return _log_advantages(batch)
+
+
+@stage(reads=("scores", "response_ids"), rows=True)
+def pf_ppo_resample(batch: TensorDict, *, method: str = "pow", weight_pow: float = 2.0, seed: int = 0) -> TensorDict:
+    """PF-PPO: the batch's rows redrawn with replacement, each in proportion to a weight of its score.
+
+    The draw is seeded from `seed` and the batch's tokens, so a step draws the same rows whichever
+    executor runs it, and after a resume."""
+    ids = batch["response_ids"].long()
+    content = int((ids * torch.arange(1, ids.shape[-1] + 1)).sum()) + int(ids.shape[0])
+    generator = torch.Generator().manual_seed((seed * 1_000_003 + content) % 2**63)
+    rows = reward_ops.pf_ppo_resample(batch["scores"], method, weight_pow, generator=generator)
+    metrics.log("pf_ppo/unique_fraction", torch.unique(rows).numel() / max(rows.numel(), 1))
+    return batch[rows]
+
+
 __all__ = ["group_advantage", "rloo_advantage", "token_rewards", "gae_advantage", "reinforce_pp_advantage",
-           "overlong_penalty", "drop_uniform_groups", "keep_as_baseline", "remax_advantage"]
+           "overlong_penalty", "drop_uniform_groups", "keep_as_baseline", "remax_advantage",
+           "reinforce_pp_baseline_advantage", "gpg_advantage", "opo_advantage", "passk_advantage", "pf_ppo_resample"]

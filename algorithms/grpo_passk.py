@@ -1,0 +1,27 @@
+"""GRPO for pass@k (arXiv:2503.19595): only each group's best sample learns, from best minus second-best score."""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import flowrl as fl
+from flowrl.rl import losses, stages
+from flowrl.rl.correction import RolloutCorrectionConfig
+from flowrl.rl.subgraphs import critic_free_step
+
+
+class GRPOPassKConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    group_size: int = Field(8, ge=2, description="Responses sampled per prompt: the k of pass@k.")
+    clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range, the same on both sides.")
+    kl_coef: float = Field(0.001, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
+    norm_by_std: bool = Field(True, description="Divide the best sample's advantage by its group's std.")
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
+                                                        description="Truncated IS / rejection against the "
+                                                                    "sampler's logprobs (verl's rollout correction).")
+
+
+@fl.algorithm(config=GRPOPassKConfig)
+def grpo_passk(batch, actor, rollout, ref, reward, cfg):
+    advantage = stages.passk_advantage.options(norm_by_std=cfg.norm_by_std)
+    loss = losses.clip_higher_loss(clip_low=cfg.clip, clip_high=cfg.clip, kl_coef=cfg.kl_coef, kl_kind="k3",
+                                   rollout_correction=cfg.rollout_correction.build())
+    return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size, advantage=advantage, loss=loss)

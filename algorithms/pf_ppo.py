@@ -1,0 +1,42 @@
+"""PF-PPO (arXiv:2409.06957): PPO whose batch is redrawn by reward before the updates, filtering noisy samples."""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import flowrl as fl
+from flowrl.rl import losses, stages
+from flowrl.rl.correction import RolloutCorrectionConfig
+
+
+class PFPPOConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reweight_method: Literal["pow", "max_min", "max_random"] = Field(
+        "pow", description="Row weight from its score: |s|^weight_pow, 1 at the batch's max or min score, or "
+                           ".4 at the max and .1 elsewhere.")
+    weight_pow: float = Field(2.0, description="Exponent of the 'pow' method.")
+    clip: float = Field(0.2, gt=0, lt=1, description="Policy clip range.")
+    dual_clip: float | None = Field(3.0, gt=1, description="Dual-clip bound for negative advantages; None is off.")
+    value_clip: float = Field(0.5, gt=0, description="Value-function clip range.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    kl_coef: float = Field(0.001, ge=0, description="KL-in-reward weight; 0 drops the ref role.")
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
+                                                        description="Truncated IS / rejection against the "
+                                                                    "sampler's logprobs (verl's rollout correction).")
+
+
+@fl.algorithm(config=PFPPOConfig)
+def pf_ppo(batch, actor, rollout, ref, critic, reward, cfg):
+    batch = rollout.generate(batch)
+    batch = reward.score(batch)
+    batch = actor.logprobs(batch)
+    if cfg.kl_coef > 0:
+        batch = ref.logprobs(batch)
+    batch = critic.values(batch)
+    batch = stages.token_rewards(batch, kl_coef=cfg.kl_coef)
+    batch = stages.gae_advantage(batch, gamma=cfg.gamma, lam=cfg.lam)
+    batch = stages.pf_ppo_resample(batch, method=cfg.reweight_method, weight_pow=cfg.weight_pow)
+    batch = critic.update(batch, loss=losses.ValueLoss(clip=cfg.value_clip))
+    loss = losses.ppo_loss(clip=cfg.clip, dual_clip=cfg.dual_clip, rollout_correction=cfg.rollout_correction.build())
+    return actor.update(batch, loss=loss)
