@@ -142,3 +142,17 @@ def test_on_the_real_engines_k0_equals_grpo_and_k1_resumes_exactly(tmp_path):
     resumed = train(config(tmp_path / "b", *async_), progress=False)
     assert [row["step"] for row in resumed] == [3, 4]
     assert [untimed(r) for r in resumed] == [untimed(r) for r in straight[2:]]
+
+
+def test_producers_overlap_consumers_only_on_pools_of_their_own():
+    from flowrl.runtime import buffering
+    from flowrl.runtime.scheduling import scheduled
+
+    cfg = {"group_size": 2, "max_staleness": 1, "kl_coef": 0.0}
+    split = fl.Placement(pools=[fl.Pool(name="train", roles=["actor"]), fl.Pool(name="gen", roles=["rollout"])])
+    for placement, overlaps in ((split, True), (fl.Placement.colocated(("actor", "rollout")), False)):
+        plan = fl.compile_plan(grpo_async, placement, INPUTS, ROLE_CLASSES, cfg)
+        s = buffering.split(plan, scheduled(plan))
+        assert [n.name for n in s.syncs] == ["rollout.sync_weights"] and s.source == "actor"
+        assert [n.name for n in s.producers] == ["rollout.generate", "reward.score"]
+        assert buffering.can_overlap(plan, s) is overlaps
