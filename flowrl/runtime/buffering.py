@@ -136,6 +136,8 @@ class Pipeline:
         self._saved_version: int | None = None  # the source's version when a restored queue was saved
 
     def step(self, step: int, prompts: Iterator[TensorDict], run: Run) -> tuple[TensorDict, dict[str, float]]:
+        """Step `step`: produce up to step + k, train on this step's batch; `run(nodes, batch, calls)` is the
+        executor's way to run nodes."""
         start = time.perf_counter()
         self._shift_restored()
         if not self.queue or self.queue[0].step != step:  # the first step: its own batch first
