@@ -141,6 +141,13 @@ def test_a_pool_the_cluster_cannot_host_is_refused_naming_it(cluster, tmp_path):
               progress=False)
 
 
+def test_placement_auto_on_cuda_needs_gpus_in_the_cluster(cluster, tmp_path):
+    cfg = load_run_config(None, ["task.name=fakes:ParityTask", "train.executor=ray", "train.device=cuda",
+                                 f"train.output_dir={tmp_path}"])
+    with pytest.raises(ValueError, match="placement 'auto': train.device is 'cuda', but the Ray cluster has no GPU"):
+        train(cfg, progress=False)
+
+
 def test_the_remote_cluster_notebook_runs_through_ray_client(cluster, tmp_path):
     """Its task, reward, stage and algorithm are defined in the driver's __main__, as in a notebook's cells."""
     cells = json.loads(NOTEBOOK.read_text())["cells"]

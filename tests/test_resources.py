@@ -60,3 +60,38 @@ def test_flowrl_plan_for_a_gpu_count(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "flowrl", "plan", "grpo", "--gpus", "3", "--nodes", "2"],
                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert bad.returncode == 2 and "--gpus 3 must be a positive multiple of --nodes 2" in bad.stderr
+
+
+def test_placement_auto_builds_the_pools_from_the_cluster_gpus():
+    """train.executor=ray on CUDA: every model role on all the cluster's GPUs, or split by train.rollout_share."""
+    from flowrl.config import load_run_config
+    from flowrl.runtime.trainer import make_plan
+    from fakes import ParityTask
+
+    cfg = load_run_config(None, ["train.device=cuda", "train.executor=ray"])
+    plan = make_plan(cfg, grpo, ParityTask(), gpus=4)
+    assert {p.name: (p.world_size, p.device) for p in plan.pools.values()} == {"global": (4, "cuda")}
+    split = make_plan(load_run_config(None, ["train.device=cuda", "train.executor=ray", "train.rollout_share=0.25"]),
+                      grpo, ParityTask(), gpus=4)
+    assert {r: (p.name, p.world_size) for r, p in split.pools.items()} == {
+        "actor": ("train", 3), "ref": ("train", 3), "rollout": ("generate", 1)}
+    with pytest.warns(UserWarning, match="train.rollout_share has no effect"):
+        from flowrl.config import warn_no_effect
+
+        warn_no_effect(load_run_config(None, ["train.rollout_share=0.5"]), ())
+
+
+def test_train_checks_its_plan_against_the_memory_of_a_gpu(tmp_path):
+    from flowrl.config import load_run_config
+    from flowrl.runtime.planning import check_memory
+    from flowrl.runtime.trainer import make_plan
+    from fakes import ParityTask
+
+    (tmp_path / "config.json").write_text(__import__("json").dumps(QWEN05B))
+    cfg = load_run_config(None, ["train.device=cuda", "train.executor=ray", "train.batch_size=64"])
+    plan = make_plan(cfg, grpo, ParityTask(), gpus=2)
+    check_memory(cfg, plan, tmp_path, 80 * GIB)
+    check_memory(cfg, plan, tmp_path, None)  # unknown: nothing checked
+    with pytest.raises(fl.PlanError, match=r"pool 'global' needs about .* GiB per GPU \(actor .*\), but a GPU has "
+                                           r"2 GiB"):
+        check_memory(cfg, plan, tmp_path, 2 * GIB)

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ _EMPTY = TensorDict({}, batch_size=[0])
 def init_ray(address: str | None = None, **kwargs: Any) -> None:
     """Start (or join: `address`, or RAY_ADDRESS; ray://host:port through Ray Client) a Ray cluster unless this
     process already did."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
     if not ray.is_initialized():
         ray.init(address, **({"include_dashboard": False} if address is None else {}), **kwargs)
 
