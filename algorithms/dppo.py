@@ -21,7 +21,9 @@ class DPPOConfig(BaseModel):
     clip_low: float = Field(0.15, ge=0, le=1, description="Divergence bound for tokens with A <= 0 "
                                                           "(verl's binary-KL example uses 0.05).")
     clip_high: float = Field(0.15, ge=0, le=1, description="Divergence bound for tokens with A > 0.")
-    ratio_cap: float = Field(20.0, ge=1, description="Truncation of the detached IS ratio (verl's clip_ratio_c).")
+    ratio_cap: float = Field(3.0, ge=1, description="Truncation of the detached IS ratio: verl's clip_ratio_c, "
+                                                    "default 3.0 (its DPPO example and the paper use a large "
+                                                    "cap, 1e4).")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
     loss_agg_mode: AggMode = Field("token-mean", description="How token losses are averaged (flowrl.rl.ops.aggregate).")
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,

@@ -70,3 +70,20 @@ def test_adaptive_kl_coefficient_survives_a_resume(tmp_path):
     resumed = train(config(tmp_path / "b", *run), progress=False)
     for key in ("kl_ctrl/coef", "reward/kl", "actor/pg_loss", "critic/vf_loss"):
         assert [row[key] for row in resumed] == [row[key] for row in straight[2:]], key
+
+
+def test_loss_presets_bind_verl_defaults_and_refuse_engine_sums():
+    from flowrl.rl import losses
+    from flowrl.rl.ops import cov_loss, policy_gradient
+
+    assert losses.sapo_loss().objective.keywords == {"tau_pos": 1.0, "tau_neg": 1.05}
+    assert losses.sapo_loss().loss_agg_mode == losses.gmpo_loss().loss_agg_mode == "seq-mean-token-mean"
+    assert losses.gmpo_loss().objective.func is policy_gradient.gmpo
+    assert losses.clip_cov_loss().objective.keywords == {"clip_low": 0.2, "clip_high": 0.2, "cov_ratio": 2e-4,
+                                                         "cov_lb": 1.0, "cov_ub": 5.0}
+    assert losses.kl_cov_loss().objective.func is cov_loss.kl_cov
+    assert losses.reinforce_loss().objective is policy_gradient.reinforce
+    assert losses.ppo_loss(kl_coef=0.1, kl_kind="k3+").kl_kind == "k3+"
+    with pytest.raises(ValueError, match="loss_agg_mode='token-sum'"):
+        losses.ppo_loss(loss_agg_mode="token-sum")
+    assert REGISTRY["dppo"].make_config({}).ratio_cap == 3.0  # verl's clip_ratio_c default

@@ -22,7 +22,7 @@ import torch
 from tensordict import TensorDict
 
 from flowrl.rl.correction import RolloutCorrection
-from flowrl.rl.ops.aggregate import agg_loss, agg_weight, check_agg_mode
+from flowrl.rl.ops.aggregate import SUM_MODES, agg_loss, agg_weight, check_agg_mode
 from flowrl.rl.ops.kl import check_kl_kind, kl_penalty
 from flowrl.rl.ops.masked import valid_mask
 from flowrl.rl.ops.cov_loss import clip_cov, kl_cov
@@ -31,6 +31,14 @@ from flowrl.rl.ops.policy_loss import check_clip_args, check_ratio_cap, cispo, d
 from flowrl.rl.ops.value_loss import clipped_value_loss
 
 Objective = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+
+
+def _check_engine_mode(loss_agg_mode: str) -> None:
+    """The train engine combines micro-batches as weighted means (LossFn.weight); a sum mode needs it to add them."""
+    check_agg_mode(loss_agg_mode)
+    if loss_agg_mode in SUM_MODES:
+        raise ValueError(f"loss_agg_mode={loss_agg_mode!r}: the train engine averages micro-batch losses, so a sum "
+                         f"is not exact there yet; use ops.aggregate.agg_loss directly, or a mean mode")
 
 
 def _check_norm_len(norm_len: int | None, loss_agg_mode: str) -> None:
@@ -78,7 +86,7 @@ class PolicyLoss:
     def __post_init__(self) -> None:
         if not callable(self.objective):
             raise ValueError(f"objective must be a callable policy objective, got {self.objective!r}")
-        check_agg_mode(self.loss_agg_mode)
+        _check_engine_mode(self.loss_agg_mode)
         check_kl_kind(self.kl_kind)
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
@@ -254,7 +262,7 @@ class ValueLoss:
     def __post_init__(self) -> None:
         if self.clip <= 0:
             raise ValueError(f"clip must be > 0, got {self.clip}")
-        check_agg_mode(self.loss_agg_mode)
+        _check_engine_mode(self.loss_agg_mode)
         _check_norm_len(self.norm_len, self.loss_agg_mode)
 
     @property
