@@ -1,4 +1,4 @@
-"""`flowrl train ALGO`, `flowrl plan ALGO` and `flowrl config`.
+"""`flowrl train ALGO`, `flowrl plan ALGO`, `flowrl config`, `flowrl data` and `flowrl export`.
 
 Every user mistake ends in one line naming the field, file or row and exit
 status 2 (a finished run: 3); anything else in one line and status 1.
@@ -48,6 +48,10 @@ def _parser() -> argparse.ArgumentParser:
     data.add_argument("--input", required=True, help="the raw rows: .parquet, .jsonl or a saved datasets folder")
     data.add_argument("--output", required=True, help="the converted rows: .parquet or .jsonl")
     data.add_argument("--split", default="train", help="recorded in extra_info.split")
+    export = sub.add_parser("export", help="write a (sharded) checkpoint's policy as a Hugging Face model folder")
+    export.add_argument("checkpoint", help="a step folder, a checkpoints folder or a run's output_dir (its newest "
+                                           "intact checkpoint)")
+    export.add_argument("--output", required=True, help="the Hugging Face folder to write")
     return parser
 
 
@@ -83,6 +87,11 @@ def run(args: argparse.Namespace) -> int:
         from flowrl.data import prepare
 
         return prepare.main(args)
+    if args.command == "export":
+        from flowrl.runtime.export import export
+
+        print(f"exported {export(args.checkpoint, args.output)}")
+        return 0
     trainer.resolve_algorithm(args.algorithm)  # imports it first: the roles it registers may be placed
     cfg = config_from_args(args)
     if args.command == "plan":

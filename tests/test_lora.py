@@ -94,3 +94,24 @@ def test_bad_lora_settings_name_the_field(tiny_model_path):
         bad.build(ModelSource(tiny_model_path), head="actor", device="cpu")
     with pytest.raises(ValueError, match=r"critic.lora_rank=4: LoRA is for the actor"):
         HFTrainConfig(lora_rank=4).build(ModelSource(tiny_model_path), head="critic", device="cpu")
+
+
+def test_a_lora_run_trains_resumes_and_exports(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from flowrl.cli import main
+    from flowrl.config import load_run_config
+    from flowrl.runtime.trainer import train
+
+    sets = ["train.steps=2", "train.save_every=1", "train.eval_every=0", "train.batch_size=8", "actor.lora_rank=4",
+            f"train.output_dir={tmp_path}"]
+    train(load_run_config(None, sets), progress=False)
+    model_keys = [k for k in sharded_checkpoint.saved_keys(tmp_path / "checkpoints/step_000002/actor")
+                  if k.startswith("model.")]
+    assert model_keys and all(".lora_" in k for k in model_keys)
+    rows = train(load_run_config(None, [*sets, "train.steps=3"]), progress=False)  # resumes from step 2
+    assert [r["step"] for r in rows] == [3]
+    assert main(["export", str(tmp_path), "--output", str(tmp_path / "exported")]) == 0
+    final, exported = (AutoModelForCausalLM.from_pretrained(tmp_path / name).state_dict()
+                       for name in ("final", "exported"))
+    assert final.keys() == exported.keys() and all(torch.equal(final[k], exported[k]) for k in final)

@@ -4,6 +4,9 @@ import json
 import subprocess
 import sys
 
+import torch
+from transformers import AutoModelForCausalLM
+
 
 def torchrun(*args, cwd):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "flowrl", *args]
@@ -26,6 +29,13 @@ def test_two_rank_grpo_trains_checkpoints_and_resumes(tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]  # step 0: the evaluation before training
     assert 0.0 <= rows[-1]["eval/reward/mean"] <= 1.0
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows[1:])
+    # the 2 ranks' shards, exported in one process, are the weights the run exported at its end
+    exported = subprocess.run([sys.executable, "-m", "flowrl", "export", str(tmp_path / "run"), "--output",
+                               str(tmp_path / "exported")], capture_output=True, text=True, timeout=300)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    final, mine = (AutoModelForCausalLM.from_pretrained(tmp_path / name).state_dict()
+                   for name in ("run/final", "exported"))
+    assert final.keys() == mine.keys() and all(torch.equal(final[k], mine[k]) for k in final)
 
 
 def test_uneven_batch_is_named(tmp_path):

@@ -9,7 +9,15 @@ The estimate follows what the engines hold, from the model's shape and the run's
 - a role that follows another's weights (the rollout): its own copy of the weights unless it shares its
   source's module (same pool, one rank), and the KV cache of its share of the rows at full length;
 - any other role on a pool (reference, reward model): its weights, sharded, and one micro-batch's activations
-  of a forward pass (no backward: about 4 bytes per token, layer and hidden unit).
+  of a forward pass (no backward: about 4 bytes per token, layer and hidden unit); none of the weights for
+  the base of a LoRA actor on the actor's pool (it is the actor's module with the adapters off).
+
+The train engine's options change a trainable role's figures: with LoRA (`lora_rank`) gradients and AdamW
+moments are the adapters' only; `offload_params` (FSDP2 CPU offload) keeps parameter shards, gradients and
+optimizer state in CPU memory, and the GPU holds the unsharded root (embeddings, lm_head) and two decoder
+layers at a time (the one computing and the one prefetched); `offload_optimizer` brings AdamW's moments to
+the GPU for the optimizer step only, when activations and logits are freed, so it counts only what they
+exceed the activations and logits by.
 
 Estimates, not measurements: they decide whether a placement can fit before anything loads, and each figure
 is printed by `flowrl plan --gpus N`.
@@ -36,6 +44,9 @@ class ModelShape:
     head_dim: int
     vocab_size: int
     dtype_bytes: int
+    num_heads: int = 0  # the rest: for LoRA's adapter sizes
+    intermediate_size: int = 0
+    tied_embeddings: bool = True
 
     @classmethod
     def from_config(cls, config: dict, dtype_bytes: int) -> "ModelShape":
@@ -49,7 +60,22 @@ class ModelShape:
         attention = hidden * head_dim * (heads * 2 + kv_heads * 2) + bias * head_dim * (heads + 2 * kv_heads)
         per_layer = attention + 3 * hidden * inter + 2 * hidden
         embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", True) else 2)
-        return cls(layers * per_layer + embeddings + hidden, layers, hidden, kv_heads, head_dim, vocab, dtype_bytes)
+        return cls(layers * per_layer + embeddings + hidden, layers, hidden, kv_heads, head_dim, vocab, dtype_bytes,
+                   heads, inter, config.get("tie_word_embeddings", True))
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+
+    def layer_params(self) -> int:
+        return (self.num_params - self.embedding_params()) // self.num_layers
+
+    def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
+        """Adapter parameters: rank * (inputs + outputs) of each targeted linear layer of each decoder layer."""
+        h, q, kv, inter = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, \
+            self.intermediate_size
+        sizes = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + inter,
+                 "up_proj": h + inter, "down_proj": inter + h}
+        return self.num_layers * rank * sum(sizes.get(name, 0) for name in targets)
 
 
 @dataclass(frozen=True)
@@ -59,6 +85,10 @@ class Workload:
     seq_len: int  # prompt + response tokens
     logprob_chunk_tokens: int = 4096
     gradient_checkpointing: bool = False
+    offload_params: bool = False
+    offload_optimizer: bool = False
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
 
 
 def estimate(plan: Plan, shape: ModelShape, work: Workload) -> dict[str, dict[str, dict[str, int]]]:
@@ -69,18 +99,36 @@ def estimate(plan: Plan, shape: ModelShape, work: Workload) -> dict[str, dict[st
         weights = shape.num_params * shape.dtype_bytes
         tokens = -(-work.micro_batch_size // ranks) * work.seq_len
         if spec.trainable:
-            parts = {"weights": weights // ranks, "gradients": weights // ranks, "optimizer": 2 * weights // ranks,
-                     "activations": tokens * shape.num_layers * shape.hidden_size
-                     * ACTIVATION_BYTES[work.gradient_checkpointing],
-                     "logits": 3 * min(tokens, work.logprob_chunk_tokens) * shape.vocab_size * 4}
+            parts = _trained(shape, work, ranks, tokens)
         elif spec.weights_from is not None:
             kv = (-(-work.rows // ranks) * work.seq_len * shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim
                   * shape.dtype_bytes)
             parts = {"weights": 0 if plan.shares_weights(role) else weights, "kv_cache": kv}
         else:
-            parts = {"weights": weights // ranks, "activations": tokens * shape.num_layers * shape.hidden_size * 4}
+            source = plan.pools.get(spec.base_of) if spec.base_of is not None else None
+            base = work.lora_rank > 0 and source is not None and source.name == pool.name
+            parts = {"weights": 0 if base else weights // ranks,
+                     "activations": tokens * shape.num_layers * shape.hidden_size * 4}
         out.setdefault(pool.name, {})[role] = parts
     return out
+
+
+def _trained(shape: ModelShape, work: Workload, ranks: int, tokens: int) -> dict[str, int]:
+    """A trainable role's bytes per GPU under the train engine's options (LoRA, offload)."""
+    weights = shape.num_params * shape.dtype_bytes
+    trained = (shape.lora_params(work.lora_rank, work.lora_targets) if work.lora_rank else shape.num_params) \
+        * shape.dtype_bytes
+    activations = tokens * shape.num_layers * shape.hidden_size * ACTIVATION_BYTES[work.gradient_checkpointing]
+    logits = 3 * min(tokens, work.logprob_chunk_tokens) * shape.vocab_size * 4
+    if work.offload_params:  # shards in CPU memory: the unsharded root and two layers at a time on the GPU
+        on_gpu = (shape.embedding_params() + 2 * shape.layer_params()) * shape.dtype_bytes
+        return {"weights": on_gpu, "gradients": on_gpu * trained // weights, "optimizer": 0,
+                "activations": activations, "logits": logits}
+    optimizer = 2 * trained // ranks
+    if work.offload_optimizer:  # on the GPU for the step only, when activations and logits are freed
+        optimizer = max(0, optimizer - activations - logits)
+    return {"weights": weights // ranks, "gradients": trained // ranks, "optimizer": optimizer,
+            "activations": activations, "logits": logits}
 
 
 def check_fits(plan: Plan, per_gpu: dict[str, dict[str, dict[str, int]]], gpu_bytes: int) -> None:

@@ -62,7 +62,11 @@ def _estimate(cfg: RunConfig, plan: Plan, config: dict, prompt_len: int) -> tupl
     work = Workload(rows=cfg.train.batch_size * n, micro_batch_size=cfg.train.micro_batch_size,
                     seq_len=prompt_len + cfg.rollout.max_new_tokens,
                     logprob_chunk_tokens=getattr(cfg.actor, "logprob_chunk_tokens", 0) or 10**9,
-                    gradient_checkpointing=cfg.model.gradient_checkpointing)
+                    gradient_checkpointing=cfg.model.gradient_checkpointing,
+                    offload_params=getattr(cfg.actor, "offload_params", False),
+                    offload_optimizer=getattr(cfg.actor, "offload_optimizer", False),
+                    lora_rank=getattr(cfg.actor, "lora_rank", 0),
+                    lora_targets=tuple(getattr(cfg.actor, "lora_target_modules", ())))
     return shape, work, estimate(plan, shape, work)
 
 

@@ -1,0 +1,58 @@
+"""`flowrl export CHECKPOINT --output DIR`: a sharded checkpoint's policy as a Hugging Face model folder.
+
+CHECKPOINT is a step folder (checkpoints/step_000010), a checkpoints folder or a run's output_dir (its
+newest intact checkpoint is used). The run's config, saved in the checkpoint's state.json, says which
+model it started from and how its engine was built (LoRA adapters are merged); the shards, written by any
+number of ranks, are read whole in this one process. Optimizer state is not read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flowrl.config import RunConfig, validate
+from flowrl.engines import sharded_checkpoint
+from flowrl.engines.configs import ModelSource
+from flowrl.engines.hf_models import load_tokenizer
+from flowrl.runtime import checkpoint
+from flowrl.runtime.data_tasks import run_task
+from flowrl.runtime.factory import model_path
+
+
+POLICY = "actor"  # the checkpoint's folder of the exported role (flowrl.roles.actor.Actor)
+
+
+def export(source: str | Path, output: str | Path) -> Path:
+    """Writes the checkpoint's policy (merged if LoRA) and the tokenizer to folder `output`."""
+    role = POLICY
+    step = _step_folder(Path(source))
+    state = checkpoint.read_state(step)
+    if "config" not in state:
+        raise ValueError(f"checkpoint {step}: its state.json holds no run config to rebuild the model from")
+    cfg = validate(RunConfig, state["config"])
+    if not (step / role / sharded_checkpoint.METADATA).is_file():
+        raise ValueError(f"checkpoint {step} has no sharded state for role {role!r}; it has "
+                         f"{sorted(p.name for p in step.iterdir() if p.is_dir())}")
+    path = model_path(cfg, run_task(cfg))
+    engine = cfg.actor.build(ModelSource(path, cfg.model.dtype), head="actor", device="cpu")
+    sharded_checkpoint.load(step / role, engine.model, trainable_only=engine.lora)
+    engine.save_pretrained(str(output), load_tokenizer(path))
+    return Path(output)
+
+
+def _step_folder(source: Path) -> Path:
+    if (source / checkpoint.MANIFEST).is_file():
+        problem = checkpoint.damage(source)
+        if problem is not None:
+            raise ValueError(f"checkpoint {source} is damaged ({problem})")
+        return source
+    for folder in (source, source / "checkpoints"):
+        if folder.is_dir() and any(folder.glob("step_*")):
+            try:
+                found = checkpoint.latest(folder)
+            except checkpoint.CheckpointError as err:
+                raise ValueError(str(err)) from None
+            if found is not None:
+                return found
+    raise ValueError(f"{source}: not a checkpoint (no {checkpoint.MANIFEST}), a checkpoints folder or a run's "
+                     f"output_dir")
