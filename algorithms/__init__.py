@@ -5,6 +5,7 @@ from flowrl.algorithms.dapo import DAPOConfig, dapo
 from flowrl.algorithms.dppo import DPPOConfig, dppo
 from flowrl.algorithms.grpo import GRPOConfig, grpo
 from flowrl.algorithms.grpo_async import GRPOAsyncConfig, grpo_async
+from flowrl.algorithms.grpo_multiturn import GRPOMultiTurnConfig, grpo_multiturn
 from flowrl.algorithms.gspo import GSPOConfig, gspo
 from flowrl.algorithms.ppo import PPOConfig, ppo
 from flowrl.algorithms.reinforce_pp import ReinforcePPConfig, reinforce_pp
@@ -21,15 +22,16 @@ from flowrl.algorithms.kl_cov import KLCovConfig, kl_cov
 from flowrl.algorithms.pf_ppo import PFPPOConfig, pf_ppo
 
 REGISTRY = {"ppo": ppo, "grpo": grpo, "dapo": dapo, "rloo": rloo, "reinforce_pp": reinforce_pp, "remax": remax,
-            "gspo": gspo, "cispo": cispo, "dppo": dppo,
+            "gspo": gspo, "cispo": cispo, "dppo": dppo, "grpo_multiturn": grpo_multiturn,
             "grpo_async": grpo_async,
             "reinforce_pp_baseline": reinforce_pp_baseline, "gpg": gpg, "opo": opo, "grpo_passk": grpo_passk,
             "sapo": sapo, "gmpo": gmpo, "clip_cov": clip_cov, "kl_cov": kl_cov, "pf_ppo": pf_ppo}
 
 __all__ = ["REGISTRY", "ppo", "grpo", "dapo", "rloo", "reinforce_pp", "remax", "gspo", "cispo", "dppo",
+           "grpo_multiturn",
            "grpo_async",
            "PPOConfig", "GRPOConfig", "DAPOConfig", "RLOOConfig", "ReinforcePPConfig", "ReMaxConfig", "GSPOConfig",
-           "CISPOConfig", "DPPOConfig",
+           "CISPOConfig", "DPPOConfig", "GRPOMultiTurnConfig",
            "GRPOAsyncConfig",
            "reinforce_pp_baseline", "gpg", "opo", "grpo_passk", "sapo", "gmpo", "clip_cov", "kl_cov", "pf_ppo",
            "ReinforcePPBaselineConfig", "GPGConfig", "OPOConfig", "GRPOPassKConfig", "SAPOConfig", "GMPOConfig",

@@ -3,7 +3,8 @@
 A task is any object with `meta_keys` (per-prompt metadata columns the reward
 needs), `chars` (the alphabet of the built-in tiny model; unused with
 model.path), `example(seed, index) -> (prompt text, metadata)` and
-`reward(responses, metadata) -> scores`. `task.name` picks a built-in one or
+`reward(responses, metadata) -> scores`. `task.name` picks a built-in one (arithmetic; calculator, the multi-turn tool
+task of flowrl.data.calculator) or
 names your own as "package.module:attribute" (a class or factory called with
 no arguments).
 """
@@ -14,6 +15,7 @@ import importlib
 from typing import Any, Protocol
 
 from flowrl.data.arithmetic import ArithmeticTask
+from flowrl.data.calculator import CalculatorTask
 
 
 class Task(Protocol):
@@ -25,13 +27,16 @@ class Task(Protocol):
     def reward(self, responses: list[str], meta: list[dict[str, Any]]) -> list[float]: ...
 
 
+BUILT_IN = {"arithmetic": ArithmeticTask, "calculator": CalculatorTask}
+
+
 def make_task(name: str, max_operand: int) -> Task:
     """The built-in task `name`, or the user's task at "module:attribute"."""
-    if name == "arithmetic":
-        return ArithmeticTask(max_operand=max_operand)
+    if name in BUILT_IN:
+        return BUILT_IN[name](max_operand=max_operand)
     module, sep, attr = name.partition(":")
     if not sep:
-        raise ValueError(f"task.name: unknown {name!r}; built in: ['arithmetic'], or 'module:attribute'")
+        raise ValueError(f"task.name: unknown {name!r}; built in: {sorted(BUILT_IN)}, or 'module:attribute'")
     try:
         factory = getattr(importlib.import_module(module), attr)
     except Exception as err:  # ImportError, AttributeError, or whatever the module raises as it imports

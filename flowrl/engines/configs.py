@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from flowrl.data.envs import EnvSpec, load_env
 from flowrl.engines.protocols import RolloutEngine, SamplingParams, TrainEngine
 from flowrl.graph.registry import Registry
 
@@ -70,10 +71,33 @@ class RolloutEngineConfig(EngineConfig):
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 is off.")
     ignore_eos: bool = Field(False, description="Never stop at eos: every response is max_new_tokens long "
                                                 "(for benchmarks).")
+    env: str | None = Field(None, description="The environment `rollout.interact` plays episodes in: 'calculator', "
+                                              "'python' (built in) or 'module:attribute' (flowrl.data.envs); "
+                                              "max_new_tokens is then per turn.")
+    env_options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment's "
+                                        "factory, e.g. {'timeout_s': 1.0} for the sandboxed tools.")
+    max_turns: int = Field(4, ge=1, description="Most model turns per episode (finish_reason MAX_TURNS).")
+    max_total_tokens: int = Field(32, ge=1, description="Most response tokens per episode, turns and observations "
+                                                        "together (finish_reason MAX_TOKENS).")
+    env_workers: int = Field(8, ge=0, description="Threads stepping a turn's environments at once (tools wait on "
+                                                  "subprocesses); 0 steps them one by one.")
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, ignore_eos=self.ignore_eos)
+
+    @field_validator("env")
+    @classmethod
+    def _loadable(cls, env: str | None) -> str | None:
+        if env is not None:
+            load_env(env, where="")  # an unknown name fails at load, before any model does
+        return env
+
+    def env_spec(self) -> EnvSpec | None:
+        """How `rollout.interact` makes and bounds episodes; None without `env`."""
+        if self.env is None:
+            return None
+        return EnvSpec(self.env, dict(self.env_options), self.max_turns, self.max_total_tokens, self.env_workers)
 
     def build(self, source: ModelSource, *, tokenizer: Any, device: str,
               share: TrainEngine | None = None) -> RolloutEngine:

@@ -8,7 +8,8 @@ size [B]):
 - response_ids_BR / response_mask_BR: right-padded responses; the mask is 1 on
   every generated token, the eos token included, and 0 on padding.
 - loss_mask_BR: 1 on the response tokens the losses count (the policy's own
-  tokens; tool output spliced into a response is in response_mask only).
+  tokens; tool output spliced into a response is in response_mask only, see
+  flowrl.engines.agent_loop).
 - rollout_logprobs_BR: the sampler's logprob of each response token under the
   distribution it was sampled from (temperature, top-k, top-p applied).
 - finish_reason_B: a FinishReason per row; policy_version_B: the update count
@@ -30,6 +31,8 @@ from tensordict import TensorDict
 class FinishReason(enum.IntEnum):
     STOP = 0  # the response ended with eos
     LENGTH = 1  # it reached max_new_tokens
+    MAX_TURNS = 2  # a multi-turn episode reached rollout.max_turns before the environment ended it
+    MAX_TOKENS = 3  # a multi-turn episode ran out of rollout.max_total_tokens
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,21 @@
-"""The rollout role: samples responses with the actor's weights (synced before each step's first generation)."""
+"""The rollout role: samples responses (`generate`) or plays multi-turn episodes in an environment (`interact`)
+with the actor's weights, synced before each step's first generation."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tensordict import TensorDict
+from tensordict import NonTensorStack, TensorDict
 
 from flowrl import metrics
-from flowrl.data.batch import repeat_rows, response_lengths
-from flowrl.engines.protocols import RolloutEngine, SamplingParams, WeightSync
+from flowrl.data.batch import column, repeat_rows, response_lengths
+from flowrl.data.envs import EnvSpec
+from flowrl.engines.agent_loop import run_episodes
+from flowrl.engines.protocols import FinishReason, RolloutEngine, SamplingParams, WeightSync
 from flowrl.errors import GraphError
 from flowrl.graph.context import current_call
 from flowrl.graph.role import graph_method, role
@@ -18,6 +23,7 @@ from flowrl.roles.context import BuildContext
 
 GENERATED = ("response_ids", "response_mask", "loss_mask", "rollout_logprobs", "finish_reason", "policy_version",
              "group")
+EPISODE = ("num_turns", "tool_error")  # what rollout.interact adds: turns played, the first tool error ("" if none)
 
 
 def _check_sampling(n: int = 1, **sampling: Any) -> None:
@@ -29,6 +35,14 @@ def _check_sampling(n: int = 1, **sampling: Any) -> None:
                          f"options are {sorted(SamplingParams.__dataclass_fields__)}")
 
 
+def _episode_writes(key: str = "scores", **_: Any) -> tuple[str, ...]:
+    return (*GENERATED, key, *EPISODE)
+
+
+def _check_episode(n: int = 1, key: str = "scores", metric: str = "reward", **sampling: Any) -> None:
+    _check_sampling(n, **sampling)
+
+
 @role("rollout", weights_from="actor")
 @dataclass
 class Rollout:
@@ -38,6 +52,9 @@ class Rollout:
     weight_sync: WeightSync | None = None
     seed: int = 0
     synced_version: int = 0  # the source's update count this engine holds
+    env: EnvSpec | None = None  # rollout.interact's environment (rollout.env)
+    tokenizer: Any = None  # what environments decode turns and encode observations with
+    meta_keys: tuple[str, ...] = ()  # the task's metadata columns, handed to each episode's reset
 
     @classmethod
     def build(cls, ctx: BuildContext) -> "Rollout":
@@ -46,25 +63,65 @@ class Rollout:
         config = ctx.engine("rollout")
         engine = config.build(ctx.model, tokenizer=ctx.tokenizer, device=ctx.device, share=share)
         sync = engine.weight_sync(source.engine) if source is not None else None
-        return cls(engine=engine, params=config.sampling(), source=source, weight_sync=sync, seed=ctx.seed)
+        env = config.env_spec()
+        return cls(engine=engine, params=config.sampling(), source=source, weight_sync=sync, seed=ctx.seed, env=env,
+                   tokenizer=ctx.tokenizer if env else None,
+                   meta_keys=tuple(ctx.task.meta_keys) if env and ctx.task is not None else ())
 
     @graph_method(reads=("prompt_ids", "prompt_mask", "uid"), writes=GENERATED, kind="rows", check=_check_sampling)
     def generate(self, batch: TensorDict, n: int = 1, **sampling: Any) -> TensorDict:
         """n responses per prompt row (adjacent); each row's `group` is its prompt's uid."""
         _check_sampling(n, **sampling)
-        params = SamplingParams(**{**self.params.__dict__, **sampling})
-        rows = repeat_rows(batch, n)
-        call = current_call()
-        seed = (self.seed * 1_000_003 + call.step * 1_009 + call.call) % (2**31)
+        params, rows, seed = self._start(batch, n, sampling)
         out = self.engine.generate(rows["prompt_ids"], rows["prompt_mask"], params, seed=seed)
-        for key in ("response_ids", "response_mask", "rollout_logprobs", "finish_reason"):
+        out["loss_mask"] = out["response_mask"].clone()
+        rows = self._finish(rows, out)
+        metrics.log("response_length/clip_ratio", (response_lengths(rows) >= params.max_new_tokens).float().mean())
+        return rows
+
+    @graph_method(reads=("prompt_ids", "prompt_mask", "uid"), writes=_episode_writes, kind="rows",
+                  check=_check_episode)
+    def interact(self, batch: TensorDict, n: int = 1, key: str = "scores", metric: str = "reward",
+                 **sampling: Any) -> TensorDict:
+        """n episodes per prompt row in rollout.env (flowrl.engines.agent_loop), adjacent; `key` holds each
+        episode's summed reward (logged as `<metric>/mean`), `num_turns` and `tool_error` its turns and first
+        tool error; max_new_tokens bounds each turn."""
+        if self.env is None:
+            raise ValueError("rollout.interact plays episodes in an environment: set rollout.env (e.g. calculator)")
+        params, rows, seed = self._start(batch, n, sampling)
+        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(rows["prompt_ids"], rows["prompt_mask"])]
+        metas = [dict(zip(self.meta_keys, values)) for values in zip(*(column(rows, k) for k in self.meta_keys))]
+        envs = [self.env.make(self.tokenizer) for _ in prompts]
+        for env, prompt, meta in zip(envs, prompts, metas or [{}] * len(prompts)):
+            env.reset(prompt, meta)
+        with ThreadPoolExecutor(self.env.num_workers) if self.env.num_workers else nullcontext() as pool:
+            out, stats = run_episodes(self.engine, envs, prompts, params, max_turns=self.env.max_turns,
+                                      max_total_tokens=self.env.max_total_tokens,
+                                      pad_id=self.tokenizer.pad_token_id, seed=seed, pool=pool)
+        rows = self._finish(rows, out)
+        rows[key], rows["num_turns"] = out["scores"], out["num_turns"]
+        rows["tool_error"] = NonTensorStack(*stats["tool_error"])
+        metrics.log(f"{metric}/mean", out["scores"].mean())
+        metrics.log("env/turns/mean", out["num_turns"].float().mean())
+        metrics.log("env/tool_calls/mean", sum(stats["tool_calls"]) / len(prompts))
+        metrics.log("env/tool_error_rate", sum(map(bool, stats["tool_error"])) / len(prompts))
+        for reason in FinishReason:
+            metrics.log(f"env/finish/{reason.name.lower()}", (out["finish_reason"] == reason).float().mean())
+        metrics.log("timing_s/env", stats["timing_s/env"])
+        return rows
+
+    def _start(self, batch: TensorDict, n: int, sampling: dict[str, Any]) -> tuple[SamplingParams, TensorDict, int]:
+        """The call's sampling, its rows (each prompt n times) and its seed."""
+        params = SamplingParams(**{**self.params.__dict__, **sampling})
+        call = current_call()
+        return params, repeat_rows(batch, n), (self.seed * 1_000_003 + call.step * 1_009 + call.call) % (2**31)
+
+    def _finish(self, rows: TensorDict, out: TensorDict) -> TensorDict:
+        for key in ("response_ids", "response_mask", "loss_mask", "rollout_logprobs", "finish_reason"):
             rows[key] = out[key]
-        rows["loss_mask"] = out["response_mask"].clone()
         rows["policy_version"] = torch.full((rows.batch_size[0],), self.synced_version, dtype=torch.long)
         rows["group"] = rows["uid"].clone()
-        lengths = response_lengths(rows).float()
-        metrics.log("response_length/mean", lengths.mean())
-        metrics.log("response_length/clip_ratio", (lengths >= params.max_new_tokens).float().mean())
+        metrics.log("response_length/mean", response_lengths(rows).float().mean())
         return rows
 
     @graph_method(kind="sync")

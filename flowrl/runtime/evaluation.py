@@ -2,7 +2,9 @@
 
 Like verl's validation pass: the rollout decodes greedily with the actor's
 current weights and the reward scores it; `eval/reward/mean` is the accuracy
-on the arithmetic task. The prompts come from a seed the training stream never
+on the arithmetic task. A run that plays multi-turn episodes
+(`rollout.interact`) is evaluated in greedy episodes, scored by the
+environment. The prompts come from a seed the training stream never
 uses (or are data.val_files' rows), so the set stays the same across a run and
 its resumes. Rows with a `data_source` add `eval/<source>/greedy`; with
 train.eval_samples = k, k sampled responses per prompt add mean@k and pass@k
@@ -33,19 +35,36 @@ def greedy_eval(batch, rollout, reward):
     return reward.score(batch, metric="eval/reward")
 
 
-def sampled_eval(k: int) -> Algorithm:
-    """k responses per prompt at the rollout's temperature."""
+@algorithm
+def greedy_episode_eval(batch, rollout):
+    batch = rollout.sync_weights(batch)
+    return rollout.interact(batch, greedy=True, metric="eval/reward")
+
+
+def sampled_eval(k: int, episodes: bool = False) -> Algorithm:
+    """k responses (or episodes in rollout.env) per prompt at the rollout's temperature."""
     def sampled_eval(batch, rollout, reward):
         batch = rollout.sync_weights(batch)
         batch = rollout.generate(batch, n=k)
         return reward.score(batch, metric="eval/sampled")
 
-    return algorithm(sampled_eval)
+    def sampled_episode_eval(batch, rollout):
+        batch = rollout.sync_weights(batch)
+        return rollout.interact(batch, n=k, metric="eval/sampled")
+
+    return algorithm(sampled_episode_eval if episodes else sampled_eval)
+
+
+def plays_episodes(plan: Plan) -> bool:
+    """The training graph rolls out multi-turn episodes (rollout.interact): evaluate it the same way."""
+    return any(node.method == "interact" and node.role == "rollout" for node in plan.nodes)
 
 
 def eval_plan(train: Plan, task: Any, role_classes: dict[str, type] | None = None,
-              graph: Algorithm = greedy_eval) -> Plan | None:
-    """The evaluation graph on the training run's pools, or None when the run places none of its model roles."""
+              graph: Algorithm | None = None) -> Plan | None:
+    """The evaluation graph (by default greedy, in episodes when training plays them) on the training run's
+    pools, or None when the run places none of its model roles."""
+    graph = graph or (greedy_episode_eval if plays_episodes(train) else greedy_eval)
     needed = [r for r in graph.roles if not role_spec(r, (role_classes or {}).get(r)).on_driver]
     if any(r not in train.pools for r in needed):
         return None
@@ -68,7 +87,8 @@ class Evaluator:
     def build(cls, executor: Executor, evaluation: Plan, prompts: TensorDict, k: int, task: Any,
               role_classes: dict[str, type] | None = None) -> "Evaluator":
         """Greedy evaluation, and with k > 0 the k-sample one, over the training executor's roles."""
-        sampled = eval_plan(executor.plan, task, role_classes, sampled_eval(k)) if k else None
+        graph = sampled_eval(k, plays_episodes(executor.plan)) if k else None
+        sampled = eval_plan(executor.plan, task, role_classes, graph) if k else None
         return cls(executor.for_plan(evaluation), prompts, executor.for_plan(sampled) if sampled else None, k)
 
     def __call__(self, step: int) -> dict[str, float]:

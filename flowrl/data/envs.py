@@ -1,0 +1,78 @@
+"""Environments: what a multi-turn rollout talks to between the model's turns.
+
+An environment is one episode's state. `reset(prompt_ids, meta)` starts it
+with the prompt's token ids and the task's metadata for that prompt (e.g. the
+answer); `step(turn_ids)` takes the model's turn, exactly the token ids it
+sampled (eos included when it stopped there), and returns an `EnvStep`: the
+observation's token ids (appended to the context, outside the loss), a
+reward, whether the episode is done, and a named error when a tool failed.
+Token ids in and out, so nothing the model sampled is ever retokenised.
+
+`rollout.env` picks a built-in environment (`calculator`, `python`: see
+flowrl.data.calculator) or names your own as "package.module:attribute": a
+class or factory called as `factory(tokenizer, **rollout.env_options)` once
+per episode.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+
+@dataclass(frozen=True)
+class EnvStep:
+    observation_ids: list[int] = field(default_factory=list)  # in the context, out of the loss
+    reward: float = 0.0
+    done: bool = False
+    error: str = ""  # a tool's failure, one line ("timeout after 2.0s"); kept in the row's `tool_error`
+
+
+class Environment(Protocol):
+    def reset(self, prompt_ids: list[int], meta: dict[str, Any]) -> None: ...
+
+    def step(self, turn_ids: list[int]) -> EnvStep: ...
+
+
+EnvFactory = Callable[..., Environment]
+
+BUILT_IN = {"calculator": "flowrl.data.calculator:CalculatorEnv", "python": "flowrl.data.calculator:PythonEnv"}
+
+
+def load_env(name: str, where: str = "rollout.env: ") -> EnvFactory:
+    """The factory of the built-in environment `name`, or of the user's at "module:attribute"."""
+    spec = BUILT_IN.get(name, name)
+    module, sep, attr = spec.partition(":")
+    if not sep:
+        raise ValueError(f"{where}unknown {name!r}; built in: {sorted(BUILT_IN)}, or 'module:attribute'")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except Exception as err:  # ImportError, AttributeError, or whatever the module raises as it imports
+        raise ValueError(f"{where}cannot load {name!r}: {type(err).__name__}: {err}") from None
+    if not callable(factory):
+        raise ValueError(f"{where}{name!r} is a {type(factory).__name__}, not a class or factory")
+    return factory
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """How `rollout.interact` makes and bounds each episode (from the rollout config: `rollout.env`, ...)."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 4
+    max_total_tokens: int = 32
+    num_workers: int = 8  # threads stepping a turn's environments at once
+
+    def make(self, tokenizer: Any) -> Environment:
+        """A fresh environment for one episode; a bad option is one line naming env.options."""
+        try:
+            env = load_env(self.name)(tokenizer, **self.options)
+        except TypeError as err:
+            raise ValueError(f"rollout.env_options: {self.name!r} refused {self.options}: {err}") from None
+        missing = [attr for attr in ("reset", "step") if not callable(getattr(env, attr, None))]
+        if missing:
+            raise ValueError(f"rollout.env: {self.name!r} made a {type(env).__name__} with no {missing[0]}(); an "
+                             f"environment needs reset(prompt_ids, meta) and step(turn_ids)")
+        return env

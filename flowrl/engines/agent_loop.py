@@ -1,0 +1,127 @@
+"""The multi-turn agent loop over any RolloutEngine: token ids in, token ids out.
+
+Each row is one episode. A turn generates for every episode still running in
+one `engine.generate` call, its context the prompt followed by everything so
+far as token ids (left-padded; nothing is decoded and re-encoded, so the
+context is exactly what was sampled and observed). The sampled turn (through
+its eos, or `max_new_tokens` long) goes to the row's environment, whose
+observation ids are appended after it. The row's response is everything after
+the prompt:
+
+    prompt | turn 1 (loss 1) | observation 1 (loss 0) | turn 2 (loss 1) | ...
+
+`response_mask` is 1 on all of it, `loss_mask` only on the model's own
+tokens, and `rollout_logprobs` holds the sampler's logprob of each turn token
+(0 on observations). An episode ends when the environment says done
+(FinishReason.STOP), after `max_turns` turns (MAX_TURNS) or when the response
+reaches `max_total_tokens` (MAX_TOKENS): a turn is cut to the budget left and
+not sent to the environment, an observation is cut to it.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+import torch
+from tensordict import TensorDict
+
+from flowrl.data.batch import left_pad
+from flowrl.data.envs import Environment, EnvStep
+from flowrl.engines.protocols import FinishReason, RolloutEngine, SamplingParams
+
+
+@dataclass
+class Episode:
+    env: Environment
+    prompt: list[int]
+    ids: list[int] = field(default_factory=list)  # the response so far: turns and observations
+    loss: list[int] = field(default_factory=list)  # 1 on turn tokens, 0 on observation tokens
+    logprobs: list[float] = field(default_factory=list)
+    reward: float = 0.0
+    turns: int = 0
+    tool_calls: int = 0  # steps that returned an observation
+    error: str = ""  # the first tool error
+    finish: FinishReason | None = None
+
+    def add(self, ids: Sequence[int], loss: int, logprobs: Sequence[float] | None = None) -> None:
+        self.ids += list(ids)
+        self.loss += [loss] * len(ids)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
+
+
+def run_episodes(engine: RolloutEngine, envs: Sequence[Environment], prompts: Sequence[Sequence[int]],
+                 params: SamplingParams, *, max_turns: int, max_total_tokens: int, pad_id: int,
+                 seed: int | None = None, pool: ThreadPoolExecutor | None = None) -> tuple[TensorDict, dict[str, Any]]:
+    """Runs one episode per (reset) environment; returns the rows' response fields (and `scores`, the summed
+    rewards, `num_turns`) and per-row tool errors, tool calls and timings. With `pool` the environments of a
+    turn step in its threads (tools wait on subprocesses)."""
+    episodes = [Episode(env, list(prompt)) for env, prompt in zip(envs, prompts)]
+    timing = {"generate": 0.0, "env": 0.0}
+    for turn in range(max_turns):
+        active = [e for e in episodes if e.finish is None]
+        if not active:
+            break
+        room = [max_total_tokens - len(e.ids) for e in active]
+        turn_params = replace(params, max_new_tokens=min(params.max_new_tokens, max(room)))
+        ids_BP, mask_BP = left_pad([e.prompt + e.ids for e in active], pad_id)
+        start = time.perf_counter()
+        out = engine.generate(ids_BP, mask_BP, turn_params, seed=None if seed is None else seed + 7_919 * turn)
+        timing["generate"] += time.perf_counter() - start
+        lengths = out["response_mask"].sum(-1).tolist()
+        start = time.perf_counter()
+        sent = []
+        for row, (episode, left) in enumerate(zip(active, room)):
+            n = lengths[row]
+            turn_ids = out["response_ids"][row, :n].tolist()
+            episode.add(turn_ids[:left], 1, out["rollout_logprobs"][row, :min(n, left)].tolist())
+            episode.turns += 1
+            if n > left:  # cut by the budget: not sent to the environment
+                episode.finish = FinishReason.MAX_TOKENS
+            else:
+                sent.append((episode, turn_ids))
+        steps = pool.map(lambda item: item[0].env.step(item[1]), sent) if pool else \
+            [episode.env.step(turn_ids) for episode, turn_ids in sent]
+        for (episode, _), step in zip(sent, steps):
+            _observe(episode, step, max_total_tokens)
+        timing["env"] += time.perf_counter() - start
+    for episode in episodes:
+        episode.finish = episode.finish if episode.finish is not None else FinishReason.MAX_TURNS
+    return _rows(episodes, pad_id), _stats(episodes, timing)
+
+
+def _observe(episode: Episode, step: EnvStep, max_total_tokens: int) -> None:
+    """Takes the environment's step: its reward, its error, and its observation cut to the budget left."""
+    episode.reward += float(step.reward)
+    episode.error = episode.error or step.error
+    if step.done:
+        episode.finish = FinishReason.STOP
+        return
+    episode.tool_calls += 1
+    left = max_total_tokens - len(episode.ids)
+    episode.add(list(step.observation_ids)[:left], 0)
+    if len(step.observation_ids) >= left:
+        episode.finish = FinishReason.MAX_TOKENS
+
+
+def _rows(episodes: list[Episode], pad_id: int) -> TensorDict:
+    width = max(1, max(len(e.ids) for e in episodes))
+    rows = len(episodes)
+    ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    mask, loss = torch.zeros(rows, width, dtype=torch.long), torch.zeros(rows, width, dtype=torch.long)
+    logprobs = torch.zeros(rows, width, dtype=torch.float32)
+    for i, e in enumerate(episodes):
+        n = len(e.ids)
+        ids[i, :n], mask[i, :n] = torch.tensor(e.ids, dtype=torch.long), 1
+        loss[i, :n], logprobs[i, :n] = torch.tensor(e.loss), torch.tensor(e.logprobs)
+    return TensorDict(response_ids=ids, response_mask=mask, loss_mask=loss, rollout_logprobs=logprobs,
+                      finish_reason=torch.tensor([int(e.finish) for e in episodes]),
+                      scores=torch.tensor([e.reward for e in episodes], dtype=torch.float32),
+                      num_turns=torch.tensor([e.turns for e in episodes]), batch_size=[rows])
+
+
+def _stats(episodes: list[Episode], timing: dict[str, float]) -> dict[str, Any]:
+    return {"tool_error": [e.error for e in episodes], "tool_calls": [e.tool_calls for e in episodes],
+            "timing_s/generate": timing["generate"], "timing_s/env": timing["env"]}
