@@ -110,8 +110,9 @@ def test_a_pool_over_two_nodes_trains_as_locally_from_model_folders_shipped_to_t
 
     def record_nodes(step, logged):
         for row in ray.util.placement_group_table().values():
-            if row["name"] in ("flowrl-main", "flowrl-ref") and row["state"] == "CREATED":
-                nodes_of[row["name"]] = list(row["bundles_to_node_id"].values())
+            pool = row["name"].rsplit("-", 1)[0]
+            if pool in ("flowrl-main", "flowrl-ref") and row["state"] == "CREATED":
+                nodes_of[pool] = list(row["bundles_to_node_id"].values())
 
     remote = train(load_run_config(None, [f"train.output_dir={tmp_path / 'ray'}", *common, "train.executor=ray",
                                           f"placement={json.dumps(spread)}"]), progress=False, on_step=record_nodes)

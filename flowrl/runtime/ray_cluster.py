@@ -19,6 +19,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,8 +83,9 @@ def check_cluster(pools: list[Pool]) -> None:
 
 def place(pools: list[Pool], timeout_s: float) -> dict[str, PlacementGroup]:
     """One placement group per pool, once Ray has placed them all (a PlanError after `timeout_s`)."""
+    run = uuid.uuid4().hex[:8]  # names stay unique when several runs share a cluster
     groups = {pool.name: placement_group([bundle(pool)] * pool.world_size, strategy=pool.strategy,
-                                         name=f"flowrl-{pool.name}") for pool in pools}
+                                         name=f"flowrl-{pool.name}-{run}") for pool in pools}
     refs = {pool.name: groups[pool.name].ready() for pool in pools}
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
     if len(ready) < len(refs):

@@ -108,14 +108,14 @@ class RayExecutor:
         self.driver_roles = factory.build(tuple(dict.fromkeys((*plan.driver_roles(), *extra_driver_roles))))
         self.groups = ray_cluster.place(list(pools.values()), placement_timeout_s)
         self.workers: dict[str, list[Any]] = {}
-        shipped = ray_cluster.ship(factory.folders()) if ship_files else None
-        setups = []
-        for name, pool in pools.items():
-            roles = tuple(r for r, p in plan.pools.items() if p.name == name)
-            self.workers[name], started = _start_pool(pool, self.groups[name], factory.for_pool(pool), roles,
-                                                      shipped)
-            setups += started
         try:
+            shipped = ray_cluster.ship(factory.folders()) if ship_files else None
+            setups = []
+            for name, pool in pools.items():
+                roles = tuple(r for r, p in plan.pools.items() if p.name == name)
+                self.workers[name], started = _start_pool(pool, self.groups[name], factory.for_pool(pool), roles,
+                                                          shipped)
+                setups += started
             ray.get(setups)
         except BaseException:
             self.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import socket
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -81,7 +82,7 @@ class PoolWorker:
             return self.roles[role].engine.save(path)
         with scratch() as folder:
             self.roles[role].engine.save(str(folder / role))
-            return pack(folder / role)
+            return _written(folder)
 
     def load(self, role: str, path: str | None, files: Files | None = None) -> None:
         """From `path` on this node, or (None) from the driver's `files`."""
@@ -96,8 +97,15 @@ class PoolWorker:
             return self.roles[role].engine.save_pretrained(path, tokenizer)
         with scratch() as folder:
             self.roles[role].engine.save_pretrained(str(folder / role), tokenizer)
-            return pack(folder / role)
+            return _written(folder)
 
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _written(scratch_folder: Path) -> Files:
+    """What this rank wrote for a folder under `scratch_folder`, relative to that folder: rank 0 leaves it in
+    place, while the other ranks of a sharded save may leave their files in the temporary folder that rank 0
+    renames on a shared disk (here, only its own); the driver merges every rank's files."""
+    return {name.split("/", 1)[1]: data for name, data in pack(scratch_folder).items() if "/" in name}
