@@ -87,9 +87,10 @@ class TrainConfig(Section):
 
 
 class TaskConfig(Section):
-    name: str = Field("arithmetic", description="'arithmetic' (built in) or 'module:attribute' of your own "
-                                                "task (see flowrl.data.tasks).")
-    max_operand: int = Field(4, ge=1, le=99, description="Arithmetic task: operands are drawn from 0..max_operand.")
+    name: str = Field("arithmetic", description="'arithmetic', 'calculator' (built in; see flowrl.data.calculator) "
+                                                "or 'module:attribute' of your own task (see flowrl.data.tasks).")
+    max_operand: int = Field(4, ge=1, le=99, description="Arithmetic and calculator tasks: operands are drawn from "
+                                                         "0..max_operand.")
     chat_template: bool = Field(False, description="Wrap each prompt as a user turn with the tokenizer's chat "
                                                    "template (for instruct models).")
 
@@ -249,8 +250,9 @@ def warn_no_effect(cfg: RunConfig, used_roles: tuple[str, ...]) -> None:
     if t.micro_batch_size > t.mini_batch_size:
         warnings.warn(f"train.micro_batch_size={t.micro_batch_size} above train.mini_batch_size={t.mini_batch_size} "
                       f"has no effect: micro-batches never exceed a mini-batch", stacklevel=2)
-    if cfg.task.name != "arithmetic" and cfg.task.max_operand != default.task.max_operand:
-        warnings.warn("task.max_operand has no effect: task.name is not 'arithmetic'", stacklevel=2)
+    if cfg.task.name not in ("arithmetic", "calculator") and cfg.task.max_operand != default.task.max_operand:
+        warnings.warn("task.max_operand has no effect: task.name is neither 'arithmetic' nor 'calculator'",
+                      stacklevel=2)
     if t.rollout_share is not None and not (cfg.placement == "auto" and t.executor == "ray" and t.device == "cuda"):
         warnings.warn("train.rollout_share has no effect: it splits the GPUs of placement 'auto' under "
                       "train.executor=ray on train.device=cuda", stacklevel=2)

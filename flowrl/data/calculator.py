@@ -1,15 +1,17 @@
 """The built-in tool task: multiply with a calculator, over several turns.
 
-`task.name=calculator` asks for a product, "7*8"; `rollout.env=calculator`
-hands the model a calculator whose display starts with the question. Each
-model turn is keys: a turn with "=" evaluates the display followed by the
-keys typed before the "=" ("=" alone computes the question; "+1=" computes
-7*8+1) in the sandboxed Python tool (flowrl.data.sandbox), and the
-observation is the result ("56"), or "?" when the tool failed (the error is
-kept in the row's `tool_error`). A turn without "=" is the answer: the
-episode ends with reward 1.0 when its leading integer is the product, else
-0.0. The tiny model learns to press "=" and copy the result within a few
-dozen steps; it cannot learn the whole multiplication table as fast.
+`task.name=calculator` asks for the last digit of a product, "7*8%10";
+`rollout.env=calculator` hands the model a calculator whose display starts
+with the question. Each model turn is keys: a turn with "=" evaluates the
+display followed by the keys typed before the "=" ("=" alone computes the
+question; "+1=" computes 7*8%10+1) in the sandboxed Python tool
+(flowrl.data.sandbox), and the observation is the result ("6"), or "?" when
+the tool failed (the error is kept in the row's `tool_error`); the episode's
+first call that computes a number earns `call_reward`. A turn without "=" is
+the answer: reward 1.0 when its leading integer is right, else 0.0. With
+one token per turn and two turns (rollout.max_new_tokens=1,
+rollout.max_turns=2) the tiny model learns to press "=" and copy the result
+within a few dozen steps, faster than it learns the table.
 
 `rollout.env=python` is the general tool: a turn holding a ```python fenced
 block runs it and shows what it printed (or "error: <the tool error>"); a
@@ -19,19 +21,20 @@ turn without code is the answer, 1.0 when its last integer is the task's
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from typing import Any
 
 from flowrl.data.envs import EnvStep
-from flowrl.data.sandbox import run_python
+from flowrl.data.sandbox import ToolResult, run_python
 
 _LEADING_INT = re.compile(r"-?\d+")
 _FENCED = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
 
 class CalculatorTask:
-    """Prompts "a*b" with operands in 0..max_operand; metadata: the product as `answer`."""
+    """Prompts "a*b%10" with operands in 0..max_operand; metadata: the product's last digit as `answer`."""
 
     meta_keys = ("answer",)
     chars = "0123456789+-*%=?"
@@ -98,12 +101,19 @@ class CalculatorEnv(_ToolEnv):
         keys, pressed, _ = text.partition("=")
         if not pressed:
             return EnvStep(reward=answer_score(text, self.meta["answer"]), done=True)
-        result = run_python(f"print({self.prompt}{keys})", **self.limits)
+        result = _calculate(f"{self.prompt}{keys}", tuple(sorted(self.limits.items())))
         value = result.output.strip()
         if result.error or not _LEADING_INT.fullmatch(value):
             return self.observe("?", result.error or f"not an integer: {value[:40]!r}")
         reward, self.called = (0.0 if self.called else self.call_reward), True
         return EnvStep(self.observe(value).observation_ids, reward=reward)
+
+
+@functools.lru_cache(maxsize=4096)
+def _calculate(expression: str, limits: tuple[tuple[str, Any], ...]) -> ToolResult:
+    """The sandboxed tool's result for a calculator expression; cached, since arithmetic is pure (the samples
+    of one prompt press "=" on the same display)."""
+    return run_python(f"print({expression})", **dict(limits))
 
 
 class PythonEnv(_ToolEnv):
