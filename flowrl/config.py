@@ -145,6 +145,16 @@ class RunConfig(Section):
                                                                     "another registered role class, e.g. "
                                                                     "{'reward': 'reward_model'}.")
 
+    @field_validator("placement", mode="wrap")
+    @classmethod
+    def _auto_or_pools(cls, value: Any, handler: Any) -> Any:
+        """One error naming the bad pool field, not one per kind of placement."""
+        if value == "auto" or isinstance(value, Placement):
+            return value
+        if isinstance(value, str):
+            raise ValueError(f"expected 'auto' or pools ({{\"pools\": [...]}}), got {value!r}")
+        return Placement.model_validate(value)
+
     @field_validator("roles")
     @classmethod
     def _registered(cls, roles: dict[str, str]) -> dict[str, str]:
