@@ -61,7 +61,7 @@ def cluster():
         address = f"ray://127.0.0.1:{client}"
         ray_cluster.connect(address)
         _wait(lambda: sum(n["Alive"] for n in ray.nodes()) == 2, "the second node")
-        yield {"address": address, "env": env}
+        yield {"address": address, "gcs": f"127.0.0.1:{gcs}", "env": env}
     finally:
         ray.shutdown()
         for node in nodes:
@@ -162,3 +162,11 @@ def test_the_remote_cluster_notebook_runs_through_ray_client(cluster, tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     assert "step 1:" in done.stdout and "step 2:" in done.stdout  # the step lines came back to the driver
     assert "equal to the local executor" in done.stdout
+
+
+def test_connect_takes_the_gcs_address_too(cluster):
+    """From a machine of the cluster, host:port joins as a driver (closing this process's Ray Client session)."""
+    ray_cluster.connect(cluster["gcs"])
+    assert not ray.util.client.ray.is_connected() and ray.cluster_resources().get("node_b") == 1
+    with pytest.raises(ValueError, match="expected 'ray://host:port' or 'host:port'"):
+        ray_cluster.connect(" ")
