@@ -20,12 +20,14 @@ from flowrl.algorithms.gmpo import GMPOConfig, gmpo
 from flowrl.algorithms.clip_cov import ClipCovConfig, clip_cov
 from flowrl.algorithms.kl_cov import KLCovConfig, kl_cov
 from flowrl.algorithms.pf_ppo import PFPPOConfig, pf_ppo
+from flowrl.algorithms.otb import OTBConfig, otb
 
 REGISTRY = {"ppo": ppo, "grpo": grpo, "dapo": dapo, "rloo": rloo, "reinforce_pp": reinforce_pp, "remax": remax,
             "gspo": gspo, "cispo": cispo, "dppo": dppo, "grpo_multiturn": grpo_multiturn,
             "grpo_async": grpo_async,
             "reinforce_pp_baseline": reinforce_pp_baseline, "gpg": gpg, "opo": opo, "grpo_passk": grpo_passk,
-            "sapo": sapo, "gmpo": gmpo, "clip_cov": clip_cov, "kl_cov": kl_cov, "pf_ppo": pf_ppo}
+            "sapo": sapo, "gmpo": gmpo, "clip_cov": clip_cov, "kl_cov": kl_cov, "pf_ppo": pf_ppo,
+            "otb": otb}
 
 __all__ = ["REGISTRY", "ppo", "grpo", "dapo", "rloo", "reinforce_pp", "remax", "gspo", "cispo", "dppo",
            "grpo_multiturn",
@@ -33,6 +35,6 @@ __all__ = ["REGISTRY", "ppo", "grpo", "dapo", "rloo", "reinforce_pp", "remax", "
            "PPOConfig", "GRPOConfig", "DAPOConfig", "RLOOConfig", "ReinforcePPConfig", "ReMaxConfig", "GSPOConfig",
            "CISPOConfig", "DPPOConfig", "GRPOMultiTurnConfig",
            "GRPOAsyncConfig",
-           "reinforce_pp_baseline", "gpg", "opo", "grpo_passk", "sapo", "gmpo", "clip_cov", "kl_cov", "pf_ppo",
+           "reinforce_pp_baseline", "gpg", "opo", "grpo_passk", "sapo", "gmpo", "clip_cov", "kl_cov", "pf_ppo", "otb",
            "ReinforcePPBaselineConfig", "GPGConfig", "OPOConfig", "GRPOPassKConfig", "SAPOConfig", "GMPOConfig",
-           "ClipCovConfig", "KLCovConfig", "PFPPOConfig"]
+           "ClipCovConfig", "KLCovConfig", "PFPPOConfig", "OTBConfig"]

@@ -24,16 +24,17 @@ class FakeTokenizer:
 
 
 class FakeTrainEngine:
-    """logprobs = -0.1 * response token id; update records what it was given."""
+    """logprobs = -0.1 * response token id, sum_pi_squared 0.25; update records what it was given."""
 
     def __init__(self) -> None:
         self.updates: list[tuple[TensorDict, object]] = []
         self.model = torch.nn.Linear(1, 1)
         self.saved: list[str] = []
 
-    def forward(self, batch, *, temperature=1.0, micro_batch_size=8, with_entropy=False):
+    def forward(self, batch, *, temperature=1.0, micro_batch_size=8, with_entropy=False, with_sum_pi_squared=False):
         mask = batch["response_mask"].float()
-        return {"logprobs": -0.1 * batch["response_ids"].float() * mask, "values": 0.5 * mask}
+        out = {"logprobs": -0.1 * batch["response_ids"].float() * mask, "values": 0.5 * mask}
+        return {**out, "sum_pi_squared": 0.25 * mask} if with_sum_pi_squared else out
 
     def update(self, batch, loss_fn, *, temperature=1.0, mini_batch_size=8, micro_batch_size=8, epochs=1,
                shuffle_seed=None, old_logprobs_from_current=False):
@@ -93,6 +94,7 @@ class TokenMeanNLL:
 
     reads = ("response_mask",)
     needs_entropy = False
+    combine = "mean"
 
     def __call__(self, out, mb):
         mask = mb["response_mask"].float()

@@ -14,7 +14,7 @@ from flowrl.graph.role import ROLES
 from flowrl.runtime.trainer import train
 
 INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer"}
-NEW = ["reinforce_pp_baseline", "gpg", "opo", "grpo_passk", "sapo", "gmpo", "clip_cov", "kl_cov", "pf_ppo"]
+NEW = ["reinforce_pp_baseline", "gpg", "opo", "grpo_passk", "sapo", "gmpo", "clip_cov", "kl_cov", "pf_ppo", "otb"]
 
 
 def names(graph):
@@ -37,6 +37,14 @@ def test_pf_ppo_resamples_before_both_updates():
     graph, _ = REGISTRY["pf_ppo"].trace(INPUTS, ROLE_CLASSES)
     assert graph.has_edge("gae_advantage", "pf_ppo_resample")
     assert graph.has_edge("pf_ppo_resample", "critic.update") and graph.has_edge("pf_ppo_resample", "actor.update")
+
+
+def test_otb_reads_the_actors_sum_pi_squared():
+    graph, _ = REGISTRY["otb"].trace(INPUTS, ROLE_CLASSES)
+    assert graph.nodes["actor.logprobs"]["node"].writes == {"old_logprobs", "sum_pi_squared"}
+    assert graph.has_edge("actor.logprobs", "otb_advantage") and "ref.logprobs" not in names(graph)
+    plain, _ = REGISTRY["grpo"].trace(INPUTS, ROLE_CLASSES)
+    assert plain.nodes["actor.logprobs"]["node"].writes == {"old_logprobs"}
 
 
 def config(tmp_path, *overrides):
@@ -72,7 +80,7 @@ def test_adaptive_kl_coefficient_survives_a_resume(tmp_path):
         assert [row[key] for row in resumed] == [row[key] for row in straight[2:]], key
 
 
-def test_loss_presets_bind_verl_defaults_and_refuse_engine_sums():
+def test_loss_presets_bind_verl_defaults_and_sum_token_sum_micro_batches():
     from flowrl.rl import losses
     from flowrl.rl.ops import cov_loss, policy_gradient
 
@@ -84,6 +92,9 @@ def test_loss_presets_bind_verl_defaults_and_refuse_engine_sums():
     assert losses.kl_cov_loss().objective.func is cov_loss.kl_cov
     assert losses.reinforce_loss().objective is policy_gradient.reinforce
     assert losses.ppo_loss(kl_coef=0.1, kl_kind="k3+").kl_kind == "k3+"
-    with pytest.raises(ValueError, match="loss_agg_mode='token-sum'"):
-        losses.ppo_loss(loss_agg_mode="token-sum")
+    assert losses.ppo_loss(loss_agg_mode="token-sum").combine == "sum"
+    assert losses.ValueLoss(loss_agg_mode="token-sum").combine == "sum"
+    assert losses.sapo_loss().combine == losses.ValueLoss().combine == "mean"
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        losses.ppo_loss(loss_agg_mode="token-total")
     assert REGISTRY["dppo"].make_config({}).ratio_cap == 3.0  # verl's clip_ratio_c default

@@ -35,6 +35,7 @@ ROWS = [([3, 12, 4, 15], [5, 1]), ([7, 8], [9, 10, 11, 1]), ([2, 13, 2, 15, 4, 4
 class ValueMSE:
     reads = ("response_mask",)
     needs_entropy = False
+    combine = "mean"
 
     def __call__(self, out, mb):
         mask = mb["response_mask"].float()
@@ -236,3 +237,48 @@ def test_compiled_passes_compute_what_eager_ones_do(tiny_model_path):
     for name in grads[0]:
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5), name
         assert torch.allclose(grads[0][name], grads[2][name], atol=1e-5), name
+
+
+def test_sum_pi_squared_chunked_equals_full_and_a_direct_computation(tiny_model_path):
+    """with_sum_pi_squared: sum_v pi(v)^2 of each response token's distribution (temperature applied), the same
+    from chunks of 3 tokens as from full logits, and equal to softmax(logits).square().sum() row by row."""
+    batch = make_batch(ROWS)
+    outs = []
+    for chunk in (0, 3):
+        engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", logprob_chunk_tokens=chunk)
+        outs.append(engine.forward(batch, temperature=0.7, micro_batch_size=4, with_sum_pi_squared=True))
+        assert "entropy" not in outs[-1] and "sum_pi_squared" not in engine.forward(batch)
+    torch.testing.assert_close(outs[1]["sum_pi_squared"], outs[0]["sum_pi_squared"], atol=1e-6, rtol=0)
+    torch.testing.assert_close(outs[1]["logprobs"], outs[0]["logprobs"], atol=1e-6, rtol=0)
+    for i, (prompt, response) in enumerate(ROWS):
+        with torch.no_grad():
+            logits = engine.model(input_ids=torch.tensor([prompt + response])).logits[0].float() / 0.7
+        expected = torch.softmax(logits[len(prompt) - 1:-1], -1).square().sum(-1)
+        for out in outs:
+            torch.testing.assert_close(out["sum_pi_squared"][i, :len(response)], expected, atol=1e-6, rtol=0)
+            assert (out["sum_pi_squared"][i, len(response):] == 0).all()
+
+
+def test_token_sum_update_is_exact_over_micro_batches(tiny_model_path):
+    """A token-sum loss (LossFn.combine == "sum"): the step's gradient is that of the mini-batch's sum, whether
+    it runs as 1, 2 or 4 micro-batches, and equals -sum(A * logp) over the batch's valid tokens by hand."""
+    from flowrl.rl.losses import reinforce_loss
+
+    batch = make_batch(ROWS[:4])  # 2, 4, 1 and 4 valid tokens
+    batch["loss_mask"] = batch["response_mask"].clone()
+    batch["loss_mask"][1, 0] = 0  # a token the loss does not count
+    batch["advantages"] = torch.linspace(-1.0, 1.5, 4)[:, None] * batch["response_mask"]
+    batch["old_logprobs"] = torch.zeros(batch["response_mask"].shape)
+    loss = reinforce_loss(loss_agg_mode="token-sum")
+    assert loss.combine == "sum" and reinforce_loss().combine == "mean"
+    grads = []
+    for size in (4, 2, 1):
+        engine = fresh_engine(tiny_model_path)
+        engine.update(batch, loss, mini_batch_size=4, micro_batch_size=size)
+        grads.append({name: p.grad for name, p in engine.model.named_parameters()})
+    by_hand = fresh_engine(tiny_model_path)
+    logprobs = by_hand._outputs(batch, 1.0, False)["logprobs"]
+    (-(batch["advantages"] * logprobs * batch["loss_mask"]).sum()).backward()
+    for name, p in by_hand.model.named_parameters():
+        for other in grads:
+            torch.testing.assert_close(other[name], p.grad, atol=1e-6, rtol=1e-5, msg=name)

@@ -6,9 +6,12 @@ root) over a 1-D mesh of all ranks; this works on CPU with gloo as well as on
 GPUs with NCCL. Every rank then passes its own rows: `mini_batch_size` and
 `micro_batch_size` count rows per rank, and all ranks must hold equally many.
 
-update() is exact: micro-batch losses are weighted by `loss_fn.weight(mb)`
-over the mini-batch's total weight (summed over ranks), so one step's gradient
-is the gradient of the loss on the whole mini-batch, however it is split.
+update() is exact: micro-batch losses of a mean (`loss_fn.combine == "mean"`)
+are weighted by `loss_fn.weight(mb)` over the mini-batch's total weight
+(summed over ranks), those of a sum ("sum", token-sum) are added, so one
+step's gradient is the gradient of the loss on the whole mini-batch, however
+it is split (over ranks too: FSDP averages gradients, so each rank's loss is
+scaled by the world size).
 
 Checkpoints are sharded (flowrl.engines.sharded_checkpoint): every rank writes
 its own shards and a checkpoint loads at any world size. Options: CPU offload
@@ -87,12 +90,14 @@ class HFTrainEngine:
 
     @torch.no_grad()
     def forward(self, batch: TensorDict, *, temperature: float = 1.0, micro_batch_size: int = 8,
-                with_entropy: bool = False) -> dict[str, torch.Tensor]:
-        """No-grad outputs aligned to the response, on the device of batch["prompt_ids"]."""
+                with_entropy: bool = False, with_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
+        """No-grad outputs aligned to the response, on the device of batch["prompt_ids"]. An actor's
+        "logprobs", with "entropy" and "sum_pi_squared" (sum_v pi(v)^2 of each token's distribution) on
+        request, computed chunk-wise as the logprobs are."""
         _check_positive(temperature=temperature, micro_batch_size=micro_batch_size)
         self._check_same_rows(batch.batch_size[0])
         order = self._order(batch)
-        outs = [self._outputs(mb.to(self.device), temperature, with_entropy)
+        outs = [self._outputs(mb.to(self.device), temperature, with_entropy, with_sum_pi_squared)
                 for mb in batch[order].split(micro_batch_size)]
         home = batch["prompt_ids"].device
         unsort = torch.empty_like(order)
@@ -109,6 +114,8 @@ class HFTrainEngine:
         """
         _check_positive(temperature=temperature, mini_batch_size=mini_batch_size,
                         micro_batch_size=micro_batch_size, epochs=epochs)
+        if loss_fn.combine not in ("mean", "sum"):
+            raise ValueError(f"loss_fn.combine must be 'mean' or 'sum', got {loss_fn.combine!r}")
         num_rows = batch.batch_size[0]
         self._check_same_rows(num_rows)
         generator = None if shuffle_seed is None else torch.Generator().manual_seed(shuffle_seed)
@@ -191,15 +198,17 @@ class HFTrainEngine:
         if self.sharded:
             dist.barrier()
 
-    def _outputs(self, mb: TensorDict, temperature: float, with_entropy: bool) -> dict[str, torch.Tensor]:
+    def _outputs(self, mb: TensorDict, temperature: float, with_entropy: bool,
+                 with_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
         """Outputs [B, R] for the micro-batch, 0 on padding, computed without the columns that are padding
         in every row."""
         mask = mb["response_mask"].bool()
-        out = self._outputs_dense(_trim_padding(mb), temperature, with_entropy)
+        out = self._outputs_dense(_trim_padding(mb), temperature, with_entropy, with_sum_pi_squared)
         return {key: torch.where(mask, torch.nn.functional.pad(value, (0, mask.shape[1] - value.shape[1])), 0)
                 for key, value in out.items()}
 
-    def _outputs_dense(self, mb: TensorDict, temperature: float, with_entropy: bool) -> dict[str, torch.Tensor]:
+    def _outputs_dense(self, mb: TensorDict, temperature: float, with_entropy: bool,
+                       with_sum_pi_squared: bool) -> dict[str, torch.Tensor]:
         prompt_ids, response_ids = mb["prompt_ids"], mb["response_ids"]
         num_prompt, num_response = prompt_ids.shape[1], response_ids.shape[1]
         mask = torch.cat([mb["prompt_mask"].long(), mb["response_mask"].long()], dim=1)
@@ -216,9 +225,10 @@ class HFTrainEngine:
             decoder = self.model.get_decoder() if self._decoder_fn is None else self._decoder_fn
             hidden_BTH = decoder(**inputs).last_hidden_state[:, num_prompt - 1:-1]
             return token_logprobs(hidden_BTH, self.model.get_output_embeddings().weight, response_ids, temperature,
-                                  with_entropy, self.logprob_chunk_tokens, compiled=self.compiled)
+                                  with_entropy, self.logprob_chunk_tokens, compiled=self.compiled,
+                                  with_sum_pi_squared=with_sum_pi_squared)
         logits_BRV = self._model_fn(**inputs, logits_to_keep=num_response + 1).logits[:, :-1].float() / temperature
-        return full_logits_logprobs(logits_BRV, response_ids, with_entropy)
+        return full_logits_logprobs(logits_BRV, response_ids, with_entropy, with_sum_pi_squared)
 
     def _step(self, mini: TensorDict, loss_fn: LossFn, temperature: float, micro_batch_size: int,
               sums: dict[str, list[float]], old_from_current: bool = False) -> float | None:
@@ -239,7 +249,8 @@ class HFTrainEngine:
                 mb = mb.clone(False)
                 mb.set("old_logprobs", out["logprobs"].detach(), inplace=False)
             loss, metrics = loss_fn(out, mb)
-            (loss * (weight * self.world_size / total)).backward()
+            share = 1.0 if loss_fn.combine == "sum" else weight / total
+            (loss * (share * self.world_size)).backward()
             for key, value in metrics.items():
                 entry = sums.setdefault(key, [0.0, 0])
                 entry[0] += float(value)

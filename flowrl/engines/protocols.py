@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Literal, Protocol
 
 import torch
 from tensordict import TensorDict
@@ -52,14 +52,20 @@ class LossFn(Protocol):
 
     `out` holds model outputs aligned to the response: "logprobs" [B, R] for
     actors (plus "entropy" [B, R] when `needs_entropy`), "values" [B, R] for
-    critics. Returns the micro-batch loss (a mean in the loss's own unit) and
-    detached scalar metrics. `weight(mb)` is the micro-batch's count in that
-    unit (valid tokens for token-mean, sequences for seq-mean), so the engine
-    can weight micro-batches to get the exact mini-batch loss.
+    critics. Returns the micro-batch loss and detached scalar metrics.
+
+    `combine` says how micro-batch losses make the mini-batch's loss:
+    "mean": each is a mean in the loss's own unit and `weight(mb)` is the
+    micro-batch's count in that unit (valid tokens for token-mean, sequences
+    for seq-mean), so the engine weights each by weight / total weight;
+    "sum": each is a sum and the mini-batch's loss is their sum (token-sum),
+    `weight(mb)` is 0 for a micro-batch with nothing to count, else 1. Either
+    way a mini-batch's gradient is the same however it is split.
     """
 
     reads: tuple[str, ...]
     needs_entropy: bool
+    combine: Literal["mean", "sum"]
 
     def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, float]]: ...
 
@@ -70,9 +76,10 @@ class TrainEngine(Protocol):
     """A trainable model: forward passes over a batch and optimizer steps."""
 
     def forward(self, batch: TensorDict, *, temperature: float = 1.0, micro_batch_size: int = 8,
-                with_entropy: bool = False) -> dict[str, torch.Tensor]:
+                with_entropy: bool = False, with_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
         """No-grad outputs aligned to the response, 0 on padding: "logprobs" (actor), "values" (critic)
-        or "scores" (reward model), each [B, R]."""
+        or "scores" (reward model), each [B, R]; an actor's "entropy" and "sum_pi_squared" (sum_v pi(v)^2
+        of each token's distribution) when asked for."""
         ...
 
     def update(self, batch: TensorDict, loss_fn: LossFn, *, temperature: float = 1.0,

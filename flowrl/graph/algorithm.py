@@ -121,5 +121,6 @@ ALGORITHMS: Registry[Algorithm] = Registry("algorithm")
 for _name in ("ppo", "grpo", "dapo", "rloo", "reinforce_pp", "remax", "gspo", "cispo", "dppo", "grpo_multiturn",
               "grpo_async"):
     ALGORITHMS.register(_name, f"flowrl.algorithms.{_name}:{_name}")
-for _name in ("reinforce_pp_baseline", "gpg", "opo", "grpo_passk", "sapo", "gmpo", "clip_cov", "kl_cov", "pf_ppo"):
+for _name in ("reinforce_pp_baseline", "gpg", "opo", "grpo_passk", "sapo", "gmpo", "clip_cov", "kl_cov", "pf_ppo",
+              "otb"):
     ALGORITHMS.register(_name, f"flowrl.algorithms.{_name}:{_name}")

@@ -4,9 +4,10 @@
 penalty to the reference policy and an entropy bonus; named algorithms are
 presets over it, not subclasses: GRPO is `clip_higher_loss(clip_low=0.2,
 clip_high=0.2)`, PPO the same with one clip value, DAPO the clip-higher
-default. Each term is aggregated with the same `loss_agg_mode`, and
-`weight(mb)` is the micro-batch's count in that mode's unit, so the engine
-can combine micro-batches into the exact mini-batch loss. Every policy loss
+default. Each term is aggregated with the same `loss_agg_mode`; `combine`
+is "sum" for token-sum (the engine adds micro-batch losses) and "mean" for
+the rest, where `weight(mb)` is the micro-batch's count in that mode's unit,
+so the engine can combine micro-batches into the exact mini-batch loss. Every policy loss
 takes `rollout_correction` (flowrl.rl.correction): verl's truncated IS and
 rejection against the sampler's logprobs.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 from tensordict import TensorDict
@@ -33,12 +34,9 @@ from flowrl.rl.ops.value_loss import clipped_value_loss
 Objective = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
 
-def _check_engine_mode(loss_agg_mode: str) -> None:
-    """The train engine combines micro-batches as weighted means (LossFn.weight); a sum mode needs it to add them."""
-    check_agg_mode(loss_agg_mode)
-    if loss_agg_mode in SUM_MODES:
-        raise ValueError(f"loss_agg_mode={loss_agg_mode!r}: the train engine averages micro-batch losses, so a sum "
-                         f"is not exact there yet; use ops.aggregate.agg_loss directly, or a mean mode")
+def _combine(loss_agg_mode: str) -> Literal["mean", "sum"]:
+    """How the train engine combines micro-batch losses in this mode (engines.protocols.LossFn.combine)."""
+    return "sum" if loss_agg_mode in SUM_MODES else "mean"
 
 
 def _check_norm_len(norm_len: int | None, loss_agg_mode: str) -> None:
@@ -86,7 +84,7 @@ class PolicyLoss:
     def __post_init__(self) -> None:
         if not callable(self.objective):
             raise ValueError(f"objective must be a callable policy objective, got {self.objective!r}")
-        _check_engine_mode(self.loss_agg_mode)
+        check_agg_mode(self.loss_agg_mode)
         check_kl_kind(self.kl_kind)
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
@@ -105,6 +103,10 @@ class PolicyLoss:
     @property
     def needs_entropy(self) -> bool:
         return self.entropy_coef != 0
+
+    @property
+    def combine(self) -> Literal["mean", "sum"]:
+        return _combine(self.loss_agg_mode)
 
     def _agg(self, loss_BT: torch.Tensor, mask_BT: torch.Tensor, keep_BT: torch.Tensor | None = None) -> torch.Tensor:
         """agg_loss over the loss mask; tokens outside `keep_BT` (rejected) add 0 but still count."""
@@ -262,7 +264,7 @@ class ValueLoss:
     def __post_init__(self) -> None:
         if self.clip <= 0:
             raise ValueError(f"clip must be > 0, got {self.clip}")
-        _check_engine_mode(self.loss_agg_mode)
+        check_agg_mode(self.loss_agg_mode)
         _check_norm_len(self.norm_len, self.loss_agg_mode)
 
     @property
@@ -272,6 +274,10 @@ class ValueLoss:
     @property
     def needs_entropy(self) -> bool:
         return False
+
+    @property
+    def combine(self) -> Literal["mean", "sum"]:
+        return _combine(self.loss_agg_mode)
 
     def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
         mask_BT = mb["loss_mask"]

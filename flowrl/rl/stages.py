@@ -138,6 +138,17 @@ def passk_advantage(batch: TensorDict, *, norm_by_std: bool = True) -> TensorDic
     return _log_advantages(batch)
 
 
+@stage(reads=("token_rewards", "group", "response_mask", "old_logprobs", "sum_pi_squared"),
+       writes=("advantages", "returns"))
+def otb_advantage(batch: TensorDict, *, handle_zero_tail: bool = False) -> TensorDict:
+    """Optimal token baseline: return-to-go minus a per-group, per-step baseline weighted by the cumulative
+    1 - 2 pi_t + sum pi^2 (actor.logprobs(batch, sum_pi_squared=True) writes the last)."""
+    batch["advantages"], batch["returns"] = adv_ops.optimal_token_baseline(
+        batch["token_rewards"], batch["response_mask"], batch["group"], batch["old_logprobs"],
+        batch["sum_pi_squared"], handle_zero_tail=handle_zero_tail)
+    return _log_advantages(batch)
+
+
 @stage(reads=("scores", "response_ids"), rows=True)
 def pf_ppo_resample(batch: TensorDict, *, method: str = "pow", weight_pow: float = 2.0, seed: int = 0) -> TensorDict:
     """PF-PPO: the batch's rows redrawn with replacement, each in proportion to a weight of its score.
@@ -154,4 +165,5 @@ def pf_ppo_resample(batch: TensorDict, *, method: str = "pow", weight_pow: float
 
 __all__ = ["group_advantage", "rloo_advantage", "token_rewards", "gae_advantage", "reinforce_pp_advantage",
            "overlong_penalty", "drop_uniform_groups", "keep_as_baseline", "remax_advantage",
-           "reinforce_pp_baseline_advantage", "gpg_advantage", "opo_advantage", "passk_advantage", "pf_ppo_resample"]
+           "reinforce_pp_baseline_advantage", "gpg_advantage", "opo_advantage", "passk_advantage", "otb_advantage",
+           "pf_ppo_resample"]

@@ -23,6 +23,10 @@ def _logprobs(engine: TrainEngine, s: UpdateSettings, batch: TensorDict) -> torc
     return engine.forward(batch, temperature=s.temperature, micro_batch_size=s.forward_rows)["logprobs"]
 
 
+def _logprobs_writes(sum_pi_squared: bool = False, **_: Any) -> tuple[str, ...]:
+    return ("old_logprobs", "sum_pi_squared") if sum_pi_squared else ("old_logprobs",)
+
+
 def _update(engine: TrainEngine, s: UpdateSettings, batch: TensorDict, loss: LossFn, seed: int | None,
             prefix: str, **kwargs: Any) -> None:
     """One engine update; metrics logged under `prefix`."""
@@ -43,15 +47,21 @@ class Actor:
     def build(cls, ctx: BuildContext) -> "Actor":
         return cls(ctx.engine("actor").build(ctx.model, head="actor", device=ctx.device), ctx.settings)
 
-    @graph_method(reads=MODEL_INPUT, writes=("old_logprobs",), defer_to="update")
-    def logprobs(self, batch: TensorDict, deferred: bool = False) -> TensorDict:
-        """Old logprobs. The planner sets `deferred` when only actor.update reads them; then, if that
-        update is one optimizer step, they equal its current logprobs and are not computed here."""
-        if deferred and self._single_step(batch):
+    @graph_method(reads=MODEL_INPUT, writes=_logprobs_writes, defer_to="update")
+    def logprobs(self, batch: TensorDict, deferred: bool = False, sum_pi_squared: bool = False) -> TensorDict:
+        """Old logprobs, and with `sum_pi_squared` each token's sum_v pi(v)^2 under the current policy (the
+        optimal token baseline's weights). The planner sets `deferred` when only actor.update reads them;
+        then, if that update is one optimizer step, they equal its current logprobs and are not computed here."""
+        if deferred and not sum_pi_squared and self._single_step(batch):
             self._deferred = True
             batch["old_logprobs"] = torch.full(batch["response_mask"].shape, float("nan"))
             return batch
-        batch["old_logprobs"] = _logprobs(self.engine, self.settings, batch)
+        s = self.settings
+        out = self.engine.forward(batch, temperature=s.temperature, micro_batch_size=s.forward_rows,
+                                  with_sum_pi_squared=sum_pi_squared)
+        batch["old_logprobs"] = out["logprobs"]
+        if sum_pi_squared:
+            batch["sum_pi_squared"] = out["sum_pi_squared"]
         return batch
 
     @graph_method(reads=_update_reads, updates_weights=True)
