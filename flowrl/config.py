@@ -76,6 +76,9 @@ class TrainConfig(Section):
     rollout_share: float | None = Field(None, gt=0, lt=1, description="placement 'auto' on a Ray cluster's "
                                         "GPUs: this fraction of them for the roles that follow weights (the "
                                         "rollout), the rest for training; None: every role on every GPU.")
+    memory_check: bool = Field(True, description="On CUDA, refuse before anything loads a plan whose memory "
+                               "estimate per GPU (as `flowrl plan --gpus N` prints it) exceeds one GPU's memory; "
+                               "the estimate leans high, so False lets a tight run try.")
     loggers: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=lambda: ["console", "jsonl"], description="Where step metrics go: console (the step "
         "line), jsonl (metrics.jsonl), tensorboard, wandb (offline), mlflow (local store); see flowrl.runtime.loggers.")
@@ -266,6 +269,16 @@ def warn_no_effect(cfg: RunConfig, used_roles: tuple[str, ...]) -> None:
     if t.rollout_share is not None and not (cfg.placement == "auto" and t.executor == "ray" and t.device == "cuda"):
         warnings.warn("train.rollout_share has no effect: it splits the GPUs of placement 'auto' under "
                       "train.executor=ray on train.device=cuda", stacklevel=2)
+    if t.executor != "ray":
+        for key in ("ship_files", "placement_timeout_s"):
+            if getattr(t, key) != getattr(default.train, key):
+                warnings.warn(f"train.{key} has no effect: train.executor is not 'ray'", stacklevel=2)
+        pinned = [p.name for p in getattr(cfg.placement, "pools", ()) if p.resources or p.strategy != "PACK"]
+        if pinned:
+            warnings.warn(f"placement: pool {pinned[0]!r}'s strategy and resources have no effect: train.executor "
+                          f"is not 'ray'", stacklevel=2)
+    if t.memory_check is not default.train.memory_check and t.device != "cuda":
+        warnings.warn("train.memory_check has no effect: train.device is not 'cuda'", stacklevel=2)
     for section in ("critic", "actor", "rollout"):  # config sections named after the roles that use them
         if section not in used_roles and getattr(cfg, section) != getattr(default, section):
             warnings.warn(f"{section}.* has no effect: the algorithm uses no {section}", stacklevel=2)

@@ -79,6 +79,8 @@ def test_placement_auto_builds_the_pools_from_the_cluster_gpus():
         from flowrl.config import warn_no_effect
 
         warn_no_effect(load_run_config(None, ["train.rollout_share=0.5"]), ())
+    with pytest.warns(UserWarning, match="train.ship_files has no effect: train.executor is not 'ray'"):
+        warn_no_effect(load_run_config(None, ["train.ship_files=false"]), ())
 
 
 def test_train_checks_its_plan_against_the_memory_of_a_gpu(tmp_path):
@@ -93,5 +95,5 @@ def test_train_checks_its_plan_against_the_memory_of_a_gpu(tmp_path):
     check_memory(cfg, plan, tmp_path, 80 * GIB)
     check_memory(cfg, plan, tmp_path, None)  # unknown: nothing checked
     with pytest.raises(fl.PlanError, match=r"pool 'global' needs about .* GiB per GPU \(actor .*\), but a GPU has "
-                                           r"2 GiB"):
+                                           r"2 GiB.*train.memory_check=false to try anyway"):
         check_memory(cfg, plan, tmp_path, 2 * GIB)

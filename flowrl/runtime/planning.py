@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import transformers
 
 from flowrl.config import RunConfig
 from flowrl.engines.tiny_model import build_tiny_model
+from flowrl.errors import PlanError
 from flowrl.graph.algorithm import Algorithm
 from flowrl.graph.role import role_spec
 from flowrl.graph.trace import NodeKind
@@ -52,8 +54,15 @@ def check_memory(cfg: RunConfig, plan: Plan, model_path: Path, gpu_bytes: int | 
     if gpu_bytes is None:
         return
     config = json.loads((model_path / "config.json").read_text())
-    _, _, per_gpu = _estimate(cfg, plan, config, cfg.data.max_prompt_length or prompt_len)
-    check_fits(plan, per_gpu, gpu_bytes)
+    try:
+        _, _, per_gpu = _estimate(cfg, plan, config, cfg.data.max_prompt_length or prompt_len)
+    except KeyError as err:
+        warnings.warn(f"no memory estimate: {model_path / 'config.json'} has no {err}", stacklevel=2)
+        return
+    try:
+        check_fits(plan, per_gpu, gpu_bytes)
+    except PlanError as err:
+        raise PlanError(f"{err} (or train.memory_check=false to try anyway)") from None
 
 
 def _estimate(cfg: RunConfig, plan: Plan, config: dict, prompt_len: int) -> tuple[ModelShape, Workload, dict]:

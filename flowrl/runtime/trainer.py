@@ -109,7 +109,7 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     path = model_path(cfg, task) if rank == 0 else None
     distributed.barrier()  # rank 0 builds the tiny model once; the others then load it
     path = path or model_path(cfg, task)
-    if cfg.train.device == "cuda":
+    if cfg.train.device == "cuda" and cfg.train.memory_check:
         from flowrl.runtime.planning import check_memory
 
         check_memory(cfg, plan, path, _gpu_bytes(cfg))
