@@ -183,3 +183,19 @@ def test_a_cuda_pool_on_a_cluster_without_gpus_is_refused_at_once():
     with pytest.raises(fl.PlanError, match=r"pool 'a' needs 1 GPU \(1 per rank, 1 for the pools so far\), but "
                                            r"the Ray cluster has 0"):
         fake_executor(placement)
+
+
+def test_the_adaptive_kl_coefficient_resumes_under_ray(tmp_path):
+    """The KL controller, a trainable driver role, is checkpointed with the pools' engines: a resumed Ray run
+    continues from the coefficient the interrupted run would have used next, not from algo.kl_coef."""
+    from flowrl.rl.ops.kl import adaptive_kl_coef
+
+    run = ["train.executor=ray", "algorithm=ppo", "algo.kl_ctrl=adaptive", "algo.horizon=16", "train.batch_size=8",
+           "train.eval_every=0", "train.export=false", "train.save_every=2"]
+    first = train(config(tmp_path, *run, "train.steps=2"), progress=False)
+    saved = json.loads((tmp_path / "checkpoints/step_000002/kl_ctrl/kl_ctrl.json").read_text())["coef"]
+    last = first[-1]  # step 2's coefficient, moved by its KL over 8 rows: what step 3 uses
+    assert saved == pytest.approx(adaptive_kl_coef(last["kl_ctrl/coef"], last["reward/kl"], 0.1, 16, 8), rel=1e-9)
+    assert first[0]["kl_ctrl/coef"] == 0.001 and saved != 0.001
+    resumed = train(config(tmp_path, *run, "train.steps=3"), progress=False)
+    assert [row["step"] for row in resumed] == [3] and resumed[0]["kl_ctrl/coef"] == saved

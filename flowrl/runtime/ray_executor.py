@@ -153,9 +153,12 @@ class RayExecutor:
                     kwargs=kwargs, role=role, method=method, pool=self.plan.pools[role].name)
         return self._resolve([self._launch(node, batch, StepCalls(step))], batch)
 
-    def train_engines(self) -> dict[str, PoolEngine]:
+    def train_engines(self) -> dict[str, Any]:
+        """What a checkpoint saves and loads: each trainable role on a pool across its ranks, and each trainable
+        driver role's own engine (the adaptive KL controller's coefficient), as the local executor does."""
         return buffering.checkpointed({r: PoolEngine(tuple(self._workers_of(r)), r, self.ship_files)
-                                       for r in self.plan.trainable() if r in self.plan.pools}, self.pipeline)
+                                       if r in self.plan.pools else self.driver_roles[r].engine
+                                       for r in self.plan.trainable()}, self.pipeline)
 
     @property
     def versions(self) -> dict[str, int]:
