@@ -159,10 +159,13 @@ def test_resume_after_a_crash_reproduces_the_run(tmp_path):
     assert logged == [0, 1, 2, 3, 4]
 
 
+NEEDS = {"grpo_multiturn": ["task.name=calculator", "rollout.env=calculator", "rollout.max_new_tokens=2"]}
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS.names())
 def test_every_prebuilt_algorithm_runs_on_vllm(tmp_path, algorithm):
     history = train(load_run_config(None, [f"train.output_dir={tmp_path}", *SMALL, f"algorithm={algorithm}",
-                                           "train.steps=1", "train.batch_size=4", "train.eval_every=0"]),
-                    progress=False)
+                                           "train.steps=1", "train.batch_size=4", "train.eval_every=0",
+                                           *NEEDS.get(algorithm, [])]), progress=False)
     assert len(history) == 1 and math.isfinite(history[-1]["actor/pg_loss"])
     assert 0.0 <= history[-1]["reward/mean"] <= 1.0
