@@ -105,6 +105,19 @@ class TokenMeanNLL:
         return float(mb["response_mask"].sum())
 
 
+class TokenSumNLL(TokenMeanNLL):
+    """TokenMeanNLL's token-sum: the negative logprobs summed; the engine adds micro-batches' losses."""
+
+    combine = "sum"
+
+    def __call__(self, out, mb):
+        loss = -(out["logprobs"] * mb["response_mask"].float()).sum()
+        return loss, {"loss": loss.item()}
+
+    def weight(self, mb):
+        return float(mb["response_mask"].any())
+
+
 class SleepyTrainEngine(FakeTrainEngine):
     """A FakeTrainEngine whose forward takes `seconds`: shows whether two forwards overlap."""
 

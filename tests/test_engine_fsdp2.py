@@ -1,4 +1,5 @@
-"""FSDP2 on CPU: two gloo ranks, each with half the rows, match one process with all of them."""
+"""FSDP2 on CPU: two gloo ranks, each with half the rows, match one process with all of them (token-mean and
+token-sum losses)."""
 
 import pathlib
 import time
@@ -14,7 +15,7 @@ from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.weight_sync import FullStateSync
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
-from fakes import TokenMeanNLL
+from fakes import TokenMeanNLL, TokenSumNLL
 
 WORLD = 2
 ROWS = [([3, 12, 4, 15], [5, 1]), ([7, 8], [9, 10, 11, 1]), ([2, 13, 2, 15, 4, 4], [6]),
@@ -50,6 +51,8 @@ def run(model_path, out_dir, rank, world):
     restored = HFTrainEngine(load_causal_lm(model_path), kind="actor", lr=1.0, eps=1.0, grad_clip=1e9)
     restored.load(str(out_dir / f"ckpt{world}"))
     restored.update(batch[rows], TokenMeanNLL(), mini_batch_size=8 // world, micro_batch_size=3)
+    summed = HFTrainEngine(load_causal_lm(model_path), kind="actor", lr=1.0, eps=1.0, grad_clip=1e9)
+    sum_metrics = summed.update(batch[rows], TokenSumNLL(), mini_batch_size=8 // world, micro_batch_size=3)
     tokenizer = load_tokenizer(model_path)
     engine.save_pretrained(str(out_dir / f"hf{world}"), tokenizer)
     rollout = HFRolloutEngine(load_causal_lm(model_path), tokenizer)
@@ -58,7 +61,8 @@ def run(model_path, out_dir, rank, world):
     generated = rollout.generate(prompts["prompt_ids"], prompts["prompt_mask"], PARAMS, seed=5)
     streamed = {name: tensor.clone() for name, tensor in engine.named_full_tensors()}  # the vLLM sync's source
     return dict(logprobs=logprobs, grad_norm=metrics["grad_norm"], state=engine.full_state_dict(), streamed=streamed,
-                restored_state=restored.full_state_dict(), response_ids=generated["response_ids"],
+                restored_state=restored.full_state_dict(), sum_grad_norm=sum_metrics["grad_norm"],
+                sum_state=summed.full_state_dict(), response_ids=generated["response_ids"],
                 response_mask=generated["response_mask"])
 
 
@@ -99,6 +103,8 @@ def test_fsdp2_matches_single_process(tiny_model_path, tmp_path: pathlib.Path):
         assert_states_close(result["state"], single["state"], atol=1e-5)
         assert_states_close(result["streamed"], result["state"], atol=0)  # unsharded, tied lm_head included
         assert_states_close(result["restored_state"], single["restored_state"], atol=1e-5)
+        assert abs(result["sum_grad_norm"] - single["sum_grad_norm"]) < 1e-5 * single["sum_grad_norm"]  # token-sum
+        assert_states_close(result["sum_state"], single["sum_state"], atol=1e-5)
         assert torch.equal(result["response_ids"], single["response_ids"])
         assert torch.equal(result["response_mask"], single["response_mask"])
     exported = load_causal_lm(tmp_path / f"hf{WORLD}").state_dict()
