@@ -140,6 +140,9 @@ def test_config_builds_the_loss_option():
     assert validate(GRPOConfig, algo.algo).rollout_correction.build() == RolloutCorrection("token", 4.0)
 
 
+OFF_POLICY = {"grpo_async"}
+
+
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_every_algorithm_passes_the_option_to_its_policy_loss(name):
     inputs = {"prompt_ids", "prompt_mask", "uid", "answer"}
@@ -149,7 +152,9 @@ def test_every_algorithm_passes_the_option_to_its_policy_loss(name):
     assert update.kwargs["loss"].rollout_correction == RolloutCorrection("token", 2.0, "geometric", 1.5)
     assert "rollout_logprobs" in update.reads  # written by rollout.generate, or tracing would fail
     default, _ = REGISTRY[name].trace(inputs, ROLE_CLASSES)
-    assert default.nodes["actor.update"]["node"].kwargs["loss"].rollout_correction is None
+    # off by default, but for the off-policy graph, whose behaviour policy is the lagging sampler's
+    expected = RolloutCorrection("token", 2.0) if name in OFF_POLICY else None
+    assert default.nodes["actor.update"]["node"].kwargs["loss"].rollout_correction == expected
 
 
 @pytest.mark.parametrize("mini_batch", [128, 32])  # 128: one step, old logprobs deferred; 32: computed first
