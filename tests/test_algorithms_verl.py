@@ -12,6 +12,7 @@ from flowrl.algorithms import REGISTRY, ppo
 from flowrl.config import load_run_config
 from flowrl.graph.role import ROLES
 from flowrl.runtime.trainer import train
+from crash import train_until_crash
 
 INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer"}
 NEW = ["reinforce_pp_baseline", "gpg", "opo", "grpo_passk", "sapo", "gmpo", "clip_cov", "kl_cov", "pf_ppo", "otb"]
@@ -64,15 +65,7 @@ def test_adaptive_kl_coefficient_survives_a_resume(tmp_path):
     coefs = [row["kl_ctrl/coef"] for row in straight]
     assert coefs[0] == 0.001 and len(set(coefs)) == 4  # it moves every step (8 rows / horizon 16, clipped error)
 
-    class Crash(Exception):
-        pass
-
-    def crash_at_3(step, logged):
-        if step == 3:
-            raise Crash
-
-    with pytest.raises(Crash):
-        train(config(tmp_path / "b", *run), progress=False, on_step=crash_at_3)
+    train_until_crash(config(tmp_path / "b", *run), 3)
     saved = json.loads((tmp_path / "b/checkpoints/step_000002/kl_ctrl/kl_ctrl.json").read_text())
     assert saved["coef"] == pytest.approx(coefs[2])  # the coefficient step 3 uses
     resumed = train(config(tmp_path / "b", *run), progress=False)

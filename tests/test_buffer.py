@@ -14,6 +14,7 @@ from flowrl.runtime.buffering import drop_stale
 from flowrl.runtime.trainer import train
 from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask
 from test_planner_executor import make_roles
+from crash import train_until_crash
 
 INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer"}
 COLOCATED = fl.Placement.colocated(("actor", "rollout", "ref"))
@@ -129,15 +130,7 @@ def test_on_the_real_engines_k0_equals_grpo_and_k1_resumes_exactly(tmp_path):
     assert [r["buffer/staleness/max"] for r in straight] == [0, 1, 1, 1]
     assert all(r["actor/rollout/is_weight_mean"] > 0 for r in straight)  # the sampler's logprobs weight the loss
 
-    class Crash(Exception):
-        pass
-
-    def crash_at_3(step, logged):
-        if step == 3:
-            raise Crash
-
-    with pytest.raises(Crash):
-        train(config(tmp_path / "b", *async_), progress=False, on_step=crash_at_3)
+    train_until_crash(config(tmp_path / "b", *async_), 3)
     assert (tmp_path / "b" / "checkpoints" / "step_000002" / "_buffer" / "buffer.pt").exists()
     resumed = train(config(tmp_path / "b", *async_), progress=False)
     assert [row["step"] for row in resumed] == [3, 4]

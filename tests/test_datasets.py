@@ -14,6 +14,7 @@ from flowrl.engines.sharded_checkpoint import read_model
 from flowrl.runtime.data_tasks import run_task
 from flowrl.runtime.trainer import train
 from fakes import FakeTokenizer
+from crash import train_until_crash
 
 
 def row(i, prompt=None, source="exact", truth=None):
@@ -149,15 +150,7 @@ def test_a_resumed_data_set_run_continues_at_the_same_rows(tmp_path):
 
     straight = train(cfg(tmp_path / "a"), progress=False)
 
-    class Crash(Exception):
-        pass
-
-    def crash_at_3(step, logged):
-        if step == 3:
-            raise Crash
-
-    with pytest.raises(Crash):
-        train(cfg(tmp_path / "b"), progress=False, on_step=crash_at_3)
+    train_until_crash(cfg(tmp_path / "b"), 3)
     resumed = train(cfg(tmp_path / "b"), progress=False)
     assert [r["step"] for r in resumed] == [3, 4]
     for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm", "actor/lr"):

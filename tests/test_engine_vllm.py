@@ -19,6 +19,7 @@ from flowrl.engines.protocols import FinishReason, SamplingParams  # noqa: E402
 from flowrl.engines.tiny_model import build_tiny_model  # noqa: E402
 from flowrl.graph.algorithm import ALGORITHMS  # noqa: E402
 from flowrl.runtime.trainer import train  # noqa: E402
+from crash import train_until_crash  # noqa: E402
 
 BLOCK = 32  # tokens per KV block: the long prompts below span two
 SMALL = ["rollout.engine=vllm", "model.tiny_hidden_size=128", "rollout.kv_cache_gb=0.25", "train.export=false"]
@@ -141,15 +142,7 @@ def test_resume_after_a_crash_reproduces_the_run(tmp_path):
 
     straight = train(config("a"), progress=False)
 
-    class Crash(Exception):
-        pass
-
-    def crash_at_3(step, logged):
-        if step == 3:
-            raise Crash
-
-    with pytest.raises(Crash):
-        train(config("b"), progress=False, on_step=crash_at_3)
+    train_until_crash(config("b"), 3)
     resumed = train(config("b"), progress=False)
     assert [row["step"] for row in resumed] == [3, 4]
     for key in ("reward/mean", "response_length/mean", "actor/pg_loss"):

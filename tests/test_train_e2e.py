@@ -16,6 +16,7 @@ from flowrl.engines.hf_models import load_tokenizer
 from flowrl.engines.sharded_checkpoint import read_model
 from flowrl.runtime.trainer import train
 from transformers import AutoModelForCausalLM
+from crash import train_until_crash
 
 
 def config(tmp_path, *overrides):
@@ -45,15 +46,7 @@ def test_default_grpo_run_raises_reward(tmp_path):
 def test_resume_reproduces_an_uninterrupted_run(tmp_path):
     straight = train(config(tmp_path / "a", "train.steps=4", "train.save_every=2"), progress=False)
 
-    class Crash(Exception):
-        pass
-
-    def crash_at_3(step, logged):
-        if step == 3:
-            raise Crash
-
-    with pytest.raises(Crash):
-        train(config(tmp_path / "b", "train.steps=4", "train.save_every=2"), progress=False, on_step=crash_at_3)
+    train_until_crash(config(tmp_path / "b", "train.steps=4", "train.save_every=2"), 3)
     resumed = train(config(tmp_path / "b", "train.steps=4", "train.save_every=2"), progress=False)
     assert [row["step"] for row in resumed] == [3, 4]
     logged = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
