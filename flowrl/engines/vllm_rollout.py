@@ -186,6 +186,12 @@ class VLLMRolloutEngine:
             top_k=0 if greedy else params.top_k, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
             frequency_penalty=0.0, seed=seed, stop_token_ids=[self.eos_id], logprobs=0, detokenize=False)
 
+    def close(self) -> None:
+        """Shuts the in-process vLLM engine down now. Left to garbage collection, its shutdown tears down the
+        process's vLLM distributed state whenever it runs, under another engine built since (a second run in a
+        notebook); once closed, that later collection does nothing."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     def _sleep(self) -> None:
         if self.config.free_cache_engine:
             self.llm.sleep(level=self.config.free_cache_engine)

@@ -60,6 +60,14 @@ class RoleSpec:
         return builder(ctx) if builder is not None else self.cls()
 
 
+def close_role(instance: Any) -> None:
+    """At the run's end: a role class's optional `close()` releases what its instance holds (e.g. an inference
+    server), as its optional `build(ctx)` made it."""
+    closer = getattr(type(instance), "close", None)
+    if closer is not None:
+        closer(instance)
+
+
 ROLES: Registry[RoleSpec] = Registry("role")
 # the built-in roles load on first use; their modules register their RoleSpecs as they import
 for _name, _where in (("actor", "actor:Actor"), ("ref", "actor:Ref"), ("critic", "actor:Critic"),

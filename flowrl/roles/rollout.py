@@ -136,3 +136,7 @@ class Rollout:
         """Weights sent from the source's process (the executor syncs split pools this way)."""
         self.engine.load_weights(state_dict)
         self.synced_version = version
+
+    def close(self) -> None:
+        """The run is over: release the engine (flowrl.graph.role.close_role)."""
+        self.engine.close()

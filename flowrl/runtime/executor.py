@@ -16,6 +16,7 @@ from flowrl import metrics
 from flowrl.engines.protocols import TrainEngine
 from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
+from flowrl.graph.role import close_role
 from flowrl.graph.trace import Node
 from flowrl.plan.planner import Plan
 from flowrl.runtime import buffering
@@ -61,7 +62,7 @@ class LocalExecutor:
             if pool.world_size != world_size:
                 raise PlanError(f"placement: pool {pool.name!r} has world_size {pool.world_size}, but the local "
                                 f"executor runs {world_size} rank(s); launch with torchrun or fix the pool")
-        self.plan, self.roles, self.world_size = plan, roles, world_size
+        self.plan, self.roles, self.world_size, self.closed = plan, roles, world_size, False
         self.nodes = scheduled(plan)
         self.fill_at = fill_index(self.nodes)
         if self.fill_at is not None and world_size > 1:
@@ -95,7 +96,11 @@ class LocalExecutor:
         self.roles[role].engine.save_pretrained(path, tokenizer)
 
     def close(self) -> None:
-        """Nothing to release: the roles live in this process."""
+        """Closes the roles in this process (each role class's optional `close()`); again, does nothing."""
+        if not self.closed:
+            self.closed = True
+            for instance in self.roles.values():
+                close_role(instance)
 
     def _run(self, nodes: list[Node], batch: TensorDict, calls: StepCalls) -> TensorDict:
         for node in nodes:

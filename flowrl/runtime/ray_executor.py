@@ -38,6 +38,7 @@ from flowrl.data.batch import concat
 from flowrl.engines.hf_models import atomic_dir
 from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
+from flowrl.graph.role import close_role
 from flowrl.graph.trace import Node, NodeKind
 from flowrl.plan.placement import DRIVER, Pool
 from flowrl.runtime import buffering, ray_cluster
@@ -180,7 +181,9 @@ class RayExecutor:
             _write_folder({name: data for files in saved for name, data in files.items()}, path)
 
     def close(self) -> None:
-        """Ends the workers (of every view: close only the executor you built)."""
+        """Ends the workers (of every view: close only the executor you built) and closes the driver's roles."""
+        for instance in self.driver_roles.values():
+            close_role(instance)
         for workers in self.workers.values():
             for worker in workers:
                 ray.kill(worker)
