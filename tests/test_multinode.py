@@ -162,6 +162,7 @@ def test_the_remote_cluster_notebook_runs_through_ray_client(cluster, tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     assert "step 1:" in done.stdout and "step 2:" in done.stdout  # the step lines came back to the driver
     assert "equal to the local executor" in done.stdout
+    assert "built-in grpo, equal to the local executor" in done.stdout  # a prebuilt graph through ray:// too
 
 
 def test_connect_takes_the_gcs_address_too(cluster):
