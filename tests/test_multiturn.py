@@ -17,7 +17,7 @@ from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.protocols import FinishReason, SamplingParams
 from flowrl.engines.tiny_model import build_char_tokenizer, build_tiny_model
 from flowrl.roles import Rollout
-from flowrl.runtime.trainer import train
+from flowrl.runtime.trainer import setup, train
 
 EOS = 1
 
@@ -172,6 +172,9 @@ def test_bad_environment_settings_are_named(tmp_path):
     rollout = Rollout(engine=None, params=SamplingParams())
     with pytest.raises(ValueError, match="set rollout.env"):
         rollout.interact(prompt_batch([[2]], 0, [0]))
+    unused = load_run_config(None, [f"train.output_dir={tmp_path}", "rollout.env=calculator", "task.name=calculator"])
+    with pytest.warns(UserWarning, match="rollout.env has no effect: algorithm 'grpo' never calls rollout.interact"):
+        setup(unused).executor.close()
 
 
 CALCULATOR = ["algorithm=grpo_multiturn", "task.name=calculator", "task.max_operand=9", "rollout.env=calculator",

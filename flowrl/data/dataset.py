@@ -17,7 +17,7 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
-from flowrl.data.http_reward import HttpScorer, is_url
+from flowrl.data.http_reward import is_url
 from flowrl.data.scorers import resolve, scorer_name
 from flowrl.data.scoring_pool import Sample, ScoringPool
 

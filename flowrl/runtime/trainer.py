@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import random
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -16,7 +17,7 @@ from tqdm import tqdm
 
 from flowrl.config import RunConfig, validate, warn_no_effect
 from flowrl.data.prompts import PromptStream
-from flowrl.data.tasks import Task, check_task, make_task
+from flowrl.data.tasks import Task, check_task
 from flowrl.engines.hf_models import load_tokenizer
 from flowrl.graph.algorithm import ALGORITHMS, Algorithm
 from flowrl.plan.placement import Placement
@@ -25,7 +26,7 @@ from flowrl.plan.planner import Plan, compile_plan, model_roles
 from flowrl.plan.resources import gpu_placement
 from flowrl.runtime.data_tasks import eval_task, fit_prompts, run_task
 from flowrl.runtime import checkpoint, distributed, resume
-from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan
+from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan, plays_episodes
 from flowrl.runtime.executor import Executor, LocalExecutor
 from flowrl.runtime.loggers import Loggers, open_loggers
 from flowrl.runtime.factory import RoleFactory, make_factory, model_path
@@ -102,6 +103,9 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
         raise ValueError("train.executor: 'ray' starts its own workers from one process; run it without torchrun")
     plan = make_plan(cfg, algo, task, world, gpus=_cluster_gpus() if ray_gpus and cfg.placement == "auto" else None)
     warn_no_effect(cfg, plan.roles)
+    if cfg.rollout.env is not None and not plays_episodes(plan):
+        warnings.warn(f"rollout.env has no effect: algorithm {algo.name!r} never calls rollout.interact",
+                      stacklevel=2)
     found = resume.find(cfg)  # before any model is built: a refused resume changes nothing on disk
     _check_writable(Path(cfg.train.output_dir))
     _seed(cfg.train.seed)
