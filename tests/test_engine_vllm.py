@@ -72,25 +72,6 @@ def test_greedy_equals_hf_after_a_sync_that_perturbs_the_weights(engine, model_p
     assert torch.equal(engine.generate(ids, mask, greedy)["response_ids"], before["response_ids"])
 
 
-def test_a_closed_engine_leaves_the_engines_built_since_working(engine, model_path):
-    """A run's end closes its engine (LocalExecutor.close): vLLM's process state is torn down then, not whenever
-    garbage collection frees the engine (a kept traceback's frames), under an engine built since."""
-    tokenizer = load_tokenizer(model_path)
-    ids, mask = prompts(tokenizer)
-    greedy = SamplingParams(max_new_tokens=4, greedy=True)
-    config = ROLLOUT_ENGINES.get("vllm").model_validate({"engine": "vllm", "kv_cache_gb": 0.25})
-    old = config.build(ModelSource(model_path), tokenizer=tokenizer, device="cpu")
-    expected = old.generate(ids, mask, greedy)["response_ids"]
-    old.close()
-    new = config.build(ModelSource(model_path), tokenizer=tokenizer, device="cpu")
-    cycle = [old]
-    cycle.append(cycle)  # garbage that only the cycle collector frees
-    del old, cycle
-    gc.collect()
-    assert torch.equal(new.generate(ids, mask, greedy)["response_ids"], expected)
-    new.close()
-
-
 @pytest.mark.parametrize("temperature", [1.0, 1.5])
 def test_sampled_logprobs_equal_the_trainers(engine, model_path, temperature):
     tokenizer = load_tokenizer(model_path)
@@ -182,3 +163,24 @@ def test_every_prebuilt_algorithm_runs_on_vllm(tmp_path, algorithm):
                                            *NEEDS.get(algorithm, [])]), progress=False)
     assert len(history) == 1 and math.isfinite(history[-1]["actor/pg_loss"])
     assert 0.0 <= history[-1]["reward/mean"] <= 1.0
+
+
+def test_a_closed_engine_leaves_the_engines_built_since_working(model_path):
+    """A run's end closes its engine (LocalExecutor.close): vLLM's process state is torn down then, not whenever
+    garbage collection frees the engine (a kept traceback's frames), under an engine built since. (vLLM keeps one
+    distributed state per process: closing an engine also ends any other engine still open, such as this module's
+    `engine`; so this test comes after every test that uses it.)"""
+    tokenizer = load_tokenizer(model_path)
+    ids, mask = prompts(tokenizer)
+    greedy = SamplingParams(max_new_tokens=4, greedy=True)
+    config = ROLLOUT_ENGINES.get("vllm").model_validate({"engine": "vllm", "kv_cache_gb": 0.25})
+    old = config.build(ModelSource(model_path), tokenizer=tokenizer, device="cpu")
+    expected = old.generate(ids, mask, greedy)["response_ids"]
+    old.close()
+    new = config.build(ModelSource(model_path), tokenizer=tokenizer, device="cpu")
+    cycle = [old]
+    cycle.append(cycle)  # garbage that only the cycle collector frees
+    del old, cycle
+    gc.collect()
+    assert torch.equal(new.generate(ids, mask, greedy)["response_ids"], expected)
+    new.close()

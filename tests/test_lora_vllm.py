@@ -59,5 +59,6 @@ def test_vllm_after_a_lora_sync_generates_what_the_trained_model_does(trained, m
     assert torch.equal(before["response_ids"], base["response_ids"])
     engine.weight_sync(trained)(trained, engine)
     synced = engine.generate(prompts["prompt_ids"], prompts["prompt_mask"], GREEDY)
+    engine.close()
     assert torch.equal(synced["response_ids"], expected["response_ids"])
     assert torch.allclose(synced["rollout_logprobs"], expected["rollout_logprobs"], atol=1e-4)
