@@ -59,7 +59,7 @@ def cluster():
         _wait(lambda: socket.create_connection(("127.0.0.1", client), timeout=1).close() or True, "the head")
         nodes.append(_node([f"--address=127.0.0.1:{gcs}"], {"node_b": 1}, env, temp / "second.log"))
         address = f"ray://127.0.0.1:{client}"
-        ray_cluster.connect(address)
+        _connect(address)
         _wait(lambda: sum(n["Alive"] for n in ray.nodes()) == 2, "the second node")
         yield {"address": address, "gcs": f"127.0.0.1:{gcs}", "env": env}
     finally:
@@ -73,6 +73,21 @@ def cluster():
             os.environ.pop("RAY_AUTH_MODE", None)
         else:
             os.environ["RAY_AUTH_MODE"] = saved
+
+
+def _connect(address: str, attempts: int = 3) -> None:
+    """Ray Client's proxy starts a server per connection on the first port of 23000-23999 that a bind on 0.0.0.0
+    finds free; one left listening on 127.0.0.1 by another cluster on this machine passes that check, and the
+    new server then dies at start ("Initialization failure from server"). The proxy moves on to the next port:
+    try again."""
+    for attempt in range(attempts):
+        try:
+            ray_cluster.connect(address)
+            return
+        except ValueError as err:
+            if "Initialization failure from server" not in str(err) or attempt == attempts - 1:
+                raise
+            time.sleep(2)
 
 
 def _wait(ready, what: str, timeout_s: float = 120.0) -> None:
