@@ -16,9 +16,10 @@ per episode.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
+
+from flowrl.data.imports import import_attribute
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,7 @@ BUILT_IN = {"calculator": "flowrl.data.calculator:CalculatorEnv", "python": "flo
 
 def load_env(name: str, where: str = "rollout.env: ") -> EnvFactory:
     """The factory of the built-in environment `name`, or of the user's at "module:attribute"."""
-    spec = BUILT_IN.get(name, name)
-    module, sep, attr = spec.partition(":")
-    if not sep:
-        raise ValueError(f"{where}unknown {name!r}; built in: {sorted(BUILT_IN)}, or 'module:attribute'")
-    try:
-        factory = getattr(importlib.import_module(module), attr)
-    except Exception as err:  # ImportError, AttributeError, or whatever the module raises as it imports
-        raise ValueError(f"{where}cannot load {name!r}: {type(err).__name__}: {err}") from None
+    factory = import_attribute(BUILT_IN.get(name, name), where, BUILT_IN)
     if not callable(factory):
         raise ValueError(f"{where}{name!r} is a {type(factory).__name__}, not a class or factory")
     return factory

@@ -11,11 +11,11 @@ no arguments).
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Protocol
 
 from flowrl.data.arithmetic import ArithmeticTask
 from flowrl.data.calculator import CalculatorTask
+from flowrl.data.imports import import_attribute
 
 
 class Task(Protocol):
@@ -34,13 +34,7 @@ def make_task(name: str, max_operand: int) -> Task:
     """The built-in task `name`, or the user's task at "module:attribute"."""
     if name in BUILT_IN:
         return BUILT_IN[name](max_operand=max_operand)
-    module, sep, attr = name.partition(":")
-    if not sep:
-        raise ValueError(f"task.name: unknown {name!r}; built in: {sorted(BUILT_IN)}, or 'module:attribute'")
-    try:
-        factory = getattr(importlib.import_module(module), attr)
-    except Exception as err:  # ImportError, AttributeError, or whatever the module raises as it imports
-        raise ValueError(f"task.name: cannot load {name!r}: {type(err).__name__}: {err}") from None
+    factory = import_attribute(name, "task.name: ", BUILT_IN)
     try:
         task = factory()
     except Exception as err:
