@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from flowrl.rl.ops.aggregate import agg_loss
+from flowrl.rl.ops.cov_loss import clip_cov, kl_cov
+from flowrl.rl.ops.policy_gradient import gmpo, reinforce, sapo
 from flowrl.rl.ops.policy_loss import cispo, dppo_kl, dppo_tv, entropy_from_logits, gspo, ppo_clip
 from flowrl.rl.ops.value_loss import clipped_value_loss
 
@@ -78,7 +80,8 @@ def test_bad_clip_arguments():
         cispo(RATIO.log(), OLD, ADV, ONES, clip_high=-0.1)
 
 
-@pytest.mark.parametrize("objective", [ppo_clip, gspo, cispo, dppo_tv, dppo_kl])
+@pytest.mark.parametrize("objective", [ppo_clip, gspo, cispo, dppo_tv, dppo_kl, reinforce, sapo, gmpo, clip_cov,
+                                       kl_cov])
 def test_padding_garbage_changes_nothing(objective):
     mask = t([1, 1, 0], [1, 0, 0])
     logp, old, adv = t([-0.5, -1.0, -2.0], [-0.3, -1.0, -1.0]), t([-0.6, -0.9, 0], [-0.2, 0, 0]), t([1, 1, 1], [-1, 0, 0])
