@@ -80,3 +80,44 @@ def test_grpo_trains_with_the_static_engine(tmp_path):
     rows = train(cfg, progress=False)
     first, last = sum(r["reward/mean"] for r in rows[:5]) / 5, sum(r["reward/mean"] for r in rows[-5:]) / 5
     assert last > first + 0.1, (first, last)
+
+
+def test_a_reused_loop_gives_what_a_fresh_engine_gives(gqa_model_path):
+    """Buffers and caches are kept per shape: a second call's rows, and calls over more shapes than are kept,
+    equal a fresh engine's (prompts of 6 and 40 tokens fall in different buckets)."""
+    tokenizer, model = load_tokenizer(gqa_model_path), load_causal_lm(gqa_model_path)
+    ids, mask = prompts(tokenizer)
+    params = SamplingParams(max_new_tokens=9, greedy=True)
+    engine = StaticCacheRolloutEngine(model, tokenizer, compile=False)
+    calls = [(ids[:3], mask[:3]), (ids[3:], mask[3:]), (ids.flip(0), mask.flip(0))]
+    calls += [(torch.nn.functional.pad(ids, (34, 0), value=tokenizer.pad_token_id),
+               torch.nn.functional.pad(mask, (34, 0))), (ids[:1], mask[:1]), (ids[:2], mask[:2]), (ids[:3], mask[:3])]
+    for call_ids, call_mask in calls:
+        again = engine.generate(call_ids, call_mask, params)
+        fresh = StaticCacheRolloutEngine(model, tokenizer, compile=False).generate(call_ids, call_mask, params)
+        for key in ("response_ids", "rollout_logprobs", "finish_reason"):
+            assert torch.equal(again[key], fresh[key]), key
+    assert len(engine._caches) == 4  # MAX_SHAPES
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_the_captured_step_equals_the_eager_one_and_sees_weight_updates(gqa_model_path):
+    tokenizer = load_tokenizer(gqa_model_path)
+    model = load_causal_lm(gqa_model_path).cuda()
+    ids, mask = prompts(tokenizer)
+    greedy, sampled = SamplingParams(max_new_tokens=24, greedy=True), SamplingParams(max_new_tokens=24)
+    graphed = StaticCacheRolloutEngine(model, tokenizer, device="cuda", compile=True)
+    eager = StaticCacheRolloutEngine(model, tokenizer, device="cuda", compile=False)
+    for _ in range(2):  # the first call warms up and captures, the second replays from its first step
+        out = graphed.generate(ids, mask, greedy)
+        assert torch.equal(out["response_ids"], eager.generate(ids, mask, greedy)["response_ids"])
+    assert graphed._loops[next(iter(graphed._loops))].graph is not None
+    first, again = graphed.generate(ids, mask, sampled, seed=3), graphed.generate(ids, mask, sampled, seed=3)
+    assert torch.equal(first["response_ids"], again["response_ids"])  # seeded replays repeat
+    assert not torch.equal(first["response_ids"], graphed.generate(ids, mask, sampled, seed=4)["response_ids"])
+    with torch.no_grad():  # an optimizer-like in-place update, then a replaced parameter: both are seen
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        model.lm_head.weight = model.model.embed_tokens.weight = torch.nn.Parameter(model.lm_head.weight * 1.5)
+    assert torch.equal(graphed.generate(ids, mask, greedy)["response_ids"],
+                       eager.generate(ids, mask, greedy)["response_ids"])

@@ -5,7 +5,8 @@ transformers' `generate` spends most of a decode step outside the model
 17 ms a step on an H200 whatever the batch, see PERF_NOTES). Here a step is
 one function, model forward on the newest token, temperature, optional top-k,
 Gumbel-max sampling, the sampled token's logprob and the eos bookkeeping,
-which torch.compile(mode="reduce-overhead") captures as one CUDA graph on GPUs.
+which torch.compile fuses and, on GPUs, `DecodeLoop` captures with its
+bookkeeping as one CUDA graph replayed per token (flowrl.engines.decode_loop).
 The KV cache is transformers' StaticCache, kept per (rows, length) so the
 graph's buffers stay put across calls; the model may be the train engine's own
 module (the hybrid engine): optimizer steps update its parameters in place,
@@ -25,9 +26,13 @@ import torch
 from tensordict import TensorDict
 from transformers import StaticCache
 
-from flowrl.engines.attention import use_grouped_decode
+from flowrl.engines.attention import use_flowrl_sdpa
+from flowrl.engines.decode_loop import DecodeLoop
 from flowrl.engines.hf_rollout import HFRolloutEngine, _seeded, responses
 from flowrl.engines.protocols import SamplingParams
+
+PROMPT_BUCKET = 32  # prompt widths are rounded up to a multiple of this
+MAX_SHAPES = 4  # (rows, length) shapes whose caches and graphs are kept
 
 
 class StaticCacheRolloutEngine(HFRolloutEngine):
@@ -36,13 +41,15 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, device: str | torch.device = "cpu",
                  compile: bool = True):
         super().__init__(model, tokenizer, device=device)
-        use_grouped_decode(self.model)
+        use_flowrl_sdpa(self.model)
         self.compile = compile
         self._caches: dict[tuple[int, int], StaticCache] = {}
+        self._loops: dict[tuple[int, int, SamplingParams], DecodeLoop] = {}
+        self._pool: tuple[int, int] | None = None
         # transformers renamed the forward's `past_key_values` to `cache` (5.2x); use the name this one takes
         self._cache_arg = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters \
             else "past_key_values"
-        self._step = torch.compile(_decode_step, mode="reduce-overhead") if compile else _decode_step
+        self._step = torch.compile(_decode_step) if compile else _decode_step
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
                  *, seed: int | None = None) -> TensorDict:
@@ -51,7 +58,8 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         self.model.eval()
         try:
             with _seeded(seed, self.device), torch.no_grad():
-                ids_BR, logprobs_BR = self._decode(prompt_ids_BP.to(self.device), prompt_mask_BP.to(self.device),
+                ids_BR, logprobs_BR = self._decode(*_pad_to_bucket(prompt_ids_BP.to(self.device),
+                                                                   prompt_mask_BP.to(self.device), self.pad_id),
                                                    params)
         finally:
             self.model.train(was_training)
@@ -69,27 +77,40 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
                                logits_to_keep=1, **{self._cache_arg: cache}).logits[:, -1]
         done_B = torch.zeros(rows, dtype=torch.bool, device=self.device)
         token_B, logprob_B, done_B = _sample(logits_BV, done_B, params, self.eos_id, self.pad_id)
-        tokens, logprobs = [token_B], [logprob_B]
-        position_B = positions_BP[:, -1]
-        for t in range(1, params.max_new_tokens):
-            if t % 16 == 0 and bool(done_B.all()):
+        loop = self._loop(cache, rows, total, params)
+        loop.start(mask_BL, token_B, logprob_B, done_B, positions_BP[:, -1], prompt_len)
+        steps = 1
+        while steps < params.max_new_tokens:
+            if steps % 16 == 0 and bool(loop.done_B.all()):
                 break
-            position_B = position_B + 1
-            cache_position = torch.tensor([prompt_len + t - 1], device=self.device)
-            token_B, logprob_B, done_B = self._step(self.model, {self._cache_arg: cache}, token_B.clone(), position_B,
-                                                    cache_position, mask_BL, done_B.clone(), params, self.eos_id,
-                                                    self.pad_id)
-            tokens.append(token_B.clone())
-            logprobs.append(logprob_B.clone())
-        return torch.stack(tokens, 1), torch.stack(logprobs, 1)
+            loop.step()
+            steps += 1
+        return loop.outputs(steps)
+
+    def _loop(self, cache: StaticCache, rows: int, length: int, params: SamplingParams) -> DecodeLoop:
+        """One loop (buffers, CUDA graph) per shape and sampling; their graphs share one memory pool."""
+        key = (rows, length, params)
+        if key not in self._loops:
+            if self.compile and self.device.type == "cuda" and self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            self._loops[key] = DecodeLoop(self.model, {self._cache_arg: cache}, self._step, rows=rows, length=length,
+                                          new_tokens=params.max_new_tokens,
+                                          sample_args=(params, self.eos_id, self.pad_id), graph=self.compile,
+                                          pool=self._pool)
+        return self._loops[key]
 
     def _cache(self, rows: int, length: int) -> StaticCache:
-        """One cache per shape, reset for each call, so a compiled step's buffers keep their addresses."""
-        cache = self._caches.get((rows, length))
+        """One cache per shape, reset for each call, so a captured step's buffers keep their addresses."""
+        cache = self._caches.pop((rows, length), None)
         if cache is None:
-            cache = self._caches[rows, length] = StaticCache(config=self.model.config, max_cache_len=length)
+            if len(self._caches) >= MAX_SHAPES:  # forget the least recently used shape, its cache and graphs
+                oldest = next(iter(self._caches))
+                del self._caches[oldest]
+                self._loops = {key: loop for key, loop in self._loops.items() if key[:2] != oldest}
+            cache = StaticCache(config=self.model.config, max_cache_len=length)
         else:
             cache.reset()
+        self._caches[rows, length] = cache  # most recently used last
         return cache
 
 
@@ -121,6 +142,16 @@ def _sample(logits_BV: torch.Tensor, done_B: torch.Tensor, params: SamplingParam
     logprob_B = logprobs_BV.gather(-1, token_B[:, None]).squeeze(-1)
     token_B = torch.where(done_B, pad_id, token_B)
     return token_B, logprob_B, done_B | (token_B == eos_id)
+
+
+def _pad_to_bucket(ids_BP: torch.Tensor, mask_BP: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pads prompts to a multiple of PROMPT_BUCKET tokens, so batches of nearby prompt lengths share one
+    cache and one captured step (the padding is masked out; positions count real tokens only)."""
+    extra = -ids_BP.shape[1] % PROMPT_BUCKET
+    if not extra:
+        return ids_BP, mask_BP
+    return (torch.nn.functional.pad(ids_BP, (extra, 0), value=pad_id),
+            torch.nn.functional.pad(mask_BP, (extra, 0), value=0))
 
 
 def _check_static_params(params: SamplingParams) -> None:
