@@ -164,6 +164,16 @@ def test_critic_values(tiny_model_path):
     assert engine.update(batch, ValueMSE(), mini_batch_size=6)["value_loss"] < metrics["value_loss"]
 
 
+def test_a_masked_interior_token_is_left_out_as_if_absent(tiny_model_path):
+    """Rows are packed to their front for the flash kernel: a mask gap inside a prompt still hides that token
+    and shifts no position, as the padding mask did."""
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor")
+    gapped = make_batch([([3, 12, 13, 4, 15], [5, 9, 1])])
+    gapped["prompt_mask"][0, 2] = 0
+    out = engine.forward(gapped)["logprobs"][0]
+    torch.testing.assert_close(out, reference_logprobs(engine.model, [3, 12, 4, 15], [5, 9, 1])[0], atol=1e-5, rtol=0)
+
+
 def test_padding_columns_cost_nothing_and_change_nothing(tiny_model_path):
     """Extra all-padding columns on both sides are trimmed per micro-batch; outputs keep the batch's width."""
     engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor")

@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from flowrl.engines import lora as lora_utils, sharded_checkpoint
+from flowrl.engines.attention import use_flowrl_sdpa
 from flowrl.engines.fsdp import full_tensors, move_optimizer_state, shard_device, shard_model
 from flowrl.engines.logprobs import full_logits_logprobs, token_logprobs
 from flowrl.engines.lr_schedules import check_schedule, lr_factor
@@ -70,6 +71,7 @@ class HFTrainEngine:
         self.sharded = self.world_size > 1
         self.device = shard_device(torch.device(device)) if self.sharded else torch.device(device)
         self.model, self.lora, self.offload_optimizer = model, lora, offload_optimizer and self.device.type != "cpu"
+        use_flowrl_sdpa(model)  # unpadded causal passes run SDPA's flash kernel, compiled too
         if offload_params and not self.sharded and self.device.type != "cpu":
             raise ValueError("offload_params needs FSDP2, which shards over 2 or more ranks (torchrun); with one "
                              "process set it false")
@@ -82,8 +84,9 @@ class HFTrainEngine:
         self._decoder_fn = torch.compile(self.model.get_decoder()) if compile and kind == "actor" else None
         self.hyperparameters = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
         trained = [p for p in self.model.parameters() if p.requires_grad] or list(self.model.parameters())
-        self.optimizer = torch.optim.AdamW(trained, lr=lr, betas=betas, eps=eps,
-                                           weight_decay=weight_decay)
+        # one fused kernel per step on CUDA (torchtitan's default too); torch's foreach loop elsewhere
+        self.optimizer = torch.optim.AdamW(trained, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                           fused=self.device.type == "cuda" and not offload_params or None)
         check_schedule(lr_schedule, warmup_steps, lr_decay_steps)  # then decay (flowrl.engines.lr_schedules)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(
             lr_factor, warmup_steps=warmup_steps, schedule=lr_schedule, decay_steps=lr_decay_steps))
@@ -97,7 +100,7 @@ class HFTrainEngine:
         _check_positive(temperature=temperature, micro_batch_size=micro_batch_size)
         self._check_same_rows(batch.batch_size[0])
         order = self._order(batch)
-        outs = [self._outputs(mb.to(self.device), temperature, with_entropy, with_sum_pi_squared)
+        outs = [self._outputs(mb, temperature, with_entropy, with_sum_pi_squared)
                 for mb in batch[order].split(micro_batch_size)]
         home = batch["prompt_ids"].device
         unsort = torch.empty_like(order)
@@ -129,7 +132,7 @@ class HFTrainEngine:
                                        old_logprobs_from_current)
                 skipped += grad_norm is None
                 grad_norms += [] if grad_norm is None else [grad_norm]
-        metrics = {key: total / count for key, (total, count) in sums.items()}
+        metrics = {key: float(total) / count for key, (total, count) in sums.items()}
         metrics["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         metrics["lr"] = lr
         metrics["skipped_steps"] = float(skipped)
@@ -199,49 +202,54 @@ class HFTrainEngine:
             dist.barrier()
 
     def _outputs(self, mb: TensorDict, temperature: float, with_entropy: bool,
-                 with_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
-        """Outputs [B, R] for the micro-batch, 0 on padding, computed without the columns that are padding
-        in every row."""
-        mask = mb["response_mask"].bool()
-        out = self._outputs_dense(_trim_padding(mb), temperature, with_entropy, with_sum_pi_squared)
-        return {key: torch.where(mask, torch.nn.functional.pad(value, (0, mask.shape[1] - value.shape[1])), 0)
+                 with_sum_pi_squared: bool = False, span: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
+        """Outputs [B, R] on this engine's device for the micro-batch (on any device), 0 on padding, computed
+        without the columns that are padding in every row: `span`, else found from mb's masks (on the host
+        when mb is there, so no device sync)."""
+        trimmed = _trim_padding(mb, span or _used_columns(mb)).to(self.device)
+        mask = trimmed["response_mask"].bool()
+        out = self._outputs_dense(trimmed, temperature, with_entropy, with_sum_pi_squared)
+        width = mb["response_mask"].shape[1]
+        return {key: torch.nn.functional.pad(torch.where(mask, value, 0), (0, width - value.shape[1]))
                 for key, value in out.items()}
 
     def _outputs_dense(self, mb: TensorDict, temperature: float, with_entropy: bool,
                        with_sum_pi_squared: bool) -> dict[str, torch.Tensor]:
-        prompt_ids, response_ids = mb["prompt_ids"], mb["response_ids"]
-        num_prompt, num_response = prompt_ids.shape[1], response_ids.shape[1]
-        mask = torch.cat([mb["prompt_mask"].long(), mb["response_mask"].long()], dim=1)
-        inputs = dict(input_ids=torch.cat([prompt_ids, response_ids], dim=1), attention_mask=mask,
-                      position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False)
+        response_ids = mb["response_ids"]
+        num_prompt, num_response = mb["prompt_ids"].shape[1], response_ids.shape[1]
+        if self.kind == "actor" and not (self.logprob_chunk_tokens and not self.sharded):
+            # FSDP2 runs lm_head inside the root module's forward: the full model, padding masked
+            inputs = _masked_inputs(mb)
+            logits_BRV = self._model_fn(**inputs, logits_to_keep=num_response + 1).logits[:, :-1].float()
+            return full_logits_logprobs(logits_BRV / temperature, response_ids, with_entropy, with_sum_pi_squared)
+        input_ids, column_BL = _packed_inputs(mb)
+        # the column of each response token, and of the token before it, which predicts it
+        at_BR = column_BL[:, num_prompt:]
+        before_BR = (at_BR - 1).clamp(min=0)
         if self.kind == "critic":  # the value of the state before each response token
-            logits = self._model_fn(**inputs).logits
-            return {"values": logits[:, num_prompt - 1:num_prompt + num_response - 1, 0].float()}
+            return {"values": self._model_fn(input_ids=input_ids, use_cache=False).logits[..., 0].gather(1, before_BR).float()}
         if self.kind == "reward":  # the score after each response token (a reward model reads the last one)
-            logits = self._model_fn(**inputs).logits
-            return {"scores": logits[:, num_prompt:num_prompt + num_response, 0].float()}
-        # the last R + 1 positions are P - 1 .. P + R - 1; the very last predicts past the response
-        if self.logprob_chunk_tokens and not self.sharded:
-            decoder = self.model.get_decoder() if self._decoder_fn is None else self._decoder_fn
-            hidden_BTH = decoder(**inputs).last_hidden_state[:, num_prompt - 1:-1]
-            return token_logprobs(hidden_BTH, self.model.get_output_embeddings().weight, response_ids, temperature,
-                                  with_entropy, self.logprob_chunk_tokens, compiled=self.compiled,
-                                  with_sum_pi_squared=with_sum_pi_squared)
-        logits_BRV = self._model_fn(**inputs, logits_to_keep=num_response + 1).logits[:, :-1].float() / temperature
-        return full_logits_logprobs(logits_BRV, response_ids, with_entropy, with_sum_pi_squared)
+            return {"scores": self._model_fn(input_ids=input_ids, use_cache=False).logits[..., 0].gather(1, at_BR).float()}
+        decoder = self.model.get_decoder() if self._decoder_fn is None else self._decoder_fn
+        hidden_BLH = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
+        hidden_BRH = hidden_BLH.gather(1, before_BR[..., None].expand(-1, -1, hidden_BLH.shape[-1]))
+        return token_logprobs(hidden_BRH, self.model.get_output_embeddings().weight, response_ids, temperature,
+                              with_entropy, self.logprob_chunk_tokens, compiled=self.compiled,
+                              with_sum_pi_squared=with_sum_pi_squared)
 
     def _step(self, mini: TensorDict, loss_fn: LossFn, temperature: float, micro_batch_size: int,
               sums: dict[str, list[float]], old_from_current: bool = False) -> float | None:
         """One optimizer step on a mini-batch; the grad norm, or None when the step was skipped."""
-        micro = mini[self._order(mini)].split(micro_batch_size)
-        weights = [float(loss_fn.weight(mb)) for mb in micro]
+        mini = mini[self._order(mini)]
+        weights = [float(loss_fn.weight(mb)) for mb in mini.split(micro_batch_size)]
         total = self._all_reduce_sum(sum(weights))
         if total <= 0:
             return None
+        # what needs the host is read before the mini-batch moves in one go: no device sync per micro-batch
+        spans = [_used_columns(mb) for mb in mini.split(micro_batch_size)]
         self.optimizer.zero_grad(set_to_none=True)
-        for mb, weight in zip(micro, weights):
-            mb = mb.to(self.device)
-            out = self._outputs(mb, temperature, loss_fn.needs_entropy)
+        for mb, span, weight in zip(mini.to(self.device).split(micro_batch_size), spans, weights):
+            out = self._outputs(mb, temperature, loss_fn.needs_entropy, span=span)
             if weight == 0:  # keep FSDP's collectives in step with the other ranks; no NaN from 0/0
                 sum(value.sum() for value in out.values()).mul(0.0).backward()
                 continue
@@ -251,9 +259,9 @@ class HFTrainEngine:
             loss, metrics = loss_fn(out, mb)
             share = 1.0 if loss_fn.combine == "sum" else weight / total
             (loss * (share * self.world_size)).backward()
-            for key, value in metrics.items():
+            for key, value in metrics.items():  # summed where they are; read once, after the update
                 entry = sums.setdefault(key, [0.0, 0])
-                entry[0] += float(value)
+                entry[0] = entry[0] + (value.detach() if isinstance(value, torch.Tensor) else value)
                 entry[1] += 1
         return self._clip_and_step()
 
@@ -303,13 +311,36 @@ class HFTrainEngine:
                              f"min {-extremes[1].item()}); every rank must pass equally many rows")
 
 
-def _trim_padding(mb: TensorDict) -> TensorDict:
-    """Drop leading prompt columns and trailing response columns that no row uses (keeping one of each):
-    a micro-batch of short rows then costs what its rows need, not the whole batch's width."""
+def _masked_inputs(mb: TensorDict) -> dict[str, torch.Tensor]:
+    """Prompt and response side by side, padding masked out, positions counting real tokens."""
+    mask_BL = torch.cat([mb["prompt_mask"].long(), mb["response_mask"].long()], dim=1)
+    return dict(input_ids=torch.cat([mb["prompt_ids"], mb["response_ids"]], dim=1), attention_mask=mask_BL,
+                position_ids=(mask_BL.cumsum(-1) - 1).clamp(min=0), use_cache=False)
+
+
+def _packed_inputs(mb: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids with each row's real tokens moved to its front, in order, padding after them; the column each
+    original column's token lands in). A causal model then needs no padding mask, so SDPA runs its flash
+    kernel (flowrl.engines.attention), and each real token keeps the position it had: the real tokens
+    before it. Outputs at padding columns are arbitrary (callers mask them)."""
+    mask_BL = torch.cat([mb["prompt_mask"].long(), mb["response_mask"].long()], dim=1)
+    ids_BL = torch.cat([mb["prompt_ids"], mb["response_ids"]], dim=1)
+    order_BL = torch.argsort(1 - mask_BL, dim=1, stable=True)  # real tokens first, in their order
+    return ids_BL.gather(1, order_BL), (mask_BL.cumsum(-1) - 1).clamp(min=0)
+
+
+def _used_columns(mb: TensorDict) -> tuple[int, int]:
+    """(first prompt column, end of the response columns) that some row uses, keeping one of each."""
     prompt_used = mb["prompt_mask"].bool().any(0)
     response_used = mb["response_mask"].bool().any(0)
     start = min(int(prompt_used.long().argmax()) if prompt_used.any() else 0, prompt_used.numel() - 1)
-    end = max(int(response_used.nonzero().max()) + 1 if response_used.any() else 1, 1)
+    return start, max(int(response_used.nonzero().max()) + 1 if response_used.any() else 1, 1)
+
+
+def _trim_padding(mb: TensorDict, span: tuple[int, int]) -> TensorDict:
+    """Drop leading prompt columns and trailing response columns outside `span` (_used_columns): a
+    micro-batch of short rows then costs what its rows need, not the whole batch's width."""
+    start, end = span
     trimmed = mb.select("prompt_ids", "prompt_mask", "response_ids", "response_mask")
     return TensorDict(prompt_ids=trimmed["prompt_ids"][:, start:], prompt_mask=trimmed["prompt_mask"][:, start:],
                       response_ids=trimmed["response_ids"][:, :end], response_mask=trimmed["response_mask"][:, :end],

@@ -52,7 +52,9 @@ class LossFn(Protocol):
 
     `out` holds model outputs aligned to the response: "logprobs" [B, R] for
     actors (plus "entropy" [B, R] when `needs_entropy`), "values" [B, R] for
-    critics. Returns the micro-batch loss and detached scalar metrics.
+    critics. Returns the micro-batch loss and detached scalar metrics: 0-d tensors
+    (or floats), which the engine reads once, after the update, so that no
+    micro-batch waits on the device.
 
     `combine` says how micro-batch losses make the mini-batch's loss:
     "mean": each is a mean in the loss's own unit and `weight(mb)` is the

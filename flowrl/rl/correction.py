@@ -59,7 +59,7 @@ class RolloutCorrection:
             warnings.warn("rs_threshold / rs_threshold_lower have no effect with rs_level=None", stacklevel=3)
 
     def __call__(self, old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch.Tensor,
-                 mask_BT: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
+                 mask_BT: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
         """(IS weights or None, keep mask or None, metrics with the "rollout/" prefix)."""
         old_BT, rollout_BT = old_logprobs_BT.detach(), rollout_logprobs_BT.detach()
         log_rho_BT = rc.log_ratio(old_BT, rollout_BT, mask_BT)

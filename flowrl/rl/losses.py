@@ -31,7 +31,7 @@ from flowrl.rl.ops.policy_gradient import gmpo, gpg, reinforce, sapo
 from flowrl.rl.ops.policy_loss import check_clip_args, check_ratio_cap, cispo, dppo_kl, dppo_tv, gspo, ppo_clip
 from flowrl.rl.ops.value_loss import clipped_value_loss
 
-Objective = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def _combine(loss_agg_mode: str) -> Literal["mean", "sum"]:
@@ -115,7 +115,7 @@ class PolicyLoss:
         return agg_loss(loss_BT, mask_BT, self.loss_agg_mode, self.norm_len)
 
     def _correct(self, mb: TensorDict,
-                 mask_BT: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
+                 mask_BT: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
         """(IS weights, keep mask, "rollout/*" metrics) of the rollout correction; (None, None, {}) when off."""
         if self.rollout_correction is None:
             return None, None, {}
@@ -127,7 +127,7 @@ class PolicyLoss:
         ref_BT = torch.where(valid_BT, mb["ref_logprobs"], 0)
         return kl_penalty(logp_BT, ref_BT, self.kl_kind)
 
-    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask_BT, logprobs_BT = mb["loss_mask"], out["logprobs"]
         is_weights_BT, keep_BT, rollout_metrics = self._correct(mb, mask_BT)
         obj_BT, metrics = self.objective(logprobs_BT, mb["old_logprobs"], mb["advantages"], mask_BT)
@@ -135,15 +135,15 @@ class PolicyLoss:
             obj_BT = obj_BT * is_weights_BT
         pg_loss = self._agg(obj_BT, mask_BT, keep_BT)
         loss = pg_loss
-        metrics = {**metrics, **rollout_metrics, "pg_loss": float(pg_loss.detach())}
+        metrics = {**metrics, **rollout_metrics, "pg_loss": pg_loss.detach()}
         if self.kl_coef > 0:
             kl_loss = self._agg(self._kl_BT(logprobs_BT, mb, mask_BT), mask_BT, keep_BT)
             loss = loss + self.kl_coef * kl_loss
-            metrics["kl_loss"] = float(kl_loss.detach())
+            metrics["kl_loss"] = kl_loss.detach()
         if self.needs_entropy:
             entropy = self._agg(out["entropy"], mask_BT, keep_BT)
             loss = loss - self.entropy_coef * entropy
-            metrics["entropy"] = float(entropy.detach())
+            metrics["entropy"] = entropy.detach()
         return loss, metrics
 
     def weight(self, mb: TensorDict) -> float:
@@ -279,11 +279,11 @@ class ValueLoss:
     def combine(self) -> Literal["mean", "sum"]:
         return _combine(self.loss_agg_mode)
 
-    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, float]]:
+    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask_BT = mb["loss_mask"]
         loss_BT, metrics = clipped_value_loss(out["values"], mb["values"], mb["returns"], mask_BT, self.clip)
         vf_loss = agg_loss(loss_BT, mask_BT, self.loss_agg_mode, self.norm_len)
-        return vf_loss, {"vf_loss": float(vf_loss.detach()), **metrics}
+        return vf_loss, {"vf_loss": vf_loss.detach(), **metrics}
 
     def weight(self, mb: TensorDict) -> float:
         return agg_weight(mb["loss_mask"], self.loss_agg_mode)

@@ -34,7 +34,7 @@ def _num_picked(ratio: float, valid_BT: torch.Tensor) -> int:
 def clip_cov(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
              mask_BT: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.2, cov_ratio: float = 2e-4,
              cov_lb: float = 1.0, cov_ub: float = 5.0,
-             generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+             generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clip-Cov, verl's "clip_cov" loss mode: PPO's clipped loss, with a few high-covariance tokens detached.
 
     Among valid tokens PPO's clip left alone whose covariance lies in (cov_lb,
@@ -62,13 +62,13 @@ def clip_cov(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantage
     keep_BT = ~dropped_N.reshape(candidates_BT.shape)
     loss_BT = torch.where(valid_BT & keep_BT, torch.maximum(loss1_BT, loss2_BT), 0)
     metrics = _ratio_metrics(log_ratio_BT, ratio_BT, clipped_BT, valid_BT)
-    metrics["cov_clipfrac"] = float(masked_mean((~keep_BT).to(ratio_BT.dtype), valid_BT))
+    metrics["cov_clipfrac"] = masked_mean((~keep_BT).to(ratio_BT.dtype), valid_BT).detach()
     return loss_BT, metrics
 
 
 def kl_cov(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
            mask_BT: torch.Tensor, kl_cov_ratio: float = 2e-4,
-           kl_coef: float = 0.1) -> tuple[torch.Tensor, dict[str, float]]:
+           kl_coef: float = 0.1) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """KL-Cov, verl's "kl_cov" loss mode: the unclipped surrogate -A * r, plus kl_coef * |log r| on the
     max(1, int(kl_cov_ratio * valid tokens)) tokens of largest covariance (torch.topk, as verl).
 
@@ -92,5 +92,5 @@ def kl_cov(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_
     penalised_BT = penalised_N.reshape(valid_BT.shape)
     loss_BT = torch.where(penalised_BT, loss_BT + kl_coef * log_ratio_BT.abs(), loss_BT)
     metrics = _ratio_metrics(log_ratio_BT, ratio_BT, torch.zeros_like(valid_BT), valid_BT)
-    metrics["cov_klfrac"] = float(masked_mean(penalised_BT.to(ratio_BT.dtype), valid_BT))
+    metrics["cov_klfrac"] = masked_mean(penalised_BT.to(ratio_BT.dtype), valid_BT).detach()
     return torch.where(valid_BT, loss_BT, 0), metrics

@@ -23,7 +23,7 @@ def _inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT):
 
 
 def reinforce(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
-              mask_BT: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+              mask_BT: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Plain REINFORCE, verl's compute_policy_loss_reinforce: loss = -A * logp.
 
     No ratio and no clip; the old logprobs only feed the metrics. Its gradient
@@ -37,14 +37,14 @@ def reinforce(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantag
 
 
 def gpg(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
-        mask_BT: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        mask_BT: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GPG's loss (arXiv:2504.02546), verl's "gpg" loss mode: -A * logp, the same as `reinforce`."""
     return reinforce(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
 
 
 def sapo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
          mask_BT: torch.Tensor, tau_pos: float = 1.0,
-         tau_neg: float = 1.05) -> tuple[torch.Tensor, dict[str, float]]:
+         tau_neg: float = 1.05) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """SAPO (arXiv:2511.20347), verl's "sapo" loss mode: a smooth gate instead of a hard clip.
 
     loss = -f(r, tau) * A with f(r, tau) = sigmoid(tau * (r - 1)) * 4 / tau,
@@ -64,7 +64,7 @@ def sapo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT
 
 def gmpo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
          mask_BT: torch.Tensor, clip_low: float = 0.4,
-         clip_high: float = 0.4) -> tuple[torch.Tensor, dict[str, float]]:
+         clip_high: float = 0.4) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GMPO (arXiv:2507.20673), verl's "geo_mean" loss mode: the geometric mean of token ratios.
 
     Each token's log-ratio is clipped to [-clip_low, clip_high] in the
@@ -87,5 +87,5 @@ def gmpo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT
     clipped_BT = log_ratio_BT != clamped_BT
     metrics = _ratio_metrics(log_ratio_BT, seq_ratio_B.detach().unsqueeze(-1).expand_as(log_ratio_BT),
                              clipped_BT & (adv_BT > 0), valid_BT)
-    metrics["clipfrac_lower"] = float(masked_mean((clipped_BT & (adv_BT < 0)).to(loss_BT.dtype), valid_BT))
+    metrics["clipfrac_lower"] = masked_mean((clipped_BT & (adv_BT < 0)).to(loss_BT.dtype), valid_BT).detach()
     return loss_BT, metrics

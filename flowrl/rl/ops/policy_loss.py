@@ -38,17 +38,17 @@ def _log_ratio(logprobs_BT, old_logprobs_BT, valid_BT) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _ratio_metrics(log_ratio_BT, ratio_BT, clipped_BT, valid_BT) -> dict[str, float]:
+def _ratio_metrics(log_ratio_BT, ratio_BT, clipped_BT, valid_BT) -> dict[str, torch.Tensor]:
     return {
-        "clipfrac": float(masked_mean(clipped_BT.to(ratio_BT.dtype), valid_BT)),
-        "approx_kl": float(masked_mean(-log_ratio_BT, valid_BT)),
-        "ratio_mean": float(masked_mean(ratio_BT, valid_BT)),
+        "clipfrac": masked_mean(clipped_BT.to(ratio_BT.dtype), valid_BT).detach(),
+        "approx_kl": masked_mean(-log_ratio_BT, valid_BT).detach(),
+        "ratio_mean": masked_mean(ratio_BT, valid_BT).detach(),
     }
 
 
 def ppo_clip(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
              mask_BT: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.2,
-             dual_clip: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+             dual_clip: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate, verl's compute_policy_loss_vanilla.
 
     loss = max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high)) with
@@ -69,14 +69,14 @@ def ppo_clip(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantage
     if dual_clip is not None:
         loss3_BT = -adv_BT * dual_clip
         capped_BT = (loss_BT > loss3_BT) & (adv_BT < 0)
-        metrics["clipfrac_lower"] = float(masked_mean(capped_BT.to(ratio_BT.dtype), valid_BT))
+        metrics["clipfrac_lower"] = masked_mean(capped_BT.to(ratio_BT.dtype), valid_BT).detach()
         loss_BT = torch.where(adv_BT < 0, torch.minimum(loss_BT, loss3_BT), loss_BT)
     return torch.where(valid_BT, loss_BT, 0), metrics
 
 
 def gspo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
          mask_BT: torch.Tensor, clip_low: float = 3e-4,
-         clip_high: float = 4e-4) -> tuple[torch.Tensor, dict[str, float]]:
+         clip_high: float = 4e-4) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO (arXiv:2507.18071): PPO clipping on the sequence-level ratio.
 
     s_i = exp(mean_t(logp - old)) over row i's valid tokens. Per token,
@@ -103,7 +103,7 @@ def gspo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT
 
 def cispo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
           mask_BT: torch.Tensor, clip_low: float = 10.0,
-          clip_high: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
+          clip_high: float = 0.2) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO (MiniMax-M1, arXiv:2506.13585), verl's "cispo" loss mode.
 
     loss = -sg(clip(r, 1 - clip_low, 1 + clip_high)) * A * logp: the ratio is
@@ -151,7 +151,7 @@ def _binary_kl_keep(logp_BT, old_BT, adv_BT, clip_low: float, clip_high: float) 
 
 
 def _trust_region_pg(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, keep_fn,
-                     ratio_cap: float) -> tuple[torch.Tensor, dict[str, float]]:
+                     ratio_cap: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """-A * sg(min(r, ratio_cap)) * logp on tokens keep_fn(logp, old, A) keeps (no grad), 0 elsewhere.
 
     keep_fn sees logp, old and A with padding set to 0. "clipfrac" is the
@@ -169,13 +169,13 @@ def _trust_region_pg(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, keep_
         weight_BT = ratio_BT.clamp(max=ratio_cap)
     loss_BT = torch.where(keep_BT, -adv_BT * weight_BT * logp_BT, 0)
     metrics = _ratio_metrics(log_ratio_BT, ratio_BT, ~keep_BT, valid_BT)
-    metrics["truncfrac"] = float(masked_mean((keep_BT & (ratio_BT > ratio_cap)).to(ratio_BT.dtype), valid_BT))
+    metrics["truncfrac"] = masked_mean((keep_BT & (ratio_BT > ratio_cap)).to(ratio_BT.dtype), valid_BT).detach()
     return loss_BT, metrics
 
 
 def dppo_tv(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
             mask_BT: torch.Tensor, clip_low: float = 0.15, clip_high: float = 0.15,
-            ratio_cap: float = 20.0) -> tuple[torch.Tensor, dict[str, float]]:
+            ratio_cap: float = 20.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """DPPO-Binary-TV (arXiv:2602.04879), verl's "dppo_tv" loss mode.
 
     A trust region on the sampled token's probability, not its ratio: with
@@ -191,7 +191,7 @@ def dppo_tv(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages
 
 def dppo_kl(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
             mask_BT: torch.Tensor, clip_low: float = 0.15, clip_high: float = 0.15,
-            ratio_cap: float = 20.0) -> tuple[torch.Tensor, dict[str, float]]:
+            ratio_cap: float = 20.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """DPPO-Binary-KL (arXiv:2602.04879), verl's "dppo_kl" loss mode.
 
     dppo_tv with d = binary_kl(logp, old) as the divergence: a token with

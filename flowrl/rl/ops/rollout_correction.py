@@ -116,18 +116,18 @@ def rejection_keep_mask(log_ratio_BT: torch.Tensor, mask_BT: torch.Tensor, level
 
 
 @torch.no_grad()
-def masked_fraction(keep_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
+def masked_fraction(keep_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
     """Fraction of valid tokens that `keep_BT` drops (verl's rollout_rs_masked_fraction).
 
         keep [1, 0, 0], mask [1, 1, 0] -> 1 of 2 valid tokens dropped = .5
     """
     dropped_BT = (~keep_BT.bool()).to(torch.float32)
-    return float(masked_mean(dropped_BT, mask_BT))
+    return masked_mean(dropped_BT, mask_BT)
 
 
 @torch.no_grad()
 def mismatch_metrics(old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch.Tensor,
-                     mask_BT: torch.Tensor) -> dict[str, float]:
+                     mask_BT: torch.Tensor) -> dict[str, torch.Tensor]:
     """How far the trainer's old logprobs are from the sampler's, over valid tokens.
 
     - "kl": mean of rollout - old, the k1 estimate of KL(pi_rollout || pi_old)
@@ -142,22 +142,22 @@ def mismatch_metrics(old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch.T
     k3_BT = torch.exp(safe_BT) - safe_BT - 1
     abs_BT = torch.where(valid_BT, log_rho_BT.abs(), 0)
     return {
-        "kl": float(masked_mean(-log_rho_BT, valid_BT)),
-        "k3_kl": float(masked_mean(k3_BT, valid_BT)),
-        "max_abs_diff": float(abs_BT.max()) if abs_BT.numel() else 0.0,
+        "kl": masked_mean(-log_rho_BT, valid_BT).detach(),
+        "k3_kl": masked_mean(k3_BT, valid_BT).detach(),
+        "max_abs_diff": abs_BT.max() if abs_BT.numel() else abs_BT.new_zeros(()),
     }
 
 
 @torch.no_grad()
 def is_weight_metrics(weights_BT: torch.Tensor, log_ratio_BT: torch.Tensor, mask_BT: torch.Tensor,
-                      level: str, threshold: float) -> dict[str, float]:
+                      level: str, threshold: float) -> dict[str, torch.Tensor]:
     """"is_weight_mean": mean truncated weight over valid tokens (verl's rollout_is_mean);
     "is_truncated_fraction": fraction of valid tokens whose level ratio exceeded `threshold`
     (verl's rollout_is_ratio_fraction_high, per token at every level)."""
     above_BT = _ratio(level_log_ratio(log_ratio_BT, mask_BT, level)) > threshold
     return {
-        "is_weight_mean": float(masked_mean(weights_BT, mask_BT)),
-        "is_truncated_fraction": float(masked_mean(above_BT.to(torch.float32), mask_BT)),
+        "is_weight_mean": masked_mean(weights_BT, mask_BT).detach(),
+        "is_truncated_fraction": masked_mean(above_BT.to(torch.float32), mask_BT).detach(),
     }
 
 

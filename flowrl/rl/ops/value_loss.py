@@ -8,7 +8,7 @@ from flowrl.rl.ops.masked import masked_mean, valid_mask
 
 
 def clipped_value_loss(values_BT: torch.Tensor, old_values_BT: torch.Tensor, returns_BT: torch.Tensor,
-                       mask_BT: torch.Tensor, clip: float = 0.5) -> tuple[torch.Tensor, dict[str, float]]:
+                       mask_BT: torch.Tensor, clip: float = 0.5) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """0.5 * max((v - R)^2, (clip(v, old - c, old + c) - R)^2) per token, 0 on padding.
 
     `values_BT` are the critic's current predictions, `old_values_BT` those
@@ -26,5 +26,5 @@ def clipped_value_loss(values_BT: torch.Tensor, old_values_BT: torch.Tensor, ret
     loss2_BT = (clipped_BT - returns_BT).square()
     loss_BT = 0.5 * torch.maximum(loss1_BT, loss2_BT)
     with torch.no_grad():
-        clipfrac = float(masked_mean((loss2_BT > loss1_BT).to(loss_BT.dtype), valid_BT))
+        clipfrac = masked_mean((loss2_BT > loss1_BT).to(loss_BT.dtype), valid_BT).detach()
     return torch.where(valid_BT, loss_BT, 0), {"vf_clipfrac": clipfrac}
