@@ -60,7 +60,9 @@ class DecodeLoop:
         self.logprobs_BR[:, 0] = logprob_B
         self.column.fill_(1)
         if self.graph is not None and self._addresses != _addresses(self.model):
-            self.graph = None  # parameters were replaced rather than updated in place: capture again
+            # parameters were replaced rather than updated in place: warm up (the compiled step may recompile
+            # for them, which must not happen inside a capture) and capture again
+            self.graph, self._warm = None, 0
 
     def step(self) -> None:
         """One token for every row (finished rows get pad)."""
