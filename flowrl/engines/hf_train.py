@@ -37,6 +37,7 @@ from flowrl.engines.attention import use_flowrl_sdpa
 from flowrl.engines.fsdp import full_tensors, move_optimizer_state, shard_device, shard_model
 from flowrl.engines.logprobs import full_logits_logprobs, token_logprobs
 from flowrl.engines.lr_schedules import check_schedule, lr_factor
+from flowrl.engines.model_inputs import masked_inputs, packed_inputs, trim_padding, used_columns
 from flowrl.engines.protocols import LossFn
 from flowrl.engines.hf_models import atomic_dir
 
@@ -206,7 +207,7 @@ class HFTrainEngine:
         """Outputs [B, R] on this engine's device for the micro-batch (on any device), 0 on padding, computed
         without the columns that are padding in every row: `span`, else found from mb's masks (on the host
         when mb is there, so no device sync)."""
-        trimmed = _trim_padding(mb, span or _used_columns(mb)).to(self.device)
+        trimmed = trim_padding(mb, span or used_columns(mb)).to(self.device)
         mask = trimmed["response_mask"].bool()
         out = self._outputs_dense(trimmed, temperature, with_entropy, with_sum_pi_squared)
         width = mb["response_mask"].shape[1]
@@ -219,17 +220,19 @@ class HFTrainEngine:
         num_prompt, num_response = mb["prompt_ids"].shape[1], response_ids.shape[1]
         if self.kind == "actor" and not (self.logprob_chunk_tokens and not self.sharded):
             # FSDP2 runs lm_head inside the root module's forward: the full model, padding masked
-            inputs = _masked_inputs(mb)
+            inputs = masked_inputs(mb)
             logits_BRV = self._model_fn(**inputs, logits_to_keep=num_response + 1).logits[:, :-1].float()
             return full_logits_logprobs(logits_BRV / temperature, response_ids, with_entropy, with_sum_pi_squared)
-        input_ids, column_BL = _packed_inputs(mb)
+        input_ids, column_BL = packed_inputs(mb)
         # the column of each response token, and of the token before it, which predicts it
         at_BR = column_BL[:, num_prompt:]
         before_BR = (at_BR - 1).clamp(min=0)
-        if self.kind == "critic":  # the value of the state before each response token
-            return {"values": self._model_fn(input_ids=input_ids, use_cache=False).logits[..., 0].gather(1, before_BR).float()}
-        if self.kind == "reward":  # the score after each response token (a reward model reads the last one)
-            return {"scores": self._model_fn(input_ids=input_ids, use_cache=False).logits[..., 0].gather(1, at_BR).float()}
+        if self.kind in ("critic", "reward"):
+            head_BL = self._model_fn(input_ids=input_ids, use_cache=False).logits[..., 0]
+            if self.kind == "critic":  # the value of the state before each response token
+                return {"values": head_BL.gather(1, before_BR).float()}
+            # the score after each response token (a reward model reads the last one)
+            return {"scores": head_BL.gather(1, at_BR).float()}
         decoder = self.model.get_decoder() if self._decoder_fn is None else self._decoder_fn
         hidden_BLH = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
         hidden_BRH = hidden_BLH.gather(1, before_BR[..., None].expand(-1, -1, hidden_BLH.shape[-1]))
@@ -246,7 +249,7 @@ class HFTrainEngine:
         if total <= 0:
             return None
         # what needs the host is read before the mini-batch moves in one go: no device sync per micro-batch
-        spans = [_used_columns(mb) for mb in mini.split(micro_batch_size)]
+        spans = [used_columns(mb) for mb in mini.split(micro_batch_size)]
         self.optimizer.zero_grad(set_to_none=True)
         for mb, span, weight in zip(mini.to(self.device).split(micro_batch_size), spans, weights):
             out = self._outputs(mb, temperature, loss_fn.needs_entropy, span=span)
@@ -309,42 +312,6 @@ class HFTrainEngine:
         if extremes[0].item() != -extremes[1].item():
             raise ValueError(f"batch rows differ across ranks (max {extremes[0].item()}, "
                              f"min {-extremes[1].item()}); every rank must pass equally many rows")
-
-
-def _masked_inputs(mb: TensorDict) -> dict[str, torch.Tensor]:
-    """Prompt and response side by side, padding masked out, positions counting real tokens."""
-    mask_BL = torch.cat([mb["prompt_mask"].long(), mb["response_mask"].long()], dim=1)
-    return dict(input_ids=torch.cat([mb["prompt_ids"], mb["response_ids"]], dim=1), attention_mask=mask_BL,
-                position_ids=(mask_BL.cumsum(-1) - 1).clamp(min=0), use_cache=False)
-
-
-def _packed_inputs(mb: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids with each row's real tokens moved to its front, in order, padding after them; the column each
-    original column's token lands in). A causal model then needs no padding mask, so SDPA runs its flash
-    kernel (flowrl.engines.attention), and each real token keeps the position it had: the real tokens
-    before it. Outputs at padding columns are arbitrary (callers mask them)."""
-    mask_BL = torch.cat([mb["prompt_mask"].long(), mb["response_mask"].long()], dim=1)
-    ids_BL = torch.cat([mb["prompt_ids"], mb["response_ids"]], dim=1)
-    order_BL = torch.argsort(1 - mask_BL, dim=1, stable=True)  # real tokens first, in their order
-    return ids_BL.gather(1, order_BL), (mask_BL.cumsum(-1) - 1).clamp(min=0)
-
-
-def _used_columns(mb: TensorDict) -> tuple[int, int]:
-    """(first prompt column, end of the response columns) that some row uses, keeping one of each."""
-    prompt_used = mb["prompt_mask"].bool().any(0)
-    response_used = mb["response_mask"].bool().any(0)
-    start = min(int(prompt_used.long().argmax()) if prompt_used.any() else 0, prompt_used.numel() - 1)
-    return start, max(int(response_used.nonzero().max()) + 1 if response_used.any() else 1, 1)
-
-
-def _trim_padding(mb: TensorDict, span: tuple[int, int]) -> TensorDict:
-    """Drop leading prompt columns and trailing response columns outside `span` (_used_columns): a
-    micro-batch of short rows then costs what its rows need, not the whole batch's width."""
-    start, end = span
-    trimmed = mb.select("prompt_ids", "prompt_mask", "response_ids", "response_mask")
-    return TensorDict(prompt_ids=trimmed["prompt_ids"][:, start:], prompt_mask=trimmed["prompt_mask"][:, start:],
-                      response_ids=trimmed["response_ids"][:, :end], response_mask=trimmed["response_mask"][:, :end],
-                      batch_size=mb.batch_size, device=mb.device)
 
 
 def _check_args(*, kind: str, lr: float, weight_decay: float, grad_clip: float, warmup_steps: int) -> None:
