@@ -60,5 +60,5 @@ AttentionMaskInterface.register(NAME, causal_or_none_mask)
 def use_flowrl_sdpa(model: torch.nn.Module) -> None:
     """Switch an SDPA model (or the model under a peft wrapper) to `flowrl_sdpa`; other implementations stay."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if getattr(base.config, "_attn_implementation", None) == "sdpa":
+    if getattr(getattr(base, "config", None), "_attn_implementation", None) == "sdpa":  # any other module: as is
         base.set_attn_implementation(NAME)
