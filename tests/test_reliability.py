@@ -154,3 +154,19 @@ def test_the_cli_imports_nothing_heavy_before_its_arguments_parse():
     code = "import sys, flowrl.cli; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+
+
+def test_ranks_checking_one_output_dir_at_once_do_not_trip_on_each_other(tmp_path):
+    """Every rank of a torchrun job checks train.output_dir at start-up; one shared probe file made one rank's
+    unlink fail under another's (a 2-rank CI run failed so)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flowrl.runtime.trainer import _check_writable
+
+    def check_many(_):
+        for _ in range(200):
+            _check_writable(tmp_path / "run")
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(check_many, range(4)))
+    assert list((tmp_path / "run").iterdir()) == []

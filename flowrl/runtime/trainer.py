@@ -6,6 +6,7 @@ import importlib
 import json
 import os
 import random
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,12 +265,12 @@ def _due(cfg: RunConfig, step: int) -> bool:
 
 
 def _check_writable(folder: Path) -> None:
-    """The output folder exists or can be made, and takes files: checked before any model is built."""
+    """The output folder exists or can be made, and takes files: checked before any model is built. The probe
+    file has a name of its own, so the ranks of one run can check the same folder at once."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".flowrl_write_check"
-        probe.write_text("")
-        probe.unlink()
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".flowrl_write_check"):
+            pass
     except OSError as err:
         raise ValueError(f"train.output_dir {str(folder)!r}: cannot write there ({err.strerror or err})") from None
 
