@@ -7,10 +7,10 @@ logprob also into column `t` of the output buffers. Because every input and outp
 address, the whole step, bookkeeping included, is one `torch.cuda.CUDAGraph`: a replay costs a few
 microseconds of CPU, where torch.compile's own CUDA graphs (mode="reduce-overhead") check guards and input
 addresses on every call; for a 0.5B model decoding 512 rows on an H200 a token step went from 5.3 to 4.7 ms
-(docs/benchmarks.md). The graph reads the model's
-parameters where they are, so optimizer steps and in-place weight syncs reach it; a loop whose parameters
-moved (a new state dict assigned, an FSDP reshard) recaptures. Sampling randomness comes from torch's
-generator through CUDA graphs' per-replay offsets, so seeded calls repeat.
+(docs/benchmarks.md). The graph reads the model's parameters where they are, so optimizer steps and in-place
+weight syncs reach it; a loop whose parameters moved (a new state dict assigned, an FSDP reshard) warms up
+and captures again. Sampling randomness comes from torch's generator through CUDA graphs' per-replay
+offsets, so seeded calls repeat.
 
 On the CPU, or with compile off, the same step runs eagerly with the same buffers.
 """
