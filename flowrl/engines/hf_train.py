@@ -123,7 +123,7 @@ class HFTrainEngine:
         num_rows = batch.batch_size[0]
         self._check_same_rows(num_rows)
         generator = None if shuffle_seed is None else torch.Generator().manual_seed(shuffle_seed)
-        sums: dict[str, list[float]] = {}
+        sums: dict[str, list] = {}  # key: [running sum (float or 0-d tensor), count]
         grad_norms, skipped, lr = [], 0, self.scheduler.get_last_lr()[0]
         for _ in range(epochs):
             order = torch.arange(num_rows) if generator is None else torch.randperm(num_rows, generator=generator)
@@ -241,15 +241,16 @@ class HFTrainEngine:
                               with_sum_pi_squared=with_sum_pi_squared)
 
     def _step(self, mini: TensorDict, loss_fn: LossFn, temperature: float, micro_batch_size: int,
-              sums: dict[str, list[float]], old_from_current: bool = False) -> float | None:
+              sums: dict[str, list], old_from_current: bool = False) -> float | None:
         """One optimizer step on a mini-batch; the grad norm, or None when the step was skipped."""
         mini = mini[self._order(mini)]
-        weights = [float(loss_fn.weight(mb)) for mb in mini.split(micro_batch_size)]
+        micro = mini.split(micro_batch_size)
+        weights = [float(loss_fn.weight(mb)) for mb in micro]
         total = self._all_reduce_sum(sum(weights))
         if total <= 0:
             return None
         # what needs the host is read before the mini-batch moves in one go: no device sync per micro-batch
-        spans = [used_columns(mb) for mb in mini.split(micro_batch_size)]
+        spans = [used_columns(mb) for mb in micro]
         self.optimizer.zero_grad(set_to_none=True)
         for mb, span, weight in zip(mini.to(self.device).split(micro_batch_size), spans, weights):
             out = self._outputs(mb, temperature, loss_fn.needs_entropy, span=span)
