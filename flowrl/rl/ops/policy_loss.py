@@ -40,9 +40,9 @@ def _log_ratio(logprobs_BT, old_logprobs_BT, valid_BT) -> torch.Tensor:
 @torch.no_grad()
 def _ratio_metrics(log_ratio_BT, ratio_BT, clipped_BT, valid_BT) -> dict[str, torch.Tensor]:
     return {
-        "clipfrac": masked_mean(clipped_BT.to(ratio_BT.dtype), valid_BT).detach(),
-        "approx_kl": masked_mean(-log_ratio_BT, valid_BT).detach(),
-        "ratio_mean": masked_mean(ratio_BT, valid_BT).detach(),
+        "clipfrac": masked_mean(clipped_BT.to(ratio_BT.dtype), valid_BT),
+        "approx_kl": masked_mean(-log_ratio_BT, valid_BT),
+        "ratio_mean": masked_mean(ratio_BT, valid_BT),
     }
 
 

@@ -142,8 +142,8 @@ def mismatch_metrics(old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch.T
     k3_BT = torch.exp(safe_BT) - safe_BT - 1
     abs_BT = torch.where(valid_BT, log_rho_BT.abs(), 0)
     return {
-        "kl": masked_mean(-log_rho_BT, valid_BT).detach(),
-        "k3_kl": masked_mean(k3_BT, valid_BT).detach(),
+        "kl": masked_mean(-log_rho_BT, valid_BT),
+        "k3_kl": masked_mean(k3_BT, valid_BT),
         "max_abs_diff": abs_BT.max() if abs_BT.numel() else abs_BT.new_zeros(()),
     }
 
@@ -156,8 +156,8 @@ def is_weight_metrics(weights_BT: torch.Tensor, log_ratio_BT: torch.Tensor, mask
     (verl's rollout_is_ratio_fraction_high, per token at every level)."""
     above_BT = _ratio(level_log_ratio(log_ratio_BT, mask_BT, level)) > threshold
     return {
-        "is_weight_mean": masked_mean(weights_BT, mask_BT).detach(),
-        "is_truncated_fraction": masked_mean(above_BT.to(torch.float32), mask_BT).detach(),
+        "is_weight_mean": masked_mean(weights_BT, mask_BT),
+        "is_truncated_fraction": masked_mean(above_BT.to(torch.float32), mask_BT),
     }
 
 

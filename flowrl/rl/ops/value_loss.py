@@ -26,5 +26,5 @@ def clipped_value_loss(values_BT: torch.Tensor, old_values_BT: torch.Tensor, ret
     loss2_BT = (clipped_BT - returns_BT).square()
     loss_BT = 0.5 * torch.maximum(loss1_BT, loss2_BT)
     with torch.no_grad():
-        clipfrac = masked_mean((loss2_BT > loss1_BT).to(loss_BT.dtype), valid_BT).detach()
+        clipfrac = masked_mean((loss2_BT > loss1_BT).to(loss_BT.dtype), valid_BT)
     return torch.where(valid_BT, loss_BT, 0), {"vf_clipfrac": clipfrac}
