@@ -16,8 +16,9 @@ class OTBConfig(BaseModel):
     clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 (verl's OTB example) "
                                                   "drops the ref role.")
-    handle_zero_tail: bool = Field(False, description="Baseline 0 on a group's single longest row past the "
-                                                      "second-longest row's length (verl's default: off).")
+    handle_zero_tail: bool = Field(True, description="Baseline 0 on a group's single longest row past the "
+                                                     "second-longest row's length, where the baseline would be "
+                                                     "that row's own return (verl's default: on).")
     loss_agg_mode: AggMode = Field("token-mean", description="How token losses are aggregated "
                                                              "(flowrl.rl.ops.aggregate).")
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,

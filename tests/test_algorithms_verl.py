@@ -1,16 +1,23 @@
 """The prebuilt graphs after verl's estimators and losses, the adaptive KL controller and PF-PPO: their graphs,
-a two-step run of each on the real engines, and the controller's coefficient across a checkpoint and resume."""
+a two-step run of each on the real engines, the controller's coefficient across a checkpoint and resume, and
+OTB's default zero tail against verl's."""
 
+import inspect
 import json
 import math
 
 import pytest
+import torch
 from pydantic import ValidationError
+from tensordict import TensorDict
 
+import verl_reference as verl
 from fakes import ROLE_CLASSES
 from flowrl.algorithms import REGISTRY, ppo
 from flowrl.config import load_run_config
 from flowrl.graph.role import ROLES
+from flowrl.rl import stages
+from flowrl.rl.ops.advantages import optimal_token_baseline
 from flowrl.runtime.trainer import train
 from crash import train_until_crash
 
@@ -46,6 +53,49 @@ def test_otb_reads_the_actors_sum_pi_squared():
     assert graph.has_edge("actor.logprobs", "otb_advantage") and "ref.logprobs" not in names(graph)
     plain, _ = REGISTRY["grpo"].trace(INPUTS, ROLE_CLASSES)
     assert plain.nodes["actor.logprobs"]["node"].writes == {"old_logprobs"}
+
+
+def otb_batch(token_rewards, mask, group, old_logprobs, sum_pi_squared):
+    return TensorDict({"token_rewards": token_rewards, "response_mask": mask, "group": group,
+                       "old_logprobs": old_logprobs, "sum_pi_squared": sum_pi_squared}, batch_size=[len(group)])
+
+
+def otb_node_kwargs():
+    graph, _ = REGISTRY["otb"].trace(INPUTS, ROLE_CLASSES)  # the default OTBConfig
+    return graph.nodes["otb_advantage"]["node"].kwargs
+
+
+def test_otb_zero_tail_is_on_by_default_as_verl():
+    # one group, row 0 two tokens (reward 1 at the end), row 1 one token (reward 0): G = [[1, 1], [0, -]]
+    # pi = .5, sum pi^2 = .5: w = .5, W = [[.5, 1], [.5, -]]; B_0 = (1 * .5 + 0 * .5) / 1 = .5
+    # t=1: row 0 alone, B_1 = 1 = its own return (A = 0); zero tail (second-longest length 1) sets B_1 = 0 -> A = 1
+    batch = otb_batch(torch.tensor([[0.0, 1.0], [0.0, float("nan")]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]]),
+                      torch.tensor([0, 0]), torch.full((2, 2), 0.5).log(), torch.full((2, 2), 0.5))
+    kwargs = otb_node_kwargs()
+    assert kwargs == {"handle_zero_tail": True}
+    expected = torch.tensor([[0.5, 1.0], [-0.5, 0.0]])  # zero tail off: [[.5, 0], [-.5, 0]]
+    assert torch.allclose(stages.otb_advantage(batch.clone(), **kwargs)["advantages"], expected)
+    assert torch.allclose(stages.otb_advantage(batch.clone())["advantages"], expected)
+    defaults = {inspect.signature(stages.otb_advantage.fn).parameters["handle_zero_tail"].default,
+                inspect.signature(optimal_token_baseline).parameters["handle_zero_tail"].default,
+                REGISTRY["otb"].make_config({}).handle_zero_tail}
+    assert defaults == {True}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_otb_default_matches_verl_with_interior_gaps(seed):
+    g = torch.Generator().manual_seed(seed)
+    rows, width = 12, 7
+    lengths = torch.randint(1, width + 1, (rows,), generator=g)
+    mask = (torch.arange(width) < lengths.unsqueeze(-1)).float()
+    mask = mask * (torch.rand(rows, width, generator=g) > 0.3).float()  # observation spans inside responses
+    mask[:, 0] = 1.0
+    group = torch.arange(rows) // 3
+    rewards = torch.randn(rows, width, generator=g)
+    old = -torch.rand(rows, width, generator=g) * 3
+    spp = torch.rand(rows, width, generator=g) * 0.5 + 0.1
+    adv = stages.otb_advantage(otb_batch(rewards, mask, group, old, spp), **otb_node_kwargs())["advantages"]
+    assert torch.allclose(adv, verl.optimal_token_baseline(rewards, mask, group, old, spp), atol=1e-5)
 
 
 def config(tmp_path, *overrides):

@@ -78,6 +78,8 @@ def grpo_passk(scores, mask, index, eps=1e-6, norm_by_std=True):
 
 def optimal_token_baseline(rewards, mask, index, old_logprobs, sum_pi_squared, is_weights=None,
                            handle_zero_tail=True, eps=1e-8):
+    # compute_optimal_token_baseline_advantage, verl-project/verl 1dda039 (2026-08-22); its trainer
+    # (ray_trainer.compute_advantage) never passes handle_zero_tail, so it runs with the default True
     returns = (rewards * mask).flip(-1).cumsum(-1).flip(-1)
     w = 1 - 2 * old_logprobs.exp() + sum_pi_squared
     if is_weights is not None:

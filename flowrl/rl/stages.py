@@ -140,7 +140,7 @@ def passk_advantage(batch: TensorDict, *, norm_by_std: bool = True) -> TensorDic
 
 @stage(reads=("token_rewards", "group", "response_mask", "old_logprobs", "sum_pi_squared"),
        writes=("advantages", "returns"))
-def otb_advantage(batch: TensorDict, *, handle_zero_tail: bool = False) -> TensorDict:
+def otb_advantage(batch: TensorDict, *, handle_zero_tail: bool = True) -> TensorDict:
     """Optimal token baseline: return-to-go minus a per-group, per-step baseline weighted by the cumulative
     1 - 2 pi_t + sum pi^2 (actor.logprobs(batch, sum_pi_squared=True) writes the last)."""
     batch["advantages"], batch["returns"] = adv_ops.optimal_token_baseline(
