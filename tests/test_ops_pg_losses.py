@@ -6,7 +6,11 @@ import math
 import pytest
 import torch
 
+from tensordict import TensorDict
+
 import verl_reference as verl
+from flowrl.rl.correction import RolloutCorrection
+from flowrl.rl.losses import gmpo_loss
 from flowrl.rl.ops.aggregate import agg_loss
 from flowrl.rl.ops.cov_loss import clip_cov, kl_cov, token_covariance
 from flowrl.rl.ops.policy_gradient import gmpo, gpg, reinforce, sapo
@@ -65,6 +69,46 @@ def test_gmpo_geometric_mean_of_sign_clipped_ratios():
     two = gmpo(t([[0.1, 0.5, -0.2], [0.0, 0.0, NAN]]), torch.zeros(2, 3), torch.ones(2, 3), t([1, 1, 1], [1, 1, 0]))
     assert agg_loss(two[0], t([1, 1, 1], [1, 1, 0]), "seq-mean-token-mean").item() == pytest.approx(
         (-math.exp(0.1) - 1) / 2)
+
+
+def gmpo_mb(old, rollout, adv, mask):
+    return TensorDict({"old_logprobs": old, "rollout_logprobs": rollout, "advantages": adv, "loss_mask": mask},
+                      batch_size=[old.shape[0]])
+
+
+def test_gmpo_rollout_is_weights_join_the_geometric_mean():
+    # logp = old: GMPO ratio 1. Row 0: A = 1, rho = [2, .5] (TIS threshold 2 keeps both), padding last.
+    # Row 1: A = -1, an interior gap, rho = [.5, -, .5]. Row losses -1 * sqrt(2 * .5) = -1 and +1 * .5 = .5,
+    # seq-mean-token-mean: (-1 + .5) / 2 = -.25 (arithmetic mean of the weights: (-1.25 + .5) / 2 = -.375)
+    mask = t([1, 1, 0], [1, 0, 1])
+    old = torch.full((2, 3), -1.0)
+    rollout = old - t([math.log(2), math.log(0.5), NAN], [math.log(0.5), NAN, math.log(0.5)])
+    adv = t([1, 1, 1], [-1, -1, -1])
+    loss_fn = gmpo_loss(rollout_correction=RolloutCorrection("token", 2.0))
+    loss, _ = loss_fn({"logprobs": old.clone()}, gmpo_mb(old, rollout, adv, mask))
+    assert loss.item() == pytest.approx(-0.25, abs=1e-6)
+    weights = torch.nan_to_num(torch.exp(old - rollout)).clamp(max=2.0)
+    row_loss, _ = gmpo(old, old, adv, mask, is_weights_BT=weights)
+    assert torch.allclose(row_loss, t([-1, -1, 0], [0.5, 0, 0.5]), atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_gmpo_with_rollout_is_matches_verl_with_interior_gaps(seed, level):
+    logp, old, adv, mask = _random(seed)
+    g = torch.Generator().manual_seed(100 + seed)
+    mask = mask * (torch.rand(mask.shape, generator=g) > 0.3).float()  # observation spans inside responses
+    mask[:, 0] = 1.0
+    rollout = old + 0.5 * torch.randn(old.shape, generator=g)
+    out = {"logprobs": logp.clone().requires_grad_(True)}
+    loss, _ = gmpo_loss(rollout_correction=RolloutCorrection(level, 2.0))(out, gmpo_mb(old, rollout, adv, mask))
+    ref_logp = logp.clone().requires_grad_(True)
+    weights = verl.rollout_is_weights(old - rollout, mask, level, 2.0)
+    expected = verl.geo_mean(old, ref_logp, adv, mask, 0.4, 0.4, rollout_is_weights=weights)
+    assert torch.allclose(loss, expected, atol=1e-6)
+    loss.backward()
+    expected.backward()
+    assert torch.allclose(out["logprobs"].grad, ref_logp.grad, atol=1e-6)
 
 
 def test_token_covariance():

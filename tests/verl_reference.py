@@ -114,7 +114,8 @@ def seq_mean_token_mean(loss, mask):
     return (per_row * rows).sum() / rows.sum()
 
 
-def geo_mean(old, logp, adv, mask, clip_low, clip_high):
+def geo_mean(old, logp, adv, mask, clip_low, clip_high, rollout_is_weights=None):
+    # compute_policy_loss_geo_mean, verl-project/verl 1dda039 (2026-08-22), rollout IS weights included
     log_ratio = logp - old
     sgn = torch.sign(adv)
     clamped = torch.clamp(log_ratio, -clip_low, clip_high)
@@ -122,7 +123,20 @@ def geo_mean(old, logp, adv, mask, clip_low, clip_high):
     n = mask.sum(-1)
     ratio = torch.exp((picked * mask).sum(-1) / (n + 1e-8))
     seq_adv = (adv * mask).sum(-1) / (n + 1e-8)
-    return torch.mean(-seq_adv * ratio)
+    losses = -seq_adv * ratio
+    if rollout_is_weights is not None:
+        losses = losses * torch.exp((torch.log(rollout_is_weights + 1e-10) * mask).sum(-1) / (n + 1e-8))
+    return torch.mean(losses)
+
+
+def rollout_is_weights(log_ratio, mask, level="token", threshold=2.0):
+    # rollout_corr_helper.compute_rollout_correction_weights (TIS, float threshold), verl-project/verl 1dda039
+    if level == "token":
+        raw = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
+    else:
+        log_sum = (log_ratio * mask).sum(-1, keepdim=True)
+        raw = torch.exp(torch.clamp(log_sum, -20.0, 20.0)).expand_as(log_ratio)
+    return (raw * mask).clamp(max=threshold)
 
 
 def kl_cov_tokens(old, logp, adv, mask, kl_cov_ratio, coef):

@@ -67,6 +67,9 @@ class PolicyLoss:
         weights, and tokens it rejects contribute to no term; they still count
         in each mode's normaliser and in weight(mb), which stays the loss
         mask's count (see docs/algorithms.md, rollout correction).
+    weights_in_objective: the objective takes the IS weights itself
+        (`is_weights_BT=`, GMPO's geometric mean) instead of its per-token
+        loss being multiplied by them.
 
     Metrics: "pg_loss", "kl_loss" (when kl_coef > 0), "entropy" (when
     entropy_coef != 0), each the aggregated term before its coefficient,
@@ -80,6 +83,7 @@ class PolicyLoss:
     entropy_coef: float = 0.0
     norm_len: int | None = None
     rollout_correction: RolloutCorrection | None = None
+    weights_in_objective: bool = False
 
     def __post_init__(self) -> None:
         if not callable(self.objective):
@@ -130,8 +134,10 @@ class PolicyLoss:
     def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask_BT, logprobs_BT = mb["loss_mask"], out["logprobs"]
         is_weights_BT, keep_BT, rollout_metrics = self._correct(mb, mask_BT)
-        obj_BT, metrics = self.objective(logprobs_BT, mb["old_logprobs"], mb["advantages"], mask_BT)
-        if is_weights_BT is not None:
+        inside = is_weights_BT is not None and self.weights_in_objective
+        weights_kw = {"is_weights_BT": is_weights_BT} if inside else {}
+        obj_BT, metrics = self.objective(logprobs_BT, mb["old_logprobs"], mb["advantages"], mask_BT, **weights_kw)
+        if is_weights_BT is not None and not inside:
             obj_BT = obj_BT * is_weights_BT
         pg_loss = self._agg(obj_BT, mask_BT, keep_BT)
         loss = pg_loss
@@ -223,10 +229,10 @@ def sapo_loss(tau_pos: float = 1.0, tau_neg: float = 1.05, loss_agg_mode: str = 
 def gmpo_loss(clip_low: float = 0.4, clip_high: float = 0.4, loss_agg_mode: str = "seq-mean-token-mean",
               **kw: Any) -> PolicyLoss:
     """GMPO (arXiv:2507.20673): geometric mean of sign-clipped token ratios; seq-mean-token-mean is verl's
-    mean over rows of each row's loss."""
+    mean over rows of each row's loss. Rollout IS weights go inside the geometric mean (verl's geo_mean)."""
     check_clip_args(clip_low, clip_high)
     return PolicyLoss(objective=partial(gmpo, clip_low=clip_low, clip_high=clip_high), loss_agg_mode=loss_agg_mode,
-                      **kw)
+                      weights_in_objective=True, **kw)
 
 
 def clip_cov_loss(clip_low: float = 0.2, clip_high: float = 0.2, cov_ratio: float = 2e-4, cov_lb: float = 1.0,

@@ -13,6 +13,8 @@ import torch
 from flowrl.rl.ops.masked import masked_mean, valid_mask
 from flowrl.rl.ops.policy_loss import _log_ratio, _ratio_metrics, check_clip_args
 
+IS_LOG_EPS = 1e-10  # verl's geo_mean: log(w + 1e-10) before the weights' geometric mean
+
 
 def _inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT):
     """(valid, advantages, logprobs, log-ratio clamped to [-20, 20]), padding set to 0."""
@@ -63,8 +65,8 @@ def sapo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT
 
 
 def gmpo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
-         mask_BT: torch.Tensor, clip_low: float = 0.4,
-         clip_high: float = 0.4) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+         mask_BT: torch.Tensor, clip_low: float = 0.4, clip_high: float = 0.4,
+         is_weights_BT: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GMPO (arXiv:2507.20673), verl's "geo_mean" loss mode: the geometric mean of token ratios.
 
     Each token's log-ratio is clipped to [-clip_low, clip_high] in the
@@ -72,6 +74,8 @@ def gmpo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT
     clip(l))); a row's loss is -mean_t(A) * exp(mean_t(clipped l)), put on
     each of its valid tokens, so "seq-mean-token-mean" aggregation gives
     verl's mean over rows. Advantages should be per sequence, as verl assumes.
+    Rollout IS weights w_t (detached) join the geometric mean, as in verl:
+    the row loss is times exp(mean_t log(w_t + 1e-10)), not mean_t w_t.
     Defaults are verl's GMPO example (clip range e^-0.4 .. e^0.4). "clipfrac"
     counts clipped tokens with A > 0, "clipfrac_lower" those with A < 0;
     "ratio_mean" is the mean row ratio over valid tokens.
@@ -83,7 +87,11 @@ def gmpo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT
     clipped_log_BT = sign_BT * torch.minimum(sign_BT * log_ratio_BT, sign_BT * clamped_BT)
     seq_ratio_B = torch.exp(masked_mean(clipped_log_BT, valid_BT, dim=-1))
     seq_adv_B = masked_mean(adv_BT, valid_BT, dim=-1)
-    loss_BT = torch.where(valid_BT, (-seq_adv_B * seq_ratio_B).unsqueeze(-1), 0)
+    row_loss_B = -seq_adv_B * seq_ratio_B
+    if is_weights_BT is not None:
+        log_w_BT = torch.log(torch.where(valid_BT, is_weights_BT.detach(), 1) + IS_LOG_EPS)
+        row_loss_B = row_loss_B * torch.exp(masked_mean(log_w_BT, valid_BT, dim=-1))
+    loss_BT = torch.where(valid_BT, row_loss_B.unsqueeze(-1), 0)
     clipped_BT = log_ratio_BT != clamped_BT
     metrics = _ratio_metrics(log_ratio_BT, seq_ratio_B.detach().unsqueeze(-1).expand_as(log_ratio_BT),
                              clipped_BT & (adv_BT > 0), valid_BT)
