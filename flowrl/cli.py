@@ -1,4 +1,4 @@
-"""`flowrl train ALGO`, `flowrl plan ALGO`, `flowrl config`, `flowrl data` and `flowrl export`.
+"""`flowrl train ALGO`, `flowrl plan ALGO`, `flowrl config`, `flowrl data`, `flowrl model import` and `flowrl export`.
 
 Every user mistake ends in one line naming the field, file or row and exit
 status 2 (a finished run: 3); anything else in one line and status 1.
@@ -26,7 +26,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="a built-in name (grpo, ppo, dppo, ...) or module:attribute")
         p.add_argument("--config", help="a JSON, YAML or TOML file of RunConfig values")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override one value, e.g. --set train.steps=20 --set algo.group_size=4")
+                       help="override one value, e.g. --set train.steps=20 --set algo.group_size=4; a bare "
+                            "KEY=VALUE word (train.steps=20, as in verl's hydra overrides) does the same")
         p.add_argument("--steps", type=int, help="shorthand for --set train.steps=N")
         p.add_argument("--output-dir", help="shorthand for --set train.output_dir=DIR")
         p.add_argument("--no-progress", action="store_true", help="no progress bar or per-step lines")
@@ -41,13 +42,30 @@ def _parser() -> argparse.ArgumentParser:
                                                   "rest for training (default: every role on every GPU)")
     plan.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU (with --gpus)")
     plan.add_argument("--prompt-len", type=int, default=256, help="prompt tokens assumed for the estimate")
-    show = sub.add_parser("config", help="print every config field with its default and description")
+    sub.add_parser("algorithms", help="list the registered algorithms (the prebuilt graphs), one line each")
+    show = sub.add_parser("config", help="print every config field with its default and description, and each "
+                                         "registered engine's own options")
     show.add_argument("algorithm", nargs="?", help="also print this algorithm's algo.* options")
-    data = sub.add_parser("data", help="convert a raw GSM8K or MATH file into verl's data set schema")
-    data.add_argument("kind", choices=["gsm8k", "math"])
-    data.add_argument("--input", required=True, help="the raw rows: .parquet, .jsonl or a saved datasets folder")
-    data.add_argument("--output", required=True, help="the converted rows: .parquet or .jsonl")
-    data.add_argument("--split", default="train", help="recorded in extra_info.split")
+    data = sub.add_parser("data", help="write a data set in verl's schema: convert a raw GSM8K or MATH file, or "
+                                       "generate arithmetic word problems")
+    kinds = data.add_subparsers(dest="kind", required=True)
+    for kind in ("gsm8k", "math"):
+        convert = kinds.add_parser(kind, help=f"convert a raw {kind} file")
+        convert.add_argument("--input", required=True, help="the raw rows: .parquet, .jsonl or a saved datasets folder")
+        convert.add_argument("--output", required=True, help="the converted rows: .parquet or .jsonl")
+        convert.add_argument("--split", default="train", help="recorded in extra_info.split")
+    words = kinds.add_parser("wordproblems", help="generate arithmetic word problems in GSM8K's raw format")
+    words.add_argument("--output", required=True, help="a folder: train.parquet, test.parquet and raw/*.jsonl")
+    words.add_argument("--train-size", type=int, default=5000, help="training problems")
+    words.add_argument("--test-size", type=int, default=500, help="test problems (none also in the training set)")
+    words.add_argument("--seed", type=int, default=0, help="the same seed writes the same problems")
+    model = sub.add_parser("model", help="prepare a model folder").add_subparsers(dest="action", required=True)
+    imports = model.add_parser("import", help="a GGUF file or a Hugging Face folder as the Hugging Face folder "
+                                              "flowrl trains from (weights, tokenizer, chat template)")
+    imports.add_argument("source", help="a .gguf file or a Hugging Face model folder")
+    imports.add_argument("--output", required=True, help="the Hugging Face folder to write")
+    imports.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
+                         help="dtype of the written weights")
     export = sub.add_parser("export", help="write a (sharded) checkpoint's policy as a Hugging Face model folder")
     export.add_argument("checkpoint", help="a step folder, a checkpoints folder or a run's output_dir (its newest "
                                            "intact checkpoint)")
@@ -55,11 +73,45 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def algorithm_lines() -> list[str]:
+    """Each registered algorithm's name and the first sentence of its module's docstring."""
+    from flowrl.graph.algorithm import ALGORITHMS
+
+    lines = []
+    for name in ALGORITHMS:
+        fn = ALGORITHMS.get(name).fn
+        doc = (sys.modules[fn.__module__].__doc__ or fn.__doc__ or "").split("\n\n")[0]
+        lines.append(f"{name:24s} {' '.join(doc.split()).split('. ')[0].rstrip('.')}")
+    return lines
+
+
+def engine_lines() -> list[str]:
+    """The options each registered engine adds to (or sets apart from) its section's default engine."""
+    from flowrl.config import RunConfig, config_lines
+    from flowrl.engines import ROLLOUT_ENGINES, TRAIN_ENGINES
+
+    defaults, lines = RunConfig(), []
+    for section, registry in (("rollout", ROLLOUT_ENGINES), ("actor", TRAIN_ENGINES)):
+        default = getattr(defaults, section)
+        shown = set(config_lines(type(default), f"{section}.", default))
+        for name in registry:
+            if name == default.engine:
+                continue
+            try:
+                options = [line for line in config_lines(registry.get(name), f"{section}.")
+                           if line not in shown and not line.startswith(f"{section}.engine ")]
+            except ValueError as err:  # an engine whose package is missing
+                options = [f"  ({err})"]
+            lines += [f"# {section}.engine={name}{' (and critic.engine)' * (section == 'actor')}: its options "
+                      f"beside the ones above", *options]
+    return lines
+
+
 def print_config(algorithm: str | None) -> None:
     from flowrl.config import RunConfig, config_lines
     from flowrl.runtime.trainer import resolve_algorithm
 
-    for line in config_lines(RunConfig):
+    for line in [*config_lines(RunConfig), *engine_lines()]:
         print(line)
     if algorithm:
         for line in config_lines(resolve_algorithm(algorithm).config_cls, "algo."):
@@ -83,10 +135,22 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "config":
         print_config(args.algorithm)
         return 0
+    if args.command == "algorithms":
+        print("\n".join(algorithm_lines()))
+        return 0
+    if args.command == "data" and args.kind == "wordproblems":
+        from flowrl.data import wordproblems
+
+        return wordproblems.main(args)
     if args.command == "data":
         from flowrl.data import prepare
 
         return prepare.main(args)
+    if args.command == "model":
+        from flowrl.engines.model_import import import_model
+
+        print(f"imported {args.source} -> {import_model(args.source, args.output, args.dtype)}")
+        return 0
     if args.command == "export":
         from flowrl.runtime.export import export
 
@@ -95,9 +159,10 @@ def run(args: argparse.Namespace) -> int:
     trainer.resolve_algorithm(args.algorithm)  # imports it first: the roles it registers may be placed
     cfg = config_from_args(args)
     if args.command == "plan":
+        check_plan_args(args)
         algo = trainer.resolve_algorithm(cfg.algorithm)
         task = trainer.run_task(cfg)
-        if args.gpus:
+        if args.gpus is not None:
             from flowrl.runtime.planning import plan_on_gpus
 
             print(plan_on_gpus(cfg, algo, task, args.gpus, args.nodes, args.split, args.gpu_memory_gib,
@@ -113,8 +178,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_plan_args(args: argparse.Namespace) -> None:
+    """`flowrl plan`'s numbers: --gpus 0 would silently print the plan without GPUs."""
+    for name, value in (("--gpu-memory-gib", args.gpu_memory_gib), ("--prompt-len", args.prompt_len)):
+        if not 0 < value < float("inf"):  # nan too; --gpus and --nodes are checked with the pools
+            raise ValueError(f"{name}: expected a positive number, got {value}")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The arguments; for train and plan, bare KEY=VALUE words are overrides like --set KEY=VALUE."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command in ("train", "plan"):
+        if "=" in args.algorithm:  # `flowrl train train.steps=3`: no algorithm named, the default one
+            extra, args.algorithm = [args.algorithm, *extra], "grpo"
+        bare = [word for word in extra if "=" in word and not word.startswith("-")]
+        args.set, extra = [*args.set, *bare], [word for word in extra if word not in bare]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parse(argv)
     try:
         return run(args)
     except KeyboardInterrupt:
@@ -129,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"flowrl: {err}", file=sys.stderr)
             return EXIT_FINISHED
         user = isinstance(err, ValueError)
+        if user and os.environ.get("RANK", "0") != "0":
+            return EXIT_USER_ERROR  # every rank of a torchrun job refuses a config alike: rank 0 says it once
         what = "error" if user else f"error: {type(err).__name__}"
         print(f"flowrl: {what}: {' '.join(str(err).split()) or type(err).__name__}"
               f"{'' if user else ' (rerun with --debug for the traceback)'}", file=sys.stderr)
