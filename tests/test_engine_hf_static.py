@@ -8,9 +8,11 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from flowrl.config import load_run_config
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from flowrl.engines.hf_rollout import HFRolloutEngine
+from flowrl.engines import hf_static
 from flowrl.engines.hf_static import StaticCacheRolloutEngine
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
+from flowrl.engines.sampling import sampling_columns
 from flowrl.runtime.trainer import train
 
 
@@ -48,30 +50,24 @@ def test_greedy_outputs_equal_generate(model, request):
     assert torch.allclose(static["rollout_logprobs"], expected["rollout_logprobs"], atol=1e-5)
 
 
-@pytest.mark.parametrize("temperature, top_k", [(1.0, 0), (1.5, 0), (1.0, 5)])
-def test_sampler_logprobs_equal_the_trainers(gqa_model_path, temperature, top_k):
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (1.5, 0, 1.0), (1.0, 5, 1.0), (1.2, 3, 1.0),
+                                                      (1.0, 0, 0.7), (1.3, 4, 0.8)])
+def test_sampler_logprobs_equal_the_trainers(gqa_model_path, temperature, top_k, top_p):
+    """Top-k and top-p renormalise the sampler's distribution; the trainer scores each row under the same one,
+    read from the row's sampling columns (flowrl.engines.sampling)."""
     tokenizer, model = load_tokenizer(gqa_model_path), load_causal_lm(gqa_model_path)
     ids, mask = prompts(tokenizer)
     engine = StaticCacheRolloutEngine(model, tokenizer, compile=False)
-    out = engine.generate(ids, mask, SamplingParams(max_new_tokens=12, temperature=temperature, top_k=top_k), seed=2)
-    again = engine.generate(ids, mask, SamplingParams(max_new_tokens=12, temperature=temperature, top_k=top_k), seed=2)
+    params = SamplingParams(max_new_tokens=12, temperature=temperature, top_k=top_k, top_p=top_p)
+    out = engine.generate(ids, mask, params, seed=2)
+    again = engine.generate(ids, mask, params, seed=2)
     assert torch.equal(out["response_ids"], again["response_ids"])  # seeded: the same sample
     batch = TensorDict(prompt_ids=ids, prompt_mask=mask, response_ids=out["response_ids"],
-                       response_mask=out["response_mask"], batch_size=[ids.shape[0]])
-    trainer = HFTrainEngine(model, kind="actor").forward(batch, temperature=temperature, micro_batch_size=8)
+                       response_mask=out["response_mask"], **sampling_columns(params, ids.shape[0]),
+                       batch_size=[ids.shape[0]])
+    trainer = HFTrainEngine(model, kind="actor").forward(batch, micro_batch_size=8)
     valid = out["response_mask"].bool()
-    if top_k:  # top-k renormalises: the sampler's logprobs are higher than the full distribution's
-        assert (out["rollout_logprobs"][valid] >= trainer["logprobs"][valid] - 1e-5).all()
-        assert (out["rollout_logprobs"][valid] - trainer["logprobs"][valid]).max() > 1e-3
-    else:
-        assert torch.allclose(out["rollout_logprobs"][valid], trainer["logprobs"][valid], atol=1e-4)
-
-
-def test_top_p_is_refused_with_the_option_named(tiny_model_path):
-    tokenizer = load_tokenizer(tiny_model_path)
-    engine = StaticCacheRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, compile=False)
-    with pytest.raises(ValueError, match="rollout.top_p=0.9: the hf_static engine"):
-        engine.generate(*prompts(tokenizer), SamplingParams(max_new_tokens=3, top_p=0.9))
+    assert torch.allclose(out["rollout_logprobs"][valid], trainer["logprobs"][valid], atol=1e-4)
 
 
 def test_grpo_trains_with_the_static_engine(tmp_path):
@@ -82,12 +78,13 @@ def test_grpo_trains_with_the_static_engine(tmp_path):
     assert last > first + 0.1, (first, last)
 
 
-def test_a_reused_loop_gives_what_a_fresh_engine_gives(gqa_model_path):
+def test_a_reused_loop_gives_what_a_fresh_engine_gives(gqa_model_path, monkeypatch):
     """Buffers and caches are kept per shape: a second call's rows, and calls over more shapes than are kept,
     equal a fresh engine's (prompts of 6 and 40 tokens fall in different buckets)."""
     tokenizer, model = load_tokenizer(gqa_model_path), load_causal_lm(gqa_model_path)
     ids, mask = prompts(tokenizer)
     params = SamplingParams(max_new_tokens=9, greedy=True)
+    monkeypatch.setattr(hf_static, "MAX_SHAPES", 4)
     engine = StaticCacheRolloutEngine(model, tokenizer, compile=False)
     calls = [(ids[:3], mask[:3]), (ids[3:], mask[3:]), (ids.flip(0), mask.flip(0))]
     calls += [(torch.nn.functional.pad(ids, (34, 0), value=tokenizer.pad_token_id),
@@ -121,3 +118,4 @@ def test_the_captured_step_equals_the_eager_one_and_sees_weight_updates(gqa_mode
         model.lm_head.weight = model.model.embed_tokens.weight = torch.nn.Parameter(model.lm_head.weight * 1.5)
     assert torch.equal(graphed.generate(ids, mask, greedy)["response_ids"],
                        eager.generate(ids, mask, greedy)["response_ids"])
+

@@ -17,6 +17,7 @@ from flowrl.engines.hf_models import load_causal_lm, load_tokenizer  # noqa: E40
 from flowrl.engines.hf_rollout import HFRolloutEngine  # noqa: E402
 from flowrl.engines.hf_train import HFTrainEngine  # noqa: E402
 from flowrl.engines.protocols import FinishReason, SamplingParams  # noqa: E402
+from flowrl.engines.sampling import SAMPLED_WITH, sampling_columns  # noqa: E402
 from flowrl.engines.tiny_model import build_tiny_model  # noqa: E402
 from flowrl.graph.algorithm import ALGORITHMS  # noqa: E402
 from flowrl.runtime.trainer import train  # noqa: E402
@@ -87,6 +88,26 @@ def test_sampled_logprobs_equal_the_trainers(engine, model_path, temperature):
     assert valid.sum() > 2 * ids.shape[0]
     assert (out["rollout_logprobs"] - trainer["logprobs"]).abs().max() < 1e-4
     assert (out["rollout_logprobs"][~valid] == 0).all()
+
+
+@pytest.mark.parametrize("truncation", [dict(top_k=3), dict(top_p=0.7), dict(top_k=3, top_p=0.7)])
+def test_truncated_sampling_logprobs_equal_the_trainers(engine, model_path, truncation):
+    """vLLM's processed logprobs are renormalised over the tokens top-k / top-p keep; the trainer scores each
+    row under the same distribution, read from the row's sampling columns (issue 20 (1))."""
+    tokenizer = load_tokenizer(model_path)
+    ids, mask = prompts(tokenizer)
+    params = SamplingParams(max_new_tokens=12, temperature=1.3, **truncation)
+    out = engine.generate(ids, mask, params, seed=2)
+    batch = TensorDict(prompt_ids=ids, prompt_mask=mask, response_ids=out["response_ids"],
+                       response_mask=out["response_mask"], **sampling_columns(params, ids.shape[0]),
+                       batch_size=[ids.shape[0]])
+    trainer = HFTrainEngine(load_causal_lm(model_path), kind="actor")
+    valid = out["response_mask"].bool()
+    assert valid.sum() > 2 * ids.shape[0]
+    gap = (out["rollout_logprobs"] - trainer.forward(batch)["logprobs"])[valid].abs()
+    assert gap.mean() <= 1e-4 and gap.max() <= 1e-3, (gap.mean(), gap.max())
+    plain = trainer.forward(batch.exclude(*SAMPLED_WITH), temperature=1.3)["logprobs"]
+    assert (out["rollout_logprobs"] - plain)[valid].abs().mean() > 1e-2  # untruncated: off by the kept mass
 
 
 def test_response_layout_top_k_and_ignore_eos(engine, model_path):

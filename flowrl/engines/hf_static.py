@@ -3,8 +3,9 @@
 transformers' `generate` spends most of a decode step outside the model
 (logits processors, sampling over the whole vocabulary, stopping checks: about
 17 ms a step on an H200 whatever the batch, see PERF_NOTES). Here a step is
-one function, model forward on the newest token, temperature, optional top-k,
-Gumbel-max sampling, the sampled token's logprob and the eos bookkeeping,
+one function, model forward on the newest token, temperature, optional top-k
+and top-p (flowrl.engines.sampling.truncate, the trainer's own), Gumbel-max
+sampling, the sampled token's logprob and the eos bookkeeping,
 which torch.compile fuses and, on GPUs, `DecodeLoop` captures with its
 bookkeeping as one CUDA graph replayed per token (flowrl.engines.decode_loop).
 The KV cache is transformers' StaticCache, kept per (rows, length) so the
@@ -30,6 +31,7 @@ from flowrl.engines.attention import use_flowrl_sdpa
 from flowrl.engines.decode_loop import DecodeLoop
 from flowrl.engines.hf_rollout import HFRolloutEngine, _seeded, responses
 from flowrl.engines.protocols import SamplingParams
+from flowrl.engines.sampling import truncate
 
 PROMPT_BUCKET = 32  # prompt widths are rounded up to a multiple of this
 MAX_SHAPES = 4  # (rows, length) shapes whose caches and graphs are kept
@@ -132,10 +134,7 @@ def _sample(logits_BV: torch.Tensor, done_B: torch.Tensor, params: SamplingParam
         logprobs_BV = torch.log_softmax(logits_BV, -1)
         token_B = logprobs_BV.argmax(-1)
     else:
-        logits_BV = logits_BV / params.temperature
-        if params.top_k:
-            kth_B1 = logits_BV.topk(params.top_k, dim=-1).values[:, -1:]
-            logits_BV = logits_BV.masked_fill(logits_BV < kth_B1, float("-inf"))
+        logits_BV = truncate(logits_BV / params.temperature, params.top_k, params.top_p)
         logprobs_BV = torch.log_softmax(logits_BV, -1)
         gumbel_BV = -torch.log(-torch.log(torch.rand_like(logprobs_BV).clamp_(min=1e-20)))
         token_B = (logprobs_BV + gumbel_BV).argmax(-1)
@@ -155,8 +154,5 @@ def _pad_to_bucket(ids_BP: torch.Tensor, mask_BP: torch.Tensor, pad_id: int) -> 
 
 
 def _check_static_params(params: SamplingParams) -> None:
-    if params.top_p < 1.0:
-        raise ValueError(f"rollout.top_p={params.top_p}: the hf_static engine samples with temperature and top_k "
-                         f"only; use rollout.engine=hf for nucleus sampling")
     if not params.greedy and not params.temperature > 0:
         raise ValueError(f"temperature must be > 0 when sampling, got {params.temperature}")

@@ -39,6 +39,7 @@ from flowrl.engines.logprobs import full_logits_logprobs, token_logprobs
 from flowrl.engines.lr_schedules import check_schedule, lr_factor
 from flowrl.engines.model_inputs import masked_inputs, packed_inputs, trim_padding, used_columns
 from flowrl.engines.protocols import LossFn
+from flowrl.engines.sampling import RowSampling, apply_sampling
 from flowrl.engines.hf_models import atomic_dir
 
 
@@ -97,7 +98,8 @@ class HFTrainEngine:
                 with_entropy: bool = False, with_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
         """No-grad outputs aligned to the response, on the device of batch["prompt_ids"]. An actor's
         "logprobs", with "entropy" and "sum_pi_squared" (sum_v pi(v)^2 of each token's distribution) on
-        request, computed chunk-wise as the logprobs are."""
+        request, computed chunk-wise as the logprobs are, under each row's sampling distribution (its
+        SAMPLED_WITH columns, flowrl.engines.sampling; rows without them: `temperature`, untruncated)."""
         _check_positive(temperature=temperature, micro_batch_size=micro_batch_size)
         self._check_same_rows(batch.batch_size[0])
         order = self._order(batch)
@@ -202,27 +204,34 @@ class HFTrainEngine:
         if self.sharded:
             dist.barrier()
 
-    def _outputs(self, mb: TensorDict, temperature: float, with_entropy: bool,
-                 with_sum_pi_squared: bool = False, span: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
+    def _outputs(self, mb: TensorDict, temperature: float, with_entropy: bool, with_sum_pi_squared: bool = False,
+                 span: tuple[int, int] | None = None,
+                 sampling: RowSampling | None = None) -> dict[str, torch.Tensor]:
         """Outputs [B, R] on this engine's device for the micro-batch (on any device), 0 on padding, computed
         without the columns that are padding in every row: `span`, else found from mb's masks (on the host
-        when mb is there, so no device sync)."""
+        when mb is there, so no device sync); each row's sampling likewise: `sampling`, else read from mb."""
         trimmed = trim_padding(mb, span or used_columns(mb)).to(self.device)
         mask = trimmed["response_mask"].bool()
-        out = self._outputs_dense(trimmed, temperature, with_entropy, with_sum_pi_squared)
+        sampling = (sampling or RowSampling.of(mb, temperature)).to(self.device)
+        out = self._outputs_dense(trimmed, sampling, with_entropy, with_sum_pi_squared)
         width = mb["response_mask"].shape[1]
         return {key: torch.nn.functional.pad(torch.where(mask, value, 0), (0, width - value.shape[1]))
                 for key, value in out.items()}
 
-    def _outputs_dense(self, mb: TensorDict, temperature: float, with_entropy: bool,
+    def _outputs_dense(self, mb: TensorDict, sampling: RowSampling, with_entropy: bool,
                        with_sum_pi_squared: bool) -> dict[str, torch.Tensor]:
+        """Outputs of the trimmed micro-batch; an actor's under each row's sampling distribution."""
         response_ids = mb["response_ids"]
         num_prompt, num_response = mb["prompt_ids"].shape[1], response_ids.shape[1]
+        temperature_N, truncation = sampling.per_token(num_response)
         if self.kind == "actor" and not (self.logprob_chunk_tokens and not self.sharded):
             # FSDP2 runs lm_head inside the root module's forward: the full model, padding masked
             inputs = masked_inputs(mb)
-            logits_BRV = self._model_fn(**inputs, logits_to_keep=num_response + 1).logits[:, :-1].float()
-            return full_logits_logprobs(logits_BRV / temperature, response_ids, with_entropy, with_sum_pi_squared)
+            logits_BRV = self._model_fn(**inputs, logits_to_keep=num_response + 1).logits[:, :-1]
+            logits_NV = apply_sampling(logits_BRV.reshape(-1, logits_BRV.shape[-1]), temperature_N, truncation,
+                                       response_ids.reshape(-1))
+            return full_logits_logprobs(logits_NV.view(logits_BRV.shape), response_ids, with_entropy,
+                                        with_sum_pi_squared)
         input_ids, column_BL = packed_inputs(mb)
         # the column of each response token, and of the token before it, which predicts it
         at_BR = column_BL[:, num_prompt:]
@@ -236,9 +245,9 @@ class HFTrainEngine:
         decoder = self.model.get_decoder() if self._decoder_fn is None else self._decoder_fn
         hidden_BLH = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
         hidden_BRH = hidden_BLH.gather(1, before_BR[..., None].expand(-1, -1, hidden_BLH.shape[-1]))
-        return token_logprobs(hidden_BRH, self.model.get_output_embeddings().weight, response_ids, temperature,
+        return token_logprobs(hidden_BRH, self.model.get_output_embeddings().weight, response_ids, temperature_N,
                               with_entropy, self.logprob_chunk_tokens, compiled=self.compiled,
-                              with_sum_pi_squared=with_sum_pi_squared)
+                              with_sum_pi_squared=with_sum_pi_squared, truncation=truncation)
 
     def _step(self, mini: TensorDict, loss_fn: LossFn, temperature: float, micro_batch_size: int,
               sums: dict[str, list], old_from_current: bool = False) -> float | None:
@@ -251,9 +260,11 @@ class HFTrainEngine:
             return None
         # what needs the host is read before the mini-batch moves in one go: no device sync per micro-batch
         spans = [used_columns(mb) for mb in micro]
+        samplings = [RowSampling.of(mb, temperature) for mb in micro]
         self.optimizer.zero_grad(set_to_none=True)
-        for mb, span, weight in zip(mini.to(self.device).split(micro_batch_size), spans, weights):
-            out = self._outputs(mb, temperature, loss_fn.needs_entropy, span=span)
+        for mb, span, sampling, weight in zip(mini.to(self.device).split(micro_batch_size), spans, samplings,
+                                              weights):
+            out = self._outputs(mb, temperature, loss_fn.needs_entropy, span=span, sampling=sampling)
             if weight == 0:  # keep FSDP's collectives in step with the other ranks; no NaN from 0/0
                 sum(value.sum() for value in out.values()).mul(0.0).backward()
                 continue

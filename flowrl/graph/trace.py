@@ -144,7 +144,7 @@ class SymBatch:
         raise GraphError(f"batch[{key!r}] read inside an algorithm; do tensor work in a @flowrl.graph.stage")
 
 
-def check_call(name: str, fn: Callable, *args: Any, **kwargs: Any) -> None:
+def check_call(name: str, fn: Callable, /, *args: Any, **kwargs: Any) -> None:
     """A GraphError at trace time for arguments the function would reject when it runs."""
     try:
         inspect.signature(fn).bind(*args, **kwargs)

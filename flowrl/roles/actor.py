@@ -11,16 +11,24 @@ from tensordict import TensorDict
 from flowrl import metrics
 from flowrl.data.batch import MODEL_INPUT
 from flowrl.engines.protocols import LossFn, TrainEngine
+from flowrl.engines.sampling import SAMPLED_WITH
 from flowrl.graph.role import graph_method, role
 from flowrl.roles.context import BuildContext, UpdateSettings
 
 
+POLICY_INPUT = MODEL_INPUT + SAMPLED_WITH  # the policy scores each row under the distribution it was sampled from
+
+
 def _update_reads(loss: LossFn, **_: Any) -> tuple[str, ...]:
+    return POLICY_INPUT + tuple(loss.reads)
+
+
+def _value_reads(loss: LossFn, **_: Any) -> tuple[str, ...]:
     return MODEL_INPUT + tuple(loss.reads)
 
 
 def _logprobs(engine: TrainEngine, s: UpdateSettings, batch: TensorDict) -> torch.Tensor:
-    return engine.forward(batch, temperature=s.temperature, micro_batch_size=s.forward_rows)["logprobs"]
+    return engine.forward(batch, micro_batch_size=s.forward_rows)["logprobs"]
 
 
 def _logprobs_writes(sum_pi_squared: bool = False, **_: Any) -> tuple[str, ...]:
@@ -47,7 +55,7 @@ class Actor:
     def build(cls, ctx: BuildContext) -> "Actor":
         return cls(ctx.engine("actor").build(ctx.model, head="actor", device=ctx.device), ctx.settings)
 
-    @graph_method(reads=MODEL_INPUT, writes=_logprobs_writes, defer_to="update")
+    @graph_method(reads=POLICY_INPUT, writes=_logprobs_writes, defer_to="update")
     def logprobs(self, batch: TensorDict, deferred: bool = False, sum_pi_squared: bool = False) -> TensorDict:
         """Old logprobs, and with `sum_pi_squared` each token's sum_v pi(v)^2 under the current policy (the
         optimal token baseline's weights). The planner sets `deferred` when only actor.update reads them;
@@ -57,8 +65,7 @@ class Actor:
             batch["old_logprobs"] = torch.full(batch["response_mask"].shape, float("nan"))
             return batch
         s = self.settings
-        out = self.engine.forward(batch, temperature=s.temperature, micro_batch_size=s.forward_rows,
-                                  with_sum_pi_squared=sum_pi_squared)
+        out = self.engine.forward(batch, micro_batch_size=s.forward_rows, with_sum_pi_squared=sum_pi_squared)
         batch["old_logprobs"] = out["logprobs"]
         if sum_pi_squared:
             batch["sum_pi_squared"] = out["sum_pi_squared"]
@@ -68,8 +75,7 @@ class Actor:
     def update(self, batch: TensorDict, loss: LossFn, seed: int | None = None) -> TensorDict:
         deferred, self._deferred = self._deferred, False
         assert not deferred or self._single_step(batch), "deferred old logprobs need a single-step update"
-        _update(self.engine, self.settings, batch, loss, seed, "actor", temperature=self.settings.temperature,
-                old_logprobs_from_current=deferred)
+        _update(self.engine, self.settings, batch, loss, seed, "actor", old_logprobs_from_current=deferred)
         self.version += 1
         return batch
 
@@ -92,7 +98,7 @@ class Ref:
                                            base_of=actor.engine if actor is not None else None)
         return cls(engine, ctx.settings)
 
-    @graph_method(reads=MODEL_INPUT, writes=("ref_logprobs",))
+    @graph_method(reads=POLICY_INPUT, writes=("ref_logprobs",))
     def logprobs(self, batch: TensorDict) -> TensorDict:
         batch["ref_logprobs"] = _logprobs(self.engine, self.settings, batch)
         return batch
@@ -114,7 +120,7 @@ class Critic:
         batch["values"] = out["values"] * batch["response_mask"]
         return batch
 
-    @graph_method(reads=_update_reads)
+    @graph_method(reads=_value_reads)
     def update(self, batch: TensorDict, loss: LossFn, seed: int | None = None) -> TensorDict:
         _update(self.engine, self.settings, batch, loss, seed, "critic")
         return batch

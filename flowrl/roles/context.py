@@ -20,11 +20,11 @@ class UpdateSettings:
     micro_batch_size: int = 16
     forward_micro_batch_size: int = 0  # rows per no-grad forward pass (logprobs, values, scores); 0: micro's
 
+    epochs: int = 1
+
     @property
     def forward_rows(self) -> int:
         return self.forward_micro_batch_size or self.micro_batch_size
-    epochs: int = 1
-    temperature: float = 1.0
 
 
 @dataclass

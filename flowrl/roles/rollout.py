@@ -16,13 +16,14 @@ from flowrl.data.batch import column, repeat_rows, response_lengths
 from flowrl.data.envs import EnvSpec
 from flowrl.engines.agent_loop import run_episodes
 from flowrl.engines.protocols import FinishReason, RolloutEngine, SamplingParams, WeightSync
+from flowrl.engines.sampling import SAMPLED_WITH, sampling_columns
 from flowrl.errors import GraphError
 from flowrl.graph.context import current_call
 from flowrl.graph.role import graph_method, role
 from flowrl.roles.context import BuildContext
 
 GENERATED = ("response_ids", "response_mask", "loss_mask", "rollout_logprobs", "finish_reason", "policy_version",
-             "group")
+             "group", *SAMPLED_WITH)
 EPISODE = ("num_turns", "tool_error")  # what rollout.interact adds: turns played, the first tool error ("" if none)
 
 
@@ -75,7 +76,7 @@ class Rollout:
         params, rows, seed = self._start(batch, n, sampling)
         out = self.engine.generate(rows["prompt_ids"], rows["prompt_mask"], params, seed=seed)
         out["loss_mask"] = out["response_mask"].clone()
-        rows = self._finish(rows, out)
+        rows = self._finish(rows, out, params)
         metrics.log("response_length/clip_ratio", (response_lengths(rows) >= params.max_new_tokens).float().mean())
         return rows
 
@@ -98,7 +99,7 @@ class Rollout:
             out, stats = run_episodes(self.engine, envs, prompts, params, max_turns=self.env.max_turns,
                                       max_total_tokens=self.env.max_total_tokens,
                                       pad_id=self.tokenizer.pad_token_id, seed=seed, pool=pool)
-        rows = self._finish(rows, out)
+        rows = self._finish(rows, out, params)
         rows[key], rows["num_turns"] = out["scores"], out["num_turns"]
         rows["tool_error"] = NonTensorStack(*stats["tool_error"])
         metrics.log(f"{metric}/mean", out["scores"].mean())
@@ -116,9 +117,12 @@ class Rollout:
         call = current_call()
         return params, repeat_rows(batch, n), (self.seed * 1_000_003 + call.step * 1_009 + call.call) % (2**31)
 
-    def _finish(self, rows: TensorDict, out: TensorDict) -> TensorDict:
+    def _finish(self, rows: TensorDict, out: TensorDict, params: SamplingParams) -> TensorDict:
+        """The generated fields, and how each row was sampled (SAMPLED_WITH: what the trainer scores it under)."""
         for key in ("response_ids", "response_mask", "loss_mask", "rollout_logprobs", "finish_reason"):
             rows[key] = out[key]
+        for key, value in sampling_columns(params, rows.batch_size[0]).items():
+            rows[key] = value.to(rows.device)
         rows["policy_version"] = torch.full((rows.batch_size[0],), self.synced_version, dtype=torch.long)
         rows["group"] = rows["uid"].clone()
         metrics.log("response_length/mean", response_lengths(rows).float().mean())

@@ -86,7 +86,7 @@ def make_factory(cfg: RunConfig, plan: Plan, task: Any, path: Path, extra: dict[
     t, m = cfg.train, cfg.model
     settings = UpdateSettings(mini_batch_size=t.mini_batch_size, micro_batch_size=t.micro_batch_size,
                               forward_micro_batch_size=t.forward_micro_batch_size,
-                              epochs=t.epochs, temperature=cfg.rollout.temperature)
+                              epochs=t.epochs)
     reward_model = None if m.reward_path is None else ModelSource(model_folder(m.reward_path, "model.reward_path"),
                                                                   m.dtype)
     context = BuildContext(model=ModelSource(path, m.dtype, m.gradient_checkpointing),
