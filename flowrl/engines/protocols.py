@@ -14,6 +14,9 @@ size [B]):
   distribution it was sampled from (temperature, top-k, top-p applied).
 - finish_reason_B: a FinishReason per row; policy_version_B: the update count
   of the weights that generated the row.
+- sample_temperature_B / sample_top_k_B / sample_top_p_B: how the row was
+  sampled (written by the rollout role; flowrl.engines.sampling); a train
+  engine scores the row's tokens under that distribution.
 - The model input is cat(prompt, response) along time, so the logprob of
   response token t comes from the logits at position P - 1 + t.
 """
