@@ -1,12 +1,20 @@
-"""A GRPO step three ways, in one process on one card: flowrl, TRL's GRPOTrainer, a hand-written loop.
+"""A GRPO step four ways on one card: flowrl, TRL's GRPOTrainer without and with vLLM (colocated), a
+hand-written loop.
 
 Workload (shared/PERF_NOTES.md): the Qwen2.5-0.5B shape with random weights (bf16 on CUDA), sdpa; 64 prompts
-of 128 tokens x 8 samples = 512 rows of 256 new tokens at temperature 1 with EOS suppressed; k3 KL to the
-reference (coef 0.001); one AdamW step per batch. Prints seconds per step of each system (mean over --steps
-steps after --warmup), flowrl's rollout tok/s, update MFU and sampler-vs-trainer logprob gap, peak GPU memory
-and the ratios. Usage (flowrl need not be pip-installed; run from anywhere):
-  python benchmarks/grpo_vs_trl.py --device cuda [--steps 3] [--json results.json]
-  python benchmarks/grpo_vs_trl.py --device cpu --small --steps 2
+of 128 tokens x 8 samples = 512 rows of up to 256 new tokens at temperature 1; k3 KL to the reference (coef
+0.001); one AdamW step per batch. `--lengths fixed`: EOS suppressed, every response runs to the cap;
+`--lengths variable`: each row ends with EOS at a length drawn from a log-normal (median cap / 4, --sigma,
+capped at the cap), the same draws for every system (benchmarks/forced_lengths.py). Prints seconds per step
+of each system (mean over --steps steps after --warmup), useful tokens (response tokens through EOS) per
+second of step, flowrl's rollout tok/s, update MFU, sync/sleep timings, memory and sampler-vs-trainer logprob
+gap, peak GPU memory and the ratios; each system also as one `RESULT {json}` line (and appended to --jsonl).
+Systems that hold a vLLM engine need a process each (one sleep-mode vLLM per process): run them one
+--systems at a time and combine with --report. Usage (flowrl need not be pip-installed; run from anywhere):
+  python benchmarks/grpo_vs_trl.py --device cuda [--steps 3] [--lengths variable] [--jsonl runs.jsonl]
+  python benchmarks/grpo_vs_trl.py --systems trl_vllm --jsonl runs.jsonl; python benchmarks/grpo_vs_trl.py \
+      --report runs.jsonl
+  python benchmarks/grpo_vs_trl.py --device cpu --small --steps 1
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import sys
 import tempfile
 import time
 import traceback
+import os
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,12 +40,16 @@ import transformers
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+import forced_lengths  # noqa: E402
 from common import QWEN05B, SMALL, alias_algorithms, qwen_model  # noqa: E402
+
+START = time.perf_counter()  # the process's start, for the time to the first finished step
 
 PEAK_FLOPS, PEAK_NAME = 989e12, "H100/H200 SXM dense bf16"
 FULL_RUN = dict(prompts=64, group=8, new_tokens=256, micro=32)
 SMALL_RUN = dict(prompts=4, group=2, new_tokens=8, micro=4)
-SYSTEMS = ("flowrl", "trl", "plain")
+SYSTEMS = ("flowrl", "trl", "trl_vllm", "plain")
+EOS_ID = 1  # common.full_vocab_tokenizer's "<eos>"
 
 
 @dataclass
@@ -51,6 +64,8 @@ class Workload:
     warmup: int
     lr: float
     kl_coef: float
+    lengths: str = "fixed"
+    sigma: float = 1.0
     flowrl_sets: list[str] = field(default_factory=list)
     shape: dict = field(default_factory=dict)
 
@@ -61,6 +76,25 @@ class Workload:
     @property
     def dtype_name(self) -> str:
         return "bfloat16" if self.device == "cuda" else "float32"
+
+    @property
+    def variable(self) -> bool:
+        return self.lengths == "variable"
+
+    def draws(self) -> list[int]:
+        """Every row's drawn length, in generation order (twice what the steps take: a margin)."""
+        return forced_lengths.draw_lengths(2 * self.rows * (self.warmup + self.steps), self.new_tokens, self.sigma)
+
+    def useful_tokens(self) -> float:
+        """Mean response tokens (EOS included) per timed step."""
+        if not self.variable:
+            return float(self.rows * self.new_tokens)
+        draws = self.draws()[self.warmup * self.rows:(self.warmup + self.steps) * self.rows]
+        return sum(draws) / self.steps
+
+    def flowrl_engine(self) -> str:
+        engines = [s.split("=", 1)[1] for s in self.flowrl_sets if s.startswith("rollout.engine=")]
+        return engines[-1] if engines else ""
 
 
 class BenchTask:
@@ -101,6 +135,10 @@ def flowrl_config(wl: Workload, path: str, out: str):
             f"rollout.max_new_tokens={wl.new_tokens}", f"train.mini_batch_size={wl.rows}",
             f"train.micro_batch_size={wl.micro}", f"actor.lr={wl.lr}", "train.eval_every=0", "train.save_every=0",
             "train.export=false", "train.resume=false", f"train.output_dir={out}", *wl.flowrl_sets]
+    if wl.variable and wl.flowrl_engine() == "hf_static":
+        sets.append("rollout.engine=hf_static_lengths")  # eos at the drawn lengths
+    if wl.variable and wl.flowrl_engine() == "vllm":  # the logits processor masks eos before the drawn length
+        return load_run_config(None, sets)
     try:
         return load_run_config(None, ["rollout.ignore_eos=true", *sets])
     except ValueError as err:
@@ -118,7 +156,7 @@ def run_flowrl(wl: Workload, path: str) -> dict:
     with tempfile.TemporaryDirectory() as out:
         s = setup(flowrl_config(wl, path, out), algo=grpo, task=BenchTask(wl.prompt_len))
         try:
-            engine, times, logged = s.executor.roles["actor"].engine, [], []
+            engine, times, logged, peaks = s.executor.roles["actor"].engine, [], [], []
             for step in range(wl.warmup + wl.steps):
                 if step == wl.warmup + wl.steps - 1:  # the weights that sample the last batch, for exactness()
                     sampler = {k: v.to("cpu", copy=True) for k, v in engine.model.state_dict().items()}
@@ -127,10 +165,18 @@ def run_flowrl(wl: Workload, path: str) -> dict:
                 sync(wl.device)
                 times.append(time.perf_counter() - start)
                 logged.append(metrics)
+                peaks.append(torch.cuda.max_memory_allocated() / 2**30 if wl.device == "cuda" else 0.0)
+                if step == 0:
+                    first_step_s = time.perf_counter() - START
+                print(f"flowrl step {step}: {times[-1]:.3f} s " + json.dumps(
+                    {k: round(v, 4) for k, v in metrics.items() if k.split("/")[0] in ("timing_s", "memory")}),
+                    flush=True)
             num_params = sum(p.numel() for p in engine.model.parameters())
             engine.model.load_state_dict(sampler)
             result = {"s_per_step": mean_or_none(times[wl.warmup:]), **exactness(engine, batch, wl.micro),
-                      "rollout": s.cfg.rollout.model_dump()}
+                      "rollout": s.cfg.rollout.model_dump(), "first_step_s_since_start": first_step_s,
+                      "step_s": times, "step_peak_gib": max(peaks),
+                      "cfg_rollout_engine": s.cfg.rollout.engine}
         finally:
             s.executor.close()
     return {**result, **flowrl_rates(wl, logged[wl.warmup:], batch, num_params)}
@@ -140,11 +186,13 @@ def flowrl_rates(wl: Workload, timed: list[dict], batch, num_params: int) -> dic
     """Mean node timings; rollout tok/s and update MFU from them."""
     keys = sorted({k for m in timed for k in m if k.startswith("timing_s/")})
     timing = {k.removeprefix("timing_s/"): mean_or_none([m[k] for m in timed if k in m]) for k in keys}
+    memory = {k.removeprefix("memory/"): max(m[k] for m in timed if k in m)
+              for k in sorted({k for m in timed for k in m if k.startswith("memory/")})}
     response_tokens = int(batch["response_mask"].sum())
     update_tokens = response_tokens + int(batch["prompt_mask"].sum())
     generate_s, update_s = timing.get("rollout.generate"), timing.get("actor.update")
     mfu = 6 * num_params * update_tokens / update_s / PEAK_FLOPS if update_s and wl.device == "cuda" else None
-    return {"timing_s": timing, "prompt_width": int(batch["prompt_ids"].shape[1]),
+    return {"timing_s": timing, "memory_max": memory, "prompt_width": int(batch["prompt_ids"].shape[1]),
             "response_tokens": response_tokens, "update_tokens": update_tokens, "num_params": num_params,
             "rollout_tok_s": response_tokens / generate_s if generate_s else None, "update_mfu": mfu}
 
@@ -154,8 +202,10 @@ def exactness(engine, batch, micro: int) -> dict:
     holding the weights that sampled `batch`)."""
     if "rollout_logprobs" not in batch.keys():
         return {"logprob_diff": "batch has no rollout_logprobs"}
-    logprobs = engine.forward(batch, temperature=1.0, micro_batch_size=micro)["logprobs"]
-    mask = batch["response_mask"].bool()
+    logprobs = engine.forward(batch, micro_batch_size=micro)["logprobs"]
+    lengths_B1 = batch["response_mask"].sum(-1, keepdim=True)
+    is_last = lengths_B1 - 1 == torch.arange(batch["response_mask"].shape[1], device=lengths_B1.device)
+    mask = batch["response_mask"].bool() & ~(is_last & (batch["response_ids"] == EOS_ID))  # forced: logprob 0
     diff = (logprobs.float() - batch["rollout_logprobs"].float()).abs()[mask]
     return {"logprob_diff_mean": diff.mean().item(), "logprob_diff_max": diff.max().item(),
             "logprob_diff_tokens": int(mask.sum())}
@@ -183,22 +233,28 @@ def step_timer(device: str):
     return StepTimer()
 
 
-def trl_args(wl: Workload, out: str):
+def trl_args(wl: Workload, out: str, vllm: bool):
+    """TRL's defaults but for the workload; with `vllm`, its colocated engine as TRL documents it (vLLM's own
+    defaults: CUDA graphs, gpu_memory_utilization 0.3, no sleep mode)."""
     from trl import GRPOConfig
 
     cuda = wl.device == "cuda"
+    if wl.variable:
+        generation_kwargs = {}  # the drawn lengths' logits processors hold eos back (forced_lengths)
+    else:
+        generation_kwargs = {"min_tokens" if vllm else "min_new_tokens": wl.new_tokens}
     return GRPOConfig(
         output_dir=out, per_device_train_batch_size=wl.micro, gradient_accumulation_steps=wl.rows // wl.micro,
         num_generations=wl.group, max_completion_length=wl.new_tokens, num_iterations=1, beta=wl.kl_coef,
-        generation_kwargs={"min_new_tokens": wl.new_tokens}, temperature=1.0, top_p=1.0, top_k=0,
+        generation_kwargs=generation_kwargs, temperature=1.0, top_p=1.0, top_k=0,
         epsilon=0.2, loss_type="dapo", scale_rewards="group", learning_rate=wl.lr, lr_scheduler_type="constant",
         max_grad_norm=1.0, max_steps=wl.warmup + wl.steps, gradient_checkpointing=False, bf16=cuda,
         use_cpu=not cuda, model_init_kwargs={"dtype": wl.dtype_name, "attn_implementation": "sdpa"},
-        use_vllm=False, logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
+        use_vllm=vllm, **(dict(vllm_mode="colocate") if vllm else {}), logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
         shuffle_dataset=False, dataloader_num_workers=0, seed=0)
 
 
-def run_trl(wl: Workload, path: str) -> dict:
+def run_trl(wl: Workload, path: str, vllm: bool = False) -> dict:
     from datasets import Dataset
     from trl import GRPOTrainer
 
@@ -214,11 +270,24 @@ def run_trl(wl: Workload, path: str) -> dict:
 
     timer = step_timer(wl.device)
     with tempfile.TemporaryDirectory() as out:
-        trainer = GRPOTrainer(model=path, reward_funcs=bench_reward, args=trl_args(wl, out), train_dataset=data,
-                              processing_class=load_tokenizer(path), callbacks=[timer])
+        model = path
+        if wl.variable and not vllm:  # transformers generate: eos at the drawn lengths
+            model = forced_lengths.ForcedLengthQwen2.from_pretrained(path, dtype=getattr(torch, wl.dtype_name),
+                                                                    attn_implementation="sdpa")
+        trainer = GRPOTrainer(model=model, reward_funcs=bench_reward, args=trl_args(wl, out, vllm),
+                              train_dataset=data, processing_class=load_tokenizer(path), callbacks=[timer])
         trainer.train()
+        if vllm:
+            trainer.vllm_generation.llm.llm_engine.engine_core.shutdown()
     intervals = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
-    return {"s_per_step": mean_or_none(intervals[wl.warmup:]), "steps_timed": len(intervals[wl.warmup:])}
+    return {"s_per_step": mean_or_none(intervals[wl.warmup:]), "steps_timed": len(intervals[wl.warmup:]),
+            "step_s": intervals, "first_step_s_since_start": timer.marks[1] - START if len(timer.marks) > 1
+            else None}
+
+
+def run_trl_vllm(wl: Workload, path: str) -> dict:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process, as flowrl's engine runs
+    return run_trl(wl, path, vllm=True)
 
 
 # ---- plain transformers loop --------------------------------------------------------------------------------
@@ -280,6 +349,8 @@ class PlainLoop:
 
 
 def run_plain(wl: Workload, path: str) -> dict:
+    if wl.variable:
+        raise ValueError("the plain loop runs the fixed workload only")
     loop, times = PlainLoop(wl, path), []
     for step in range(wl.warmup + wl.steps):
         examples = [loop.task.example(0, step * wl.prompts + i) for i in range(wl.prompts)]
@@ -292,7 +363,7 @@ def run_plain(wl: Workload, path: str) -> dict:
 
 # ---- driver -------------------------------------------------------------------------------------------------
 
-RUNNERS = {"flowrl": run_flowrl, "trl": run_trl, "plain": run_plain}
+RUNNERS = {"flowrl": run_flowrl, "trl": run_trl, "trl_vllm": run_trl_vllm, "plain": run_plain}
 
 
 def measured(name: str, wl: Workload, path: str) -> dict:
@@ -310,9 +381,15 @@ def measured(name: str, wl: Workload, path: str) -> dict:
         result = {"error": f"{type(err).__name__}: {err}"}
     gc.collect()
     if wl.device == "cuda":
-        result["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        result["peak_gib"] = max(torch.cuda.max_memory_allocated() / 2**30, result.get("step_peak_gib", 0.0),
+                                 *[v for k, v in result.get("memory_max", {}).items() if k.startswith("peak_gib")])
         torch.cuda.empty_cache()
         result["left_allocated_gib"] = torch.cuda.memory_allocated() / 2**30
+    if wl.variable:  # rows that took a draw in this process so far (expected: rows x steps per system)
+        result["draws_taken"] = forced_lengths.process_draws().next
+    if result.get("s_per_step"):
+        result["useful_tokens_per_step"] = wl.useful_tokens()
+        result["useful_tok_per_step_s"] = wl.useful_tokens() / result["s_per_step"]
     return result
 
 
@@ -327,6 +404,8 @@ def report_flowrl(r: dict) -> None:
           f"{fmt(r['update_mfu'], '.1%')} (6 x {r['num_params'] / 1e6:.1f}M params x {r['update_tokens']} tokens "
           f"/ {PEAK_NAME} {PEAK_FLOPS / 1e12:.0f} TFLOP/s); prompt width {r['prompt_width']}")
     print("        timing_s: " + ", ".join(f"{k} {v:.3f}" for k, v in t.items()))
+    print(f"        memory (max over steps): {r.get('memory_max')}; first step done "
+          f"{fmt(r.get('first_step_s_since_start'), '.1f')} s after the process started")
     print(f"        rollout config: {r['rollout']}")
     print(f"        logprobs trainer vs sampler: mean |diff| {fmt(r.get('logprob_diff_mean'), '.2e')}, max "
           f"{fmt(r.get('logprob_diff_max'), '.2e')} over {r.get('logprob_diff_tokens')} tokens "
@@ -339,14 +418,15 @@ def report(results: dict) -> dict:
         if "error" in r:
             print(f"{name:7s} FAILED: {r['error']}")
             continue
-        print(f"{name:7s} {fmt(r['s_per_step'], '.3f')} s/step  peak {fmt(r.get('peak_gib'), '.1f')} GiB")
-        if name == "flowrl":
+        print(f"{name:8s} {fmt(r['s_per_step'], '.3f')} s/step  peak {fmt(r.get('peak_gib'), '.1f')} GiB  "
+              f"useful {fmt(r.get('useful_tok_per_step_s'), ',.0f')} tok/s of step")
+        if name.startswith("flowrl"):
             report_flowrl(r)
     ok = {n: r["s_per_step"] for n, r in results.items() if r.get("s_per_step")}
-    ratios = {other: ok[other] / ok["flowrl"] for other in ("trl", "plain") if "flowrl" in ok and other in ok}
-    for other, label in (("trl", "GRPO step vs TRL"), ("plain", "vs plain loop")):
-        if other in ratios:
-            print(f"{label}: {ratios[other]:.2f}x")
+    ratios = {f"{other}/{mine}": ok[other] / ok[mine] for mine in ok if mine.startswith("flowrl")
+              for other in ("trl", "trl_vllm", "plain") if other in ok}
+    for key, ratio in ratios.items():
+        print(f"GRPO step {key}: {ratio:.2f}x")
     return ratios
 
 
@@ -362,10 +442,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     p.add_argument("--lr", type=float, default=1e-7, help="AdamW learning rate (all systems)")
     p.add_argument("--kl-coef", type=float, default=0.001)
+    p.add_argument("--lengths", choices=("fixed", "variable"), default="fixed",
+                   help="fixed: EOS suppressed, all rows run to the cap; variable: EOS at log-normal drawn lengths")
+    p.add_argument("--sigma", type=float, default=1.0, help="log-normal sigma of the variable lengths")
+    p.add_argument("--label", default="", help="suffix of flowrl's name in the results (flowrl-LABEL)")
     p.add_argument("--flowrl-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra flowrl config override, e.g. rollout.micro_batch_size=512 (repeatable)")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--jsonl", help="append one line per system here")
+    p.add_argument("--report", help="print the ratios of the systems in this JSONL file (one workload each) "
+                                    "and exit")
     return p.parse_args()
 
 
@@ -373,8 +460,8 @@ def workload(args: argparse.Namespace) -> Workload:
     preset = SMALL_RUN if args.small else FULL_RUN
     sizes = {k: getattr(args, k) or v for k, v in preset.items()}
     wl = Workload(device=args.device, prompt_len=args.prompt_len, steps=args.steps, warmup=args.warmup, lr=args.lr,
-                  kl_coef=args.kl_coef, flowrl_sets=args.flowrl_set, shape=SMALL if args.small else QWEN05B,
-                  **sizes)
+                  kl_coef=args.kl_coef, lengths=args.lengths, sigma=args.sigma, flowrl_sets=args.flowrl_set,
+                  shape=SMALL if args.small else QWEN05B, **sizes)
     wl.micro = min(wl.micro, wl.rows)
     if wl.steps < 1 or wl.warmup < 0:
         raise SystemExit("--steps must be >= 1 and --warmup >= 0")
@@ -383,8 +470,31 @@ def workload(args: argparse.Namespace) -> Workload:
     return wl
 
 
+def report_file(path: str) -> None:
+    """The ratios per workload of the RESULT lines in a JSONL file."""
+    workloads: dict[str, dict] = {}
+    for line in Path(path).read_text().splitlines():
+        row = json.loads(line)
+        wl = row["workload"]
+        key = f"{wl['prompts']}x{wl['group']}, {wl['new_tokens']} new, {wl['lengths']}"
+        workloads.setdefault(key, {})[row["system"]] = row["result"]
+    for key, results in workloads.items():
+        print(f"=== {key}")
+        report(results)
+
+
+def setup_lengths(wl: Workload, systems: list[str], folder: str) -> None:
+    """The variable workload's draws for this process, and the hooks that apply them."""
+    forced_lengths.write_draws(wl.draws(), folder)
+    forced_lengths.register_flowrl_engine()
+    if "trl_vllm" in systems or ("flowrl" in systems and wl.flowrl_engine() == "vllm"):
+        forced_lengths.install_vllm_plugin(folder + "/plugin")
+
+
 def main() -> None:
     args = parse_args()
+    if args.report:
+        return report_file(args.report)
     wl = workload(args)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if unknown := set(systems) - set(RUNNERS):
@@ -393,11 +503,21 @@ def main() -> None:
     card = torch.cuda.get_device_name() if wl.device == "cuda" else "cpu"
     print(f"workload: {wl.shape} {wl.dtype_name} on {card}; {wl.prompts} prompts x {wl.group} = {wl.rows} rows, "
           f"{wl.prompt_len} prompt + {wl.new_tokens} new tokens; micro-batch {wl.micro}; lr {wl.lr}; "
-          f"{wl.steps} timed steps after {wl.warmup} warm-up", flush=True)
+          f"{wl.steps} timed steps after {wl.warmup} warm-up; {wl.lengths} lengths", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
+        if wl.variable:
+            setup_lengths(wl, systems, tmp)
         path = qwen_model(tmp + "/model", BenchTask.chars, wl.shape, max(1536, wl.prompt_len + wl.new_tokens),
                           getattr(torch, wl.dtype_name))
-        results = {name: measured(name, wl, path) for name in systems}
+        results = {}
+        for name in systems:
+            key = f"{name}-{args.label}" if args.label and name == "flowrl" else name
+            results[key] = measured(name, wl, path)
+            line = {"system": key, "workload": asdict(wl), "device_name": card, "result": results[key]}
+            print("RESULT " + json.dumps(line), flush=True)
+            if args.jsonl:
+                with open(args.jsonl, "a") as f:
+                    f.write(json.dumps(line) + "\n")
     print("=== results")
     ratios = report(results)
     if args.json:

@@ -12,6 +12,9 @@ weight syncs reach it; a loop whose parameters moved (a new state dict assigned,
 and captures again. Sampling randomness comes from torch's generator through CUDA graphs' per-replay
 offsets, so seeded calls repeat.
 
+Each row may carry a last column (`eos_at_B`, relative to the loop's column 0): a row still running there gets
+eos as that token, with logprob 0 (benchmarks draw response lengths so).
+
 On the CPU, or with compile off, the same step runs eagerly with the same buffers.
 """
 
@@ -30,10 +33,12 @@ class DecodeLoop:
     """Buffers (and on CUDA the graph) for `rows` rows, a `length`-token cache and `new_tokens` outputs."""
 
     def __init__(self, model: torch.nn.Module, cache_kwargs: dict[str, Any], step: Step, *, rows: int,
-                 length: int, new_tokens: int, sample_args: tuple, graph: bool,
+                 length: int, new_tokens: int, sample_args: tuple, eos_id: int, graph: bool,
                  pool: tuple[int, int] | None = None):
         device = next(model.parameters()).device
         self.model, self.cache_kwargs, self._step_fn, self.sample_args = model, cache_kwargs, step, sample_args
+        self.rows, self.eos_id = rows, eos_id
+        self.eos_at_B = torch.full((rows,), new_tokens + 1, dtype=torch.long, device=device)
         self.mask_BL = torch.ones(rows, length, dtype=torch.long, device=device)
         self.token_B = torch.zeros(rows, dtype=torch.long, device=device)
         self.position_B = torch.zeros(rows, dtype=torch.long, device=device)
@@ -49,9 +54,14 @@ class DecodeLoop:
         self._addresses: list[int] = []
 
     def start(self, mask_BL: torch.Tensor, token_B: torch.Tensor, logprob_B: torch.Tensor, done_B: torch.Tensor,
-              position_B: torch.Tensor, prompt_len: int) -> None:
-        """Loads the prefill's results: the first sampled token sits in column 0."""
+              position_B: torch.Tensor, prompt_len: int, eos_at_B: torch.Tensor | None = None) -> None:
+        """Loads the prefill's results: the first sampled token sits in column 0; `eos_at_B`: each row's last
+        column + 1 (None: none)."""
         self.mask_BL.copy_(mask_BL)
+        if eos_at_B is None:
+            self.eos_at_B.fill_(self.tokens_BR.shape[1] + 1)
+        else:
+            self.eos_at_B.copy_(eos_at_B)
         self.token_B.copy_(token_B)
         self.done_B.copy_(done_B)
         self.position_B.copy_(position_B)
@@ -86,6 +96,8 @@ class DecodeLoop:
         token_B, logprob_B, done_B = self._step_fn(self.model, self.cache_kwargs, self.token_B, self.position_B,
                                                    self.cache_position, self.mask_BL, self.done_B,
                                                    *self.sample_args)
+        token_B, logprob_B, done_B = force_eos(self.column, self.eos_at_B, token_B, logprob_B, self.done_B, done_B,
+                                               self.eos_id)
         self.token_B.copy_(token_B)
         self.done_B.copy_(done_B)
         self.tokens_BR.index_copy_(1, self.column, token_B[:, None])
@@ -106,6 +118,15 @@ class DecodeLoop:
         with torch.cuda.graph(graph, pool=self.pool):
             self._run()
         self.graph, self._addresses = graph, _addresses(self.model)
+
+
+def force_eos(column: torch.Tensor | int, eos_at_B: torch.Tensor, token_B: torch.Tensor, logprob_B: torch.Tensor,
+              was_done_B: torch.Tensor, done_B: torch.Tensor,
+              eos_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows still running at column eos_at_B - 1 get eos there (logprob 0: a forced token) and are done."""
+    last_B = eos_at_B - 1 <= column
+    forced_B = last_B & ~was_done_B
+    return (torch.where(forced_B, eos_id, token_B), logprob_B.masked_fill(forced_B, 0.0), done_B | last_B)
 
 
 def _addresses(model: torch.nn.Module) -> list[int]:

@@ -13,6 +13,14 @@ graph's buffers stay put across calls; the model may be the train engine's own
 module (the hybrid engine): optimizer steps update its parameters in place,
 and the graph reads them where they are.
 
+Finished rows cost as much as running ones in a static batch, so every
+COMPACT_EVERY tokens the loop reads how many rows still run; once they fit in
+half the batch (rounded up to a power of two, at least `compact_min_rows`),
+their prompts and the tokens so far are prefilled into a smaller cache and
+decoding goes on there (a shape with its own captured graph). Responses whose
+lengths vary widely (real EOS) then pay for the rows still running, as
+continuous batching does, plus one prefill per halving.
+
 Sampling draws Gumbel noise from torch's generator, so seeded calls repeat,
 but the draws differ from `generate`'s multinomial: this engine and the `hf`
 one sample different (equally distributed) responses for the same seed.
@@ -28,23 +36,25 @@ from tensordict import TensorDict
 from transformers import StaticCache
 
 from flowrl.engines.attention import use_flowrl_sdpa
-from flowrl.engines.decode_loop import DecodeLoop
+from flowrl.engines.decode_loop import DecodeLoop, force_eos
 from flowrl.engines.hf_rollout import HFRolloutEngine, _seeded, responses
 from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.sampling import truncate
 
 PROMPT_BUCKET = 32  # prompt widths are rounded up to a multiple of this
-MAX_SHAPES = 4  # (rows, length) shapes whose caches and graphs are kept
+MAX_SHAPES = 8  # (rows, length) shapes whose caches and graphs are kept (compaction halves the rows)
+COMPACT_EVERY = 16  # decode steps between reads of the rows' done flags (one wait on the device each)
+COMPACT_MIN_ROWS = 32  # fewer rows than this decode about as fast as this many: no smaller batch
 
 
 class StaticCacheRolloutEngine(HFRolloutEngine):
     """Generates all rows of a call in one batch; `compile=False` runs the same step eagerly (CPU, tests)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, device: str | torch.device = "cpu",
-                 compile: bool = True):
+                 compile: bool = True, compact_min_rows: int | None = COMPACT_MIN_ROWS):
         super().__init__(model, tokenizer, device=device)
         use_flowrl_sdpa(self.model)
-        self.compile = compile
+        self.compile, self.compact_min_rows = compile, compact_min_rows  # None: never compact
         self._caches: dict[tuple[int, int], StaticCache] = {}
         self._loops: dict[tuple[int, int, SamplingParams], DecodeLoop] = {}
         self._pool: tuple[int, int] | None = None
@@ -54,40 +64,68 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         self._step = torch.compile(_decode_step) if compile else _decode_step
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
-                 *, seed: int | None = None) -> TensorDict:
+                 *, seed: int | None = None, eos_at_B: torch.Tensor | None = None) -> TensorDict:
+        """`eos_at_B` (benchmarks' drawn lengths): row b, if still running, gets eos as its eos_at_B[b]-th
+        token."""
         _check_static_params(params)
         was_training = self.model.training
         self.model.eval()
         try:
             with _seeded(seed, self.device), torch.no_grad():
-                ids_BR, logprobs_BR = self._decode(*_pad_to_bucket(prompt_ids_BP.to(self.device),
-                                                                   prompt_mask_BP.to(self.device), self.pad_id),
-                                                   params)
+                ids_BP, mask_BP = _pad_to_bucket(prompt_ids_BP.to(self.device), prompt_mask_BP.to(self.device),
+                                                 self.pad_id)
+                eos_at_B = torch.full((ids_BP.shape[0],), params.max_new_tokens + 1, device=self.device) \
+                    if eos_at_B is None else eos_at_B.to(self.device, torch.long)
+                ids_BR, logprobs_BR = self._decode(ids_BP, mask_BP, params, eos_at_B)
         finally:
             self.model.train(was_training)
         return responses(ids_BR, logprobs_BR, self.eos_id, self.pad_id, prompt_ids_BP.device)
 
-    def _decode(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor,
-                params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, prompt_len = ids_BP.shape
-        total = prompt_len + params.max_new_tokens
-        cache = self._cache(rows, total)
-        mask_BL = torch.nn.functional.pad(mask_BP, (0, params.max_new_tokens), value=1)
-        positions_BP = (mask_BP.cumsum(-1) - 1).clamp(min=0)
-        logits_BV = self.model(input_ids=ids_BP, attention_mask=mask_BL, position_ids=positions_BP,
-                               cache_position=torch.arange(prompt_len, device=self.device), use_cache=True,
-                               logits_to_keep=1, **{self._cache_arg: cache}).logits[:, -1]
-        done_B = torch.zeros(rows, dtype=torch.bool, device=self.device)
-        token_B, logprob_B, done_B = _sample(logits_BV, done_B, params, self.eos_id, self.pad_id)
-        loop = self._loop(cache, rows, total, params)
-        loop.start(mask_BL, token_B, logprob_B, done_B, positions_BP[:, -1], prompt_len)
+    def _decode(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, params: SamplingParams,
+                eos_at_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, new = ids_BP.shape[0], params.max_new_tokens
+        out = _Outputs(torch.full((rows, new), self.pad_id, device=self.device),
+                       torch.zeros(rows, new, device=self.device))
+        phase = _Phase(ids_BP, mask_BP, torch.arange(rows, device=self.device), rows, 0)
+        total = ids_BP.shape[1] + new
+        loop = self._start(phase, total, params, eos_at_B)
         steps = 1
-        while steps < params.max_new_tokens:
-            if steps % 16 == 0 and bool(loop.done_B.all()):
-                break
+        while steps < new:
+            if steps % COMPACT_EVERY == 0:
+                live_b = (~loop.done_B[:phase.real]).nonzero().squeeze(-1)  # waits on the device
+                if not len(live_b):
+                    break
+                if self.compact_min_rows is not None and \
+                        _bucket(len(live_b), self.compact_min_rows) <= loop.rows // 2:
+                    out.take(loop, phase, steps)
+                    phase = phase.compacted(loop, live_b, steps, _bucket(len(live_b), self.compact_min_rows))
+                    loop = self._start(phase, total, params, eos_at_B[phase.rows_b] - phase.offset,
+                                       pending=(loop.token_B[phase.loop_b], loop.logprobs_BR[phase.loop_b,
+                                                                                             steps - 1 - phase.previous],
+                                                torch.arange(len(phase.rows_b), device=self.device) >= phase.real))
             loop.step()
             steps += 1
-        return loop.outputs(steps)
+        out.take(loop, phase, steps)
+        return out.tokens_BR[:, :steps], out.logprobs_BR[:, :steps]
+
+    def _start(self, phase: "_Phase", total: int, params: SamplingParams, eos_at_B: torch.Tensor,
+               pending: tuple[torch.Tensor, ...] | None = None) -> DecodeLoop:
+        """Prefills a cache of `total` slots with the phase's ids and loads its loop. The first token is sampled
+        from the prefill, or is `pending` (token, logprob, done: the compacted rows' next token)."""
+        rows, width = phase.ids_BW.shape
+        cache = self._cache(rows, total)
+        mask_BL = torch.nn.functional.pad(phase.mask_BW, (0, total - width), value=1)
+        positions_BW = (phase.mask_BW.cumsum(-1) - 1).clamp(min=0)
+        logits_BV = self.model(input_ids=phase.ids_BW, attention_mask=mask_BL, position_ids=positions_BW,
+                               cache_position=torch.arange(width, device=self.device), use_cache=True,
+                               logits_to_keep=1, **{self._cache_arg: cache}).logits[:, -1]
+        if pending is None:
+            done_B = torch.zeros(rows, dtype=torch.bool, device=self.device)
+            token_B, logprob_B, done_B = _sample(logits_BV, done_B, params, self.eos_id, self.pad_id)
+            pending = force_eos(0, eos_at_B, token_B, logprob_B, done_B, done_B, self.eos_id)
+        loop = self._loop(cache, rows, total, params)
+        loop.start(mask_BL, pending[0], pending[1], pending[2], positions_BW[:, -1], width, eos_at_B)
+        return loop
 
     def _loop(self, cache: StaticCache, rows: int, length: int, params: SamplingParams) -> DecodeLoop:
         """One loop (buffers, CUDA graph) per shape and sampling; their graphs share one memory pool."""
@@ -97,7 +135,8 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
                 self._pool = torch.cuda.graph_pool_handle()
             self._loops[key] = DecodeLoop(self.model, {self._cache_arg: cache}, self._step, rows=rows, length=length,
                                           new_tokens=params.max_new_tokens,
-                                          sample_args=(params, self.eos_id, self.pad_id), graph=self.compile,
+                                          sample_args=(params, self.eos_id, self.pad_id), eos_id=self.eos_id,
+                                          graph=self.compile,
                                           pool=self._pool)
         return self._loops[key]
 
@@ -114,6 +153,44 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
             cache.reset()
         self._caches[rows, length] = cache  # most recently used last
         return cache
+
+
+class _Outputs:
+    """The call's tokens and logprobs, per original row; each phase's loop writes its columns here."""
+
+    def __init__(self, tokens_BR: torch.Tensor, logprobs_BR: torch.Tensor):
+        self.tokens_BR, self.logprobs_BR = tokens_BR, logprobs_BR
+
+    def take(self, loop: DecodeLoop, phase: "_Phase", steps: int) -> None:
+        """The loop's columns (phase.offset to `steps`) of the phase's real rows."""
+        rows_b, width = phase.rows_b[:phase.real], steps - phase.offset
+        self.tokens_BR[rows_b, phase.offset:steps] = loop.tokens_BR[:phase.real, :width]
+        self.logprobs_BR[rows_b, phase.offset:steps] = loop.logprobs_BR[:phase.real, :width]
+
+
+class _Phase:
+    """What one loop decodes: its rows' ids so far (prompt and fed tokens) and mask, the original row of each
+    loop row (`rows_b`; rows past `real` repeat the first, already done), and the call's column of the loop's
+    column 0 (`offset`)."""
+
+    def __init__(self, ids_BW: torch.Tensor, mask_BW: torch.Tensor, rows_b: torch.Tensor, real: int, offset: int,
+                 loop_b: torch.Tensor | None = None, previous: int = 0):
+        self.ids_BW, self.mask_BW, self.rows_b, self.real, self.offset = ids_BW, mask_BW, rows_b, real, offset
+        self.loop_b, self.previous = loop_b, previous  # the previous loop's rows, and its offset
+
+    def compacted(self, loop: DecodeLoop, live_b: torch.Tensor, steps: int, rows: int) -> "_Phase":
+        """The phase of the `live_b` rows of `loop` after `steps` tokens, padded to `rows` rows: the tokens fed
+        so far join the prompt; the pending one (column steps - 1) starts the new loop."""
+        loop_b = torch.cat([live_b, live_b[:1].expand(rows - len(live_b))])
+        fed = steps - 1 - self.offset
+        ids_BW = torch.cat([self.ids_BW[loop_b], loop.tokens_BR[loop_b, :fed]], 1)
+        mask_BW = torch.nn.functional.pad(self.mask_BW[loop_b], (0, fed), value=1)
+        return _Phase(ids_BW, mask_BW, self.rows_b[loop_b], len(live_b), steps - 1, loop_b, self.offset)
+
+
+def _bucket(rows: int, least: int) -> int:
+    """The power of two at or above `rows`, at least `least`."""
+    return max(least, 1 << (rows - 1).bit_length())
 
 
 def _decode_step(model: torch.nn.Module, cache: dict[str, StaticCache], token_B: torch.Tensor,

@@ -17,7 +17,10 @@ Prompts go in as token ids; each row is one request with its own seed drawn
 from the call's seed, so a seeded call repeats. The sampler's logprobs are
 vLLM's processed ones (after temperature, top-k, top-p). On CUDA,
 `free_cache_engine` puts vLLM to sleep after each generation; CPU builds of
-vLLM cannot sleep, so the option is refused there.
+vLLM cannot sleep, so the option is refused there. A weight sync into a
+sleeping engine wakes its weights only; the next generation wakes the KV cache
+alone (vLLM's `wake_up()` with no tags maps every allocation again, the woken
+weights too). Each sleep logs the device memory it freed and how long it took.
 """
 
 from __future__ import annotations
@@ -100,7 +103,8 @@ class VLLMRolloutEngine:
         self.eos_id, self.pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.cuda = device.startswith("cuda")
         _check_head_dim(source.path, self.cuda)
-        self.config, self.source, self.asleep, self.weights_fresh = config, None, False, True
+        self.config, self.source, self.weights_fresh = config, None, True
+        self.sleeping: set[str] = set()  # vLLM's memory tags asleep now: "weights", "kv_cache"
         self.lora: LoRARequest | None = None  # the actor's adapter, once an AdapterSync has sent one
         self.tp_ranks = _tensor_parallel_ranks(config.tensor_parallel_size)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: the weight sync passes tensors by reference
@@ -161,8 +165,7 @@ class VLLMRolloutEngine:
     @torch.no_grad()
     def load_weight_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Loads (name, tensor) pairs in buckets into vLLM and resets its prefix cache; the number of buckets."""
-        if self.asleep:
-            self.llm.wake_up(tags=["weights"])
+        self._wake_up("weights")
         buckets = _buckets(named_tensors, self.config.weight_bucket_mb << 20)
         count = [0]
 
@@ -193,20 +196,32 @@ class VLLMRolloutEngine:
         self.llm.llm_engine.engine_core.shutdown()
 
     def _sleep(self) -> None:
-        if self.config.free_cache_engine:
-            self.llm.sleep(level=self.config.free_cache_engine)
-            self.asleep, self.weights_fresh = True, False
+        if not self.config.free_cache_engine:
+            return
+        used, start = _device_used_gib(self.cuda), time.perf_counter()
+        self.llm.sleep(level=self.config.free_cache_engine)
+        metrics.log("timing_s/vllm_sleep", time.perf_counter() - start)
+        metrics.log("memory/vllm_freed_gib", used - _device_used_gib(self.cuda))
+        self.sleeping, self.weights_fresh = {"weights", "kv_cache"}, False
 
     def _wake(self) -> None:
-        if not self.asleep:
+        if not self.sleeping:
             return
+        start = time.perf_counter()
         if self.config.free_cache_engine == 2 and not self.weights_fresh:
             if self.source is None:
                 raise ValueError("rollout.free_cache_engine=2 frees vLLM's weights, but this rollout has no train "
                                  "engine in its process to resend them from; use 1")
             self.load_weight_stream(self.source.named_full_tensors())
-        self.llm.wake_up()
-        self.asleep = False
+        self._wake_up("weights", "kv_cache")
+        metrics.log("timing_s/vllm_wake", time.perf_counter() - start)
+
+    def _wake_up(self, *tags: str) -> None:
+        """Wakes those of `tags` that sleep (waking an awake tag would map its memory again)."""
+        asleep = [tag for tag in tags if tag in self.sleeping]
+        if asleep:
+            self.llm.wake_up(tags=asleep)
+            self.sleeping -= set(asleep)
 
     @contextlib.contextmanager
     def _peak_memory(self, phase: str) -> Iterator[None]:
@@ -237,6 +252,15 @@ class AdapterSync:
         folder = tempfile.mkdtemp(prefix="flowrl-lora-")
         rollout.use_adapter(train.save_adapter(folder))
         metrics.log("timing_s/sync", time.perf_counter() - start)
+
+
+def _device_used_gib(cuda: bool) -> float:
+    """Memory in use on the current CUDA device, every allocator's (vLLM's sleep-mode pool is not torch's);
+    0 off CUDA."""
+    if not cuda:
+        return 0.0
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / GIB
 
 
 def _buckets(named_tensors: Iterable[tuple[str, torch.Tensor]],

@@ -1,0 +1,54 @@
+"""hf_static: rows end at drawn lengths (`eos_at_B`), and finished rows are compacted out of the decode batch
+(eagerly on CPU here)."""
+
+import torch
+
+from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
+from flowrl.engines.hf_static import StaticCacheRolloutEngine
+from flowrl.engines.protocols import FinishReason, SamplingParams
+
+
+def prompts(tokenizer):
+    rows = [tokenizer.encode(t) for t in ("12+3=", "7*8=", "9-4=", "1+1=", "22+22=", "5=")]
+    width = max(map(len, rows))
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+def eight_prompts(tokenizer):
+    ids, mask = prompts(tokenizer)
+    return torch.cat([ids, ids[:2]]), torch.cat([mask, mask[:2]])
+
+
+def test_eos_at_ends_each_row_with_eos_at_its_length(tiny_model_path):
+    tokenizer = load_tokenizer(tiny_model_path)
+    ids, mask = prompts(tokenizer)
+    eos_at = torch.tensor([1, 3, 5, 12, 13, 7])  # 13 > max_new_tokens: that row runs to the cap
+    engine = StaticCacheRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, compile=False)
+    out = engine.generate(ids, mask, SamplingParams(max_new_tokens=12, ignore_eos=True), seed=0, eos_at_B=eos_at)
+    assert out["response_mask"].sum(-1).tolist() == [1, 3, 5, 12, 12, 7]
+    lengths = out["response_mask"].sum(-1)
+    last = out["response_ids"].gather(-1, (lengths - 1)[:, None]).squeeze(-1)
+    assert (last[[0, 1, 2, 3, 5]] == tokenizer.eos_token_id).all() and last[4] != tokenizer.eos_token_id
+    assert out["finish_reason"].tolist() == [FinishReason.STOP] * 4 + [FinishReason.LENGTH, FinishReason.STOP]
+    forced = out["rollout_logprobs"].gather(-1, (lengths - 1)[:, None]).squeeze(-1)
+    assert forced[[0, 1, 2, 3, 5]].eq(0).all() and forced[4] < 0  # a forced token's logprob is 0
+
+
+def test_compacting_finished_rows_out_keeps_the_greedy_outputs(tiny_model_path):
+    """Rows finish early (eos_at); the compacting engine decodes the rest in batches of 4 and then 2 rows and
+    returns what the engine that never compacts returns."""
+    tokenizer, model = load_tokenizer(tiny_model_path), load_causal_lm(tiny_model_path)
+    ids, mask = eight_prompts(tokenizer)
+    eos_at = torch.tensor([2, 3, 4, 5, 6, 17, 40, 40])
+    params = SamplingParams(max_new_tokens=40, greedy=True, ignore_eos=True)
+    compacting = StaticCacheRolloutEngine(model, tokenizer, compile=False, compact_min_rows=1)
+    static = StaticCacheRolloutEngine(model, tokenizer, compile=False, compact_min_rows=None)
+    out, expected = (e.generate(ids, mask, params, eos_at_B=eos_at) for e in (compacting, static))
+    assert sorted(rows for rows, _ in compacting._caches) == [2, 4, 8]
+    assert sorted(rows for rows, _ in static._caches) == [8]
+    for key in ("response_ids", "response_mask", "finish_reason"):
+        assert torch.equal(out[key], expected[key]), key
+    assert torch.allclose(out["rollout_logprobs"], expected["rollout_logprobs"], atol=1e-5)
+    assert out["response_mask"].sum(-1).tolist() == eos_at.tolist()
