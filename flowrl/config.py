@@ -60,6 +60,10 @@ class TrainConfig(Section):
                                            "to output_dir/final (loadable with from_pretrained).")
     resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir if there is one.")
     device: Literal["cpu", "cuda"] = Field("cpu", description="Device of the local pools.")
+    cpu_threads: int = Field(0, ge=0, description="Threads of torch's CPU ops in each process (torchrun rank, "
+                             "Ray worker); 0: OMP_NUM_THREADS if set, else 1 for the built-in tiny model, else "
+                             "the cores of the process's CPU affinity shared among the ranks on its node "
+                             "(see flowrl.runtime.threads).")
     executor: Literal["local", "ray"] = Field("local", description="'local': every role in this process (one "
                                               "rank, or one per torchrun rank); 'ray': one Ray actor per rank "
                                               "of each placement pool, started from this one process "

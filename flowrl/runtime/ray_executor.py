@@ -96,12 +96,12 @@ class PoolEngine:
 class RayExecutor:
     def __init__(self, plan: Plan, factory: Any, extra_driver_roles: tuple[str, ...] = (),
                  node_timeout_s: float | None = None, ship_files: bool = False,
-                 placement_timeout_s: float = 60.0):
+                 placement_timeout_s: float = 60.0, cpu_threads: int = 0):
         """`factory` (a flowrl.runtime.factory.RoleFactory, or any object with build(names) and for_pool(pool))
         builds the driver's roles here and each pool's roles in its workers. `node_timeout_s`: the watchdog
         (train.node_timeout_s); `ship_files`: model folders, checkpoints and exports travel through the object
         store (train.ship_files; the factory then needs folders() and relocated()); `placement_timeout_s`: how
-        long Ray may take to place the pools."""
+        long Ray may take to place the pools; `cpu_threads`: torch's threads in each worker (train.cpu_threads)."""
         self.plan, self.node_timeout_s, self.ship_files = plan, node_timeout_s, ship_files
         self.nodes, self.fill_at = _checked_nodes(plan)
         pools = {pool.name: pool for pool in plan.pools.values()}
@@ -115,7 +115,7 @@ class RayExecutor:
             for name, pool in pools.items():
                 roles = tuple(r for r, p in plan.pools.items() if p.name == name)
                 self.workers[name], started = _start_pool(pool, self.groups[name], factory.for_pool(pool), roles,
-                                                          shipped)
+                                                          shipped, cpu_threads)
                 setups += started
             ray.get(setups)
         except BaseException:
@@ -327,13 +327,14 @@ def _checked_nodes(plan: Plan) -> tuple[list[Node], int | None]:
 
 
 def _start_pool(pool: Pool, group: Any, factory: Any, roles: tuple[str, ...],
-                shipped: dict[str, ShippedFolder] | None) -> tuple[list[Any], list[ray.ObjectRef]]:
+                shipped: dict[str, ShippedFolder] | None,
+                cpu_threads: int = 0) -> tuple[list[Any], list[ray.ObjectRef]]:
     """The pool's workers, one on each bundle of its placement group, and their setup calls (in flight: the
     ranks meet at the address rank 0 finds on its node)."""
     workers = [ray.remote(PoolWorker).options(**ray_cluster.worker_options(pool, group, rank)).remote()
                for rank in range(pool.world_size)]
     address = workers[0].rendezvous.remote()
-    setups = [w.setup.remote(factory, roles, pool.device, rank, pool.world_size, address, shipped)
+    setups = [w.setup.remote(factory, roles, pool.device, rank, pool.world_size, address, shipped, cpu_threads)
               for rank, w in enumerate(workers)]
     return workers, setups
 

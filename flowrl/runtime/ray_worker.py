@@ -30,6 +30,7 @@ from flowrl import metrics
 from flowrl.graph.context import CallInfo
 from flowrl.graph.trace import Node
 from flowrl.runtime.ray_cluster import Files, ShippedFolder, pack, scratch, unpack
+from flowrl.runtime import threads
 from flowrl.runtime.scheduling import call_role
 
 
@@ -42,9 +43,11 @@ class PoolWorker:
         return f"tcp://{ray.util.get_node_ip_address()}:{port}"
 
     def setup(self, factory: Any, names: tuple[str, ...], device: str, rank: int, world_size: int,
-              address: str, shipped: dict[str, ShippedFolder] | None = None) -> None:
+              address: str, shipped: dict[str, ShippedFolder] | None = None, cpu_threads: int = 0) -> None:
         """Join the pool's process group (world_size > 1) and build the roles in `names` (from this node's
-        copies of the `shipped` folders, if given)."""
+        copies of the `shipped` folders, if given) with torch on `cpu_threads` threads (train.cpu_threads; 0:
+        the OMP_NUM_THREADS Ray sets, 1 for a worker that asks for no whole CPU)."""
+        threads.set_cpu_threads(cpu_threads)
         if shipped is not None:
             factory = factory.relocated({path: folder.local() for path, folder in shipped.items()})
         if world_size > 1:

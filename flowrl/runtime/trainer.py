@@ -26,7 +26,7 @@ from flowrl.graph.role import role_spec
 from flowrl.plan.planner import Plan, compile_plan, model_roles
 from flowrl.plan.resources import gpu_placement
 from flowrl.runtime.data_tasks import eval_task, fit_prompts, run_task
-from flowrl.runtime import checkpoint, distributed, resume
+from flowrl.runtime import checkpoint, distributed, resume, threads
 from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan, plays_episodes
 from flowrl.runtime.executor import Executor, LocalExecutor
 from flowrl.runtime.loggers import Loggers, open_loggers
@@ -99,6 +99,7 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     ray_gpus = cfg.train.executor == "ray" and cfg.train.device == "cuda"  # the GPUs are the cluster's
     if cfg.train.device == "cuda" and not ray_gpus and not torch.cuda.is_available():
         raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
+    threads.set_cpu_threads(cfg.train.cpu_threads, tiny_model=cfg.model.path is None)  # before any model loads
     rank, world = distributed.setup("cpu" if ray_gpus else cfg.train.device)
     if cfg.train.executor == "ray" and world > 1:
         raise ValueError("train.executor: 'ray' starts its own workers from one process; run it without torchrun")
@@ -148,7 +149,7 @@ def _executor(cfg: RunConfig, plan: Plan, factory: RoleFactory, world: int, eval
         init_ray()
         return RayExecutor(plan, factory, extra_driver_roles=evaluation.driver_roles() if evaluation else (),
                            node_timeout_s=cfg.train.node_timeout_s, ship_files=cfg.train.ship_files,
-                           placement_timeout_s=cfg.train.placement_timeout_s)
+                           placement_timeout_s=cfg.train.placement_timeout_s, cpu_threads=cfg.train.cpu_threads)
     names = tuple(dict.fromkeys((*plan.roles, *(evaluation.roles if evaluation else ()))))
     return LocalExecutor(plan, factory.build(names), world_size=world)
 

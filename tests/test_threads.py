@@ -1,0 +1,51 @@
+"""train.cpu_threads: the thread count of torch's CPU ops, from the config, OMP_NUM_THREADS or the machine."""
+
+import os
+
+import pytest
+import torch
+
+from flowrl.config import load_run_config
+from flowrl.runtime import threads, trainer
+
+
+@pytest.fixture
+def no_omp(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))  # a process allowed 8 cores
+    return monkeypatch
+
+
+def test_the_affinity_is_shared_among_the_ranks_on_the_node(no_omp):
+    assert threads.cpu_threads() == 8
+    no_omp.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun --nproc-per-node 2
+    assert threads.cpu_threads() == 4
+    assert threads.cpu_threads(ranks_on_node=3) == 2  # 8 // 3
+    assert threads.cpu_threads(ranks_on_node=16) == 1  # never 0
+
+
+def test_the_tiny_model_gets_one_thread_and_explicit_values_win(no_omp):
+    assert threads.cpu_threads(tiny_model=True) == 1
+    no_omp.setenv("OMP_NUM_THREADS", "3")
+    assert threads.cpu_threads() == 3 and threads.cpu_threads(tiny_model=True) == 3  # the user's OMP_NUM_THREADS
+    assert threads.cpu_threads(5) == 5  # train.cpu_threads over everything
+    no_omp.setenv("OMP_NUM_THREADS", "")  # set but empty: as unset
+    assert threads.cpu_threads() == 8
+
+
+def test_training_sets_torch_threads_from_the_config_or_the_model(tmp_path, no_omp):
+    cfg = load_run_config(None, [f"train.output_dir={tmp_path}", "train.cpu_threads=2", "train.eval_every=0"])
+    try:
+        session = trainer.setup(cfg)
+        session.executor.close()
+        assert torch.get_num_threads() == 2
+        trainer.setup(load_run_config(None, [f"train.output_dir={tmp_path}", "train.eval_every=0"])).executor.close()
+        assert torch.get_num_threads() == 1  # auto, the built-in tiny model
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_a_negative_count_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="train.cpu_threads"):
+        load_run_config(None, ["train.cpu_threads=-1"])
