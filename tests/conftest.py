@@ -1,7 +1,13 @@
 """Shared fixtures."""
 
-import pytest
-import torch
+import os
+
+# Before torch loads, and inherited by every process a test starts (the CLI, torchrun ranks, Ray's nodes and
+# workers): tiny models on one OpenMP thread each (see the one_thread fixture below).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from flowrl.engines.tiny_model import build_tiny_model
 
