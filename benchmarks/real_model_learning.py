@@ -13,7 +13,8 @@ first --eval-prompts test rows are decoded greedily at step 0 and every --eval-e
 (`eval/openai/gsm8k/greedy` in OUTPUT/metrics.jsonl). OUTPUT/wall_clock.jsonl holds each step's seconds
 since the start; at the end the exported model (OUTPUT/final) is re-scored strict and flexible by
 benchmarks/real_model_eval.py (OUTPUT/final_score.json), and a table of the run is printed.
-`--device cpu --steps 2` with a small --eval-prompts is a smoke test of the same path.
+`--device cpu --steps 2 --tiny` (a 2-layer random Llama with the model's tokenizer and chat template in
+place of its weights) and small batches are a smoke test of the same path in a minute.
 """
 
 from __future__ import annotations
@@ -32,6 +33,24 @@ from flowrl.config import load_run_config  # noqa: E402
 from flowrl.runtime.trainer import train  # noqa: E402
 
 ACCURACY = "eval/openai/gsm8k/greedy"
+
+
+def tiny_copy(model: str, folder: Path) -> Path:
+    """A 2-layer, width-32 random Llama at `folder` with `model`'s tokenizer and chat template."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from flowrl.engines.hf_models import load_tokenizer
+
+    tokenizer = load_tokenizer(model)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
 def run_options(args: argparse.Namespace) -> list[str]:
@@ -77,17 +96,21 @@ def main() -> None:
     parser.add_argument("--mini-batch-size", type=int, default=256, help="responses per optimizer step")
     parser.add_argument("--micro-batch-size", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--lr", type=float, default=2e-6)
+    parser.add_argument("--lr", type=float, default=5e-6, help="untuned: a first guess for 135M parameters")
     parser.add_argument("--warmup-steps", type=int, default=4, help="in optimizer steps")
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-prompts", type=int, default=200, help="the first this many test rows")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any other run option")
+    parser.add_argument("--tiny", action="store_true", help="a smoke test: a tiny random model in place of "
+                                                              "--model's weights (its tokenizer kept)")
     parser.add_argument("--no-rescore", action="store_true", help="skip re-scoring the exported model")
     args = parser.parse_args()
 
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
+    if args.tiny:
+        args.model = str(tiny_copy(args.model, output / "tiny_model"))
     cfg = load_run_config(None, run_options(args))
     (output / "wall_clock.jsonl").write_text(json.dumps({"step": 0, "wall_s": 0.0}) + "\n")
     start = time.perf_counter()
