@@ -11,12 +11,15 @@ import json
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
+import warnings
 from typing import Iterator
 
 import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer,
                           PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast)
+from transformers.utils import logging as hf_logging
 
 
 def check_model_path(path: str | os.PathLike) -> pathlib.Path:
@@ -61,15 +64,27 @@ def load_value_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32
     """The checkpoint as a token-classification model with one label: a critic.
 
     The backbone comes from the checkpoint; the one-output `score` head is new
-    and randomly initialised (transformers logs that it is newly initialised:
-    expected, not suppressed). `classifier_dropout` is set to 0.0: the
+    and randomly initialised, by design: transformers' load report (a table of
+    MISSING keys) is silenced for this load, one line says so, and any other
+    missing key still warns. `classifier_dropout` is set to 0.0: the
     transformers default of 0.1 would make value estimates random in train mode.
     """
     folder = str(check_model_path(path))
     config = AutoConfig.from_pretrained(folder, num_labels=1, local_files_only=True)
     config.classifier_dropout = 0.0  # not a Qwen2Config field, so from_pretrained would drop it as a kwarg
-    return AutoModelForTokenClassification.from_pretrained(folder, config=config, dtype=dtype,
-                                                           local_files_only=True)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # for this load only: its report lists the new head as MISSING
+    try:
+        model, info = AutoModelForTokenClassification.from_pretrained(folder, config=config, dtype=dtype,
+                                                                      local_files_only=True, output_loading_info=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing = sorted(key for key in info["missing_keys"] if not key.startswith("score."))
+    if missing:
+        warnings.warn(f"critic: {len(missing)} backbone weights missing from {folder}, newly initialised: "
+                      f"{missing[:5]}", stacklevel=2)
+    print(f"flowrl: value head 'score' newly initialised on {folder}'s backbone (as a critic's is)", file=sys.stderr)
+    return model
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from flowrl.engines.hf_models import atomic_dir
 
 PAD, EOS = "<pad>", "<eos>"
 RECIPE_FILE = "flowrl_tiny.json"
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: the tokenizer stores unk_token=None (folders of version 1 are rebuilt, same weights)
 
 
 def build_tiny_model(path: str | os.PathLike, *, chars: str = "0123456789+-*= ", hidden_size: int = 64,
@@ -52,14 +52,19 @@ def build_tiny_model(path: str | os.PathLike, *, chars: str = "0123456789+-*= ",
 
 
 def build_char_tokenizer(chars: str) -> PreTrainedTokenizerFast:
-    """One token per character of `chars`; ids 0 and 1 are "<pad>" and "<eos>"."""
+    """One token per character of `chars`; ids 0 and 1 are "<pad>" and "<eos>".
+
+    No unknown-token: `unk_token=None` is stored, because AutoTokenizer loads a qwen2 folder with
+    Qwen2Tokenizer, whose default unk_token "<|endoftext|>" would otherwise be added as one more token than
+    the model has (15 for the 14 embeddings of "0123456789+=").
+    """
     vocab = {PAD: 0, EOS: 1}
     for ch in chars:
         vocab[ch] = len(vocab)
     backend = Tokenizer(models.WordLevel(vocab, unk_token=None))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, eos_token=EOS)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, eos_token=EOS, unk_token=None)
 
 
 def _build_model(tokenizer: PreTrainedTokenizerFast, recipe: dict) -> Qwen2ForCausalLM:

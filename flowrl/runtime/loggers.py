@@ -3,8 +3,9 @@
 Every logger takes a row of metrics with its "step" (`log(row)`) and is closed
 at the end of the run. `console` prints the step line, `jsonl` appends to
 output_dir/metrics.jsonl, `tensorboard` writes event files under
-output_dir/tensorboard, `wandb` an offline run under output_dir/wandb
-(`wandb sync` uploads it later) and `mlflow` a run in the local file store
+output_dir/tensorboard, `wandb` a run under output_dir/wandb,
+offline unless WANDB_MODE says otherwise (`wandb sync` uploads an offline run later; WANDB_MODE=online logs
+to the server as it trains) and `mlflow` a run in the local file store
 output_dir/mlruns (`mlflow ui --backend-store-uri output_dir/mlruns`). The last
 three need their package; without it the run stops before the first step with
 one line naming the extra to install.
@@ -78,13 +79,19 @@ class WandbLogger:
         import wandb
 
         folder.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=project, dir=str(folder), config=config, mode="offline", reinit="create_new")
+        self.run = wandb.init(project=project, dir=str(folder), config=config, mode=wandb_mode(),
+                              reinit="create_new")
 
     def log(self, row: dict[str, float]) -> None:
         self.run.log(_scalars(row), step=int(row["step"]))
 
     def close(self) -> None:
         self.run.finish()
+
+
+def wandb_mode() -> str:
+    """WANDB_MODE (online, offline, disabled, ...) when it is set, else offline: no account needed."""
+    return os.environ.get("WANDB_MODE") or "offline"
 
 
 _MLFLOW_BAD = re.compile(r"[^\w\-\. /:]")
