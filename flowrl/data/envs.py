@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from flowrl.data import sandbox
 from flowrl.data.imports import import_attribute
 
 
@@ -39,6 +40,7 @@ class Environment(Protocol):
 EnvFactory = Callable[..., Environment]
 
 BUILT_IN = {"calculator": "flowrl.data.calculator:CalculatorEnv", "python": "flowrl.data.calculator:PythonEnv"}
+SANDBOXED = ("calculator", "python")  # built-ins that run model-written code in flowrl.data.sandbox
 
 
 def load_env(name: str, where: str = "rollout.env: ") -> EnvFactory:
@@ -58,6 +60,12 @@ class EnvSpec:
     max_turns: int = 4
     max_total_tokens: int = 32
     num_workers: int = 8  # threads stepping a turn's environments at once
+
+    def __post_init__(self) -> None:
+        """A sandboxed tool without bubblewrap refuses here, before any model loads (one line naming the install),
+        unless options hold unsafe_no_sandbox=True, which warns."""
+        if self.name in SANDBOXED:
+            sandbox.check(f"rollout.env={self.name}", unsafe=self.options.get("unsafe_no_sandbox") is True)
 
     def make(self, tokenizer: Any) -> Environment:
         """A fresh environment for one episode; a bad option is one line naming env.options."""

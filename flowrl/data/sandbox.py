@@ -1,49 +1,49 @@
-"""Run untrusted Python (a model's tool call) in a subprocess with limits.
+"""Run untrusted Python (a model's tool call) isolated by the OS, with limits.
 
-`run_python(code)` starts `python -I -S` (isolated: no site packages, no
-user paths, no PYTHON* variables) in a new session and returns what it
-printed, or a named error. Limits, each a one-line error when hit:
+`run_python(code)` runs `python -I -S -c code` inside bubblewrap
+(flowrl.data.bwrap): as uid nobody with no capabilities, no network, no
+view of other processes or of the machine's files (only the interpreter,
+/usr and a private /tmp, read-only but for /tmp), and every process it
+starts is killed when it ends. It returns what the code printed, or a
+one-line error:
 
-- time: `timeout_s` of wall clock (and as much CPU time), then the whole
-  process group is killed: "timeout after 2.0s".
-- memory: RLIMIT_AS of `memory_mb` (address space), so allocating past it
-  raises MemoryError in the child: "out of memory (limit 256 MB)".
+- time: `timeout_s` of wall clock (and as much CPU time per process), then
+  the sandbox and all in it are killed: "timeout after 2.0s".
+- memory: RLIMIT_AS of `memory_mb` per process, so allocating past it raises
+  MemoryError: "out of memory (limit 256 MB)".
 - output: stdout and stderr go to files capped by RLIMIT_FSIZE at
-  `max_output_bytes` (the child is killed by SIGXFSZ when it writes past
-  it, so megabytes of output never reach this process): "output over 4096
-  bytes".
-- network: an audit hook installed before the code runs refuses socket
-  creation and connection, "network is disabled (socket.connect)", and any
-  new process (so `curl` cannot stand in), "blocked: os.system"; where user namespaces are allowed the child also
-  runs under `unshare -rn`, in a network namespace with no interfaces.
+  `max_output_bytes` (the writer is killed by SIGXFSZ past it, so megabytes
+  never reach this process): "output over 4096 bytes".
+- processes: `max_processes` processes and threads at once (a fork bomb gets
+  "Resource temporarily unavailable").
 - a crash: the last line of the traceback, "ZeroDivisionError: division by
   zero", or the signal that ended it, "killed by SIGSEGV".
 
-This is a sandbox for a model's mistakes, not for an adversary: run tools
-that must contain hostile code in a container or a VM.
+Without bubblewrap the tool refuses with one line naming the install. With
+`unsafe_no_sandbox=True` (rollout.env_options) it runs the code as this
+process's user, with these limits but no isolation: for a trusted machine
+only, and it says so loudly.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import resource
-import shutil
+import select
 import signal
 import subprocess
-import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
+from typing import IO
 
-PRELUDE = """
-import sys
-def _flowrl_guard(event, args, _blocked=("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn",
-                                         "os.fork", "os.spawn", "ctypes.dlopen", "pty.spawn")):
-    if event.startswith(_blocked):
-        raise PermissionError("sandbox blocks " + event)
-sys.addaudithook(_flowrl_guard)
-del _flowrl_guard
-"""
+from flowrl.data import bwrap
+
+UNSAFE = ("unsafe_no_sandbox: model code runs WITHOUT the OS sandbox, as this process's user, able to read and "
+          "change every file this user can (checkpoints included) and to signal the trainer; use only on a "
+          "throw-away machine")
 
 
 @dataclass(frozen=True)
@@ -52,54 +52,108 @@ class ToolResult:
     error: str = ""  # "" on success, else one line naming what went wrong
 
 
-def run_python(code: str, *, timeout_s: float = 2.0, memory_mb: int = 256,
-               max_output_bytes: int = 4096) -> ToolResult:
+def check(where: str, unsafe: bool = False) -> None:
+    """Refuses (ValueError, one line) when the sandbox cannot run here; warns when `unsafe` skips it."""
+    if unsafe:
+        warnings.warn(f"{where}: {UNSAFE}", UserWarning, stacklevel=2)
+        return
+    missing = bwrap.problem()
+    if missing:
+        raise ValueError(f"{where} needs {missing} (or rollout.env_options={{'unsafe_no_sandbox': true}} runs "
+                         f"model code unsandboxed)")
+
+
+def run_python(code: str, *, timeout_s: float = 2.0, memory_mb: int = 256, max_output_bytes: int = 4096,
+               max_processes: int = 16, unsafe_no_sandbox: bool = False) -> ToolResult:
     """Runs `code` in a sandboxed interpreter and returns its stdout or a named error."""
+    limits = bwrap.Limits(timeout_s, memory_mb, max_output_bytes, max_processes)
+    if not unsafe_no_sandbox:
+        check("the python tool")
     with tempfile.TemporaryDirectory(prefix="flowrl-tool-") as tmp:
         out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            command = [*_no_network(), sys.executable, "-I", "-S", "-c", PRELUDE + code]
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=tmp,
-                                    env={"PATH": os.defpath}, start_new_session=True,
-                                    preexec_fn=functools.partial(_limits, timeout_s, memory_mb, max_output_bytes))
-            try:
-                code_ = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill(proc)
-                return ToolResult("", f"timeout after {timeout_s:.1f}s")
+            run = _run_unsandboxed if unsafe_no_sandbox else _run_sandboxed
+            returncode = run([bwrap.interpreter(), "-I", "-S", "-c", code], limits, out, err, tmp)
+        if returncode is None:
+            return ToolResult("", f"timeout after {timeout_s:.1f}s")
         output = _read(out_path, max_output_bytes)
         stderr = _read(err_path, max_output_bytes)
-    return ToolResult(output, _error(code_, stderr, output, memory_mb, max_output_bytes))
+    return ToolResult(output, _error(returncode, stderr, output, limits, sandboxed=not unsafe_no_sandbox))
 
 
-def _error(returncode: int, stderr: str, output: str, memory_mb: int, max_output_bytes: int) -> str:
-    if returncode == -signal.SIGXFSZ or len(output.encode()) > max_output_bytes:
-        return f"output over {max_output_bytes} bytes"
-    if returncode == -signal.SIGXCPU:
+def _run_sandboxed(argv: list[str], limits: bwrap.Limits, out: IO, err: IO, tmp: str) -> int | None:
+    """bwrap's exit status, or None when it ran past the timeout and its pid namespace was killed whole."""
+    info_read, info_write = os.pipe()
+    try:
+        with bwrap.uid_slot() as uid:
+            proc = subprocess.Popen(bwrap.command(argv, limits, uid, info_write), stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=err, env={"PATH": os.defpath}, start_new_session=True,
+                                    pass_fds=(info_write,))
+            os.close(info_write)
+            info_write = -1
+            try:
+                return proc.wait(timeout=limits.timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_namespace(proc, info_read)
+                return None
+    finally:
+        for fd in (info_read, info_write):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _kill_namespace(proc: subprocess.Popen, info_read: int) -> None:
+    """Kills the sandbox's pid 1 (bwrap wrote its pid on the info pipe): the kernel then kills every process in
+    its pid namespace before bwrap sees it exit, so none is left when this returns."""
+    ready, _, _ = select.select([info_read], [], [], 1.0)
+    info = os.read(info_read, 4096) if ready else b""
+    try:
+        os.kill(json.loads(info)["child-pid"], signal.SIGKILL)
+    except (ValueError, KeyError, ProcessLookupError):
+        pass  # bwrap had not set the sandbox up yet: killing bwrap (below) ends it
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+
+
+def _run_unsandboxed(argv: list[str], limits: bwrap.Limits, out: IO, err: IO, tmp: str) -> int | None:
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=tmp,
+                            env={"PATH": os.defpath}, start_new_session=True,
+                            preexec_fn=functools.partial(_limits, limits))
+    try:
+        return proc.wait(timeout=limits.timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        return None
+
+
+def _error(returncode: int, stderr: str, output: str, limits: bwrap.Limits, sandboxed: bool) -> str:
+    signum = -returncode if returncode < 0 else returncode - 128 if sandboxed and returncode > 128 else 0
+    if signum == signal.SIGXFSZ or len(output.encode()) > limits.max_output_bytes:
+        return f"output over {limits.max_output_bytes} bytes"
+    if signum == signal.SIGXCPU:
         return "timeout (CPU time limit)"
-    if returncode < 0:
-        return f"killed by {signal.Signals(-returncode).name}"
+    if signum in signal.valid_signals():
+        return f"killed by {signal.Signals(signum).name}"
     if returncode == 0:
         return ""
     last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), f"exit {returncode}")
     if last.startswith("MemoryError"):
-        return f"out of memory (limit {memory_mb} MB)"
-    if "sandbox blocks" in last:
-        event = last.rpartition("sandbox blocks ")[2]
-        return f"network is disabled ({event})" if event.startswith("socket.") else f"blocked: {event}"
+        return f"out of memory (limit {limits.memory_mb} MB)"
     return last[:200]
 
 
-def _limits(timeout_s: float, memory_mb: int, max_output_bytes: int) -> None:
-    """In the child, before exec: address space, CPU seconds, bytes written per file, no core dumps."""
-    resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-    cpu = max(1, int(timeout_s + 1))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (max_output_bytes + 1, max_output_bytes + 1))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def _limits(limits: bwrap.Limits) -> None:
+    """Unsafe mode, in the child before exec: the same rlimits as prlimit sets inside the sandbox."""
+    cpu = int(limits.timeout_s) + 1
+    for kind, value in ((resource.RLIMIT_AS, limits.memory_mb << 20), (resource.RLIMIT_CPU, cpu),
+                        (resource.RLIMIT_FSIZE, limits.max_output_bytes + 1), (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(kind, (value, value))
 
 
 def _kill(proc: subprocess.Popen) -> None:
+    """Kills the process group the call started (bwrap's pid 1 dies with bwrap: --die-with-parent)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -110,16 +164,3 @@ def _kill(proc: subprocess.Popen) -> None:
 def _read(path: str, limit: int) -> str:
     with open(path, "rb") as f:
         return f.read(limit + 1).decode("utf-8", errors="replace")
-
-
-@functools.lru_cache(maxsize=1)
-def _no_network() -> tuple[str, ...]:
-    """("unshare", "-rn") where this machine lets an unprivileged process make a network namespace, else ()."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return ()
-    try:
-        done = subprocess.run([unshare, "-rn", "true"], capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return ()
-    return (unshare, "-rn") if done.returncode == 0 else ()
