@@ -70,9 +70,12 @@ class _ToolEnv:
     """Shared by the built-in environments: the tokenizer, the sandbox limits and the episode's metadata."""
 
     def __init__(self, tokenizer: Any, *, timeout_s: float = 2.0, memory_mb: int = 256,
-                 max_output_bytes: int = 4096, max_observation_tokens: int = 16):
+                 max_output_bytes: int = 4096, max_processes: int = 16, unsafe_no_sandbox: bool = False,
+                 max_observation_tokens: int = 16):
         self.tokenizer = tokenizer
-        self.limits = dict(timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes)
+        self.limits = dict(timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
+                           max_processes=max_processes)
+        self.limits["unsafe_no_sandbox"] = unsafe_no_sandbox is True
         self.max_observation_tokens = max_observation_tokens
         self.prompt, self.meta = "", {}
 
@@ -90,7 +93,7 @@ class _ToolEnv:
 
 class CalculatorEnv(_ToolEnv):
     """Options: call_reward (for the episode's first call that computes a number), and timeout_s, memory_mb,
-    max_output_bytes (the sandbox's), max_observation_tokens."""
+    max_output_bytes, max_processes, unsafe_no_sandbox (the sandbox's), max_observation_tokens."""
 
     def __init__(self, tokenizer: Any, *, call_reward: float = 0.2, **limits: Any):
         super().__init__(tokenizer, **limits)
@@ -117,7 +120,8 @@ def _calculate(expression: str, limits: tuple[tuple[str, Any], ...]) -> ToolResu
 
 
 class PythonEnv(_ToolEnv):
-    """Options: timeout_s, memory_mb, max_output_bytes (the sandbox's), max_observation_tokens."""
+    """Options: timeout_s, memory_mb, max_output_bytes, max_processes, unsafe_no_sandbox (the sandbox's),
+    max_observation_tokens."""
 
     def step(self, turn_ids: list[int]) -> EnvStep:
         text = self.text(turn_ids)
