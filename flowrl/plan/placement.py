@@ -41,6 +41,14 @@ class Pool(BaseModel):
                 raise ValueError(f"unknown role {role!r}; registered roles are {ROLES.names()}")
         return roles
 
+    def share(self, total: int, field: str) -> int:
+        """One rank's share of a global count (the train.* batch sizes count rows summed over the pool's ranks,
+        as verl's ppo_mini_batch_size does): the one per-rank split, under torchrun and in a Ray pool alike."""
+        if total % self.world_size:
+            raise ValueError(f"{field}={total} must be divisible by the world_size {self.world_size} of pool "
+                             f"{self.name!r}")
+        return total // self.world_size
+
 
 class Placement(BaseModel):
     model_config = ConfigDict(extra="forbid")

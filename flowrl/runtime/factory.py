@@ -57,16 +57,16 @@ class RoleFactory:
         return built
 
     def for_pool(self, pool: Pool) -> "RoleFactory":
-        """The factory a pool's ranks build from: its device, and its share of the (global) batch sizes."""
+        """The factory a Ray pool's ranks build from: its device, and one rank's share of the batch sizes."""
+        return replace(self, context=replace(self.per_rank(pool).context, device=pool.device))
+
+    def per_rank(self, pool: Pool) -> "RoleFactory":
+        """The factory with one rank's share (Pool.share) of the global train.* batch sizes: what a Ray pool's
+        ranks and the local executor's torchrun ranks build from."""
         s = self.context.settings
-        for name in ("mini_batch_size", "micro_batch_size", "forward_micro_batch_size"):
-            if getattr(s, name) % pool.world_size:
-                raise ValueError(f"train.{name}={getattr(s, name)} must be divisible by the world_size "
-                                 f"{pool.world_size} of pool {pool.name!r}")
-        settings = replace(s, mini_batch_size=s.mini_batch_size // pool.world_size,
-                           micro_batch_size=s.micro_batch_size // pool.world_size,
-                           forward_micro_batch_size=s.forward_micro_batch_size // pool.world_size)
-        return replace(self, context=replace(self.context, device=pool.device, settings=settings))
+        shares = {name: pool.share(getattr(s, name), f"train.{name}")
+                  for name in ("mini_batch_size", "micro_batch_size", "forward_micro_batch_size")}
+        return replace(self, context=replace(self.context, settings=replace(s, **shares)))
 
     def folders(self) -> tuple[Path, ...]:
         """The model folders its roles load from (model.path, model.reward_path)."""

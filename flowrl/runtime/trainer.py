@@ -151,7 +151,9 @@ def _executor(cfg: RunConfig, plan: Plan, factory: RoleFactory, world: int, eval
                            node_timeout_s=cfg.train.node_timeout_s, ship_files=cfg.train.ship_files,
                            placement_timeout_s=cfg.train.placement_timeout_s, cpu_threads=cfg.train.cpu_threads)
     names = tuple(dict.fromkeys((*plan.roles, *(evaluation.roles if evaluation else ()))))
-    return LocalExecutor(plan, factory.build(names), world_size=world)
+    pools = list(plan.pools.values())  # under torchrun every pool spans all ranks (LocalExecutor checks it)
+    local = factory.per_rank(pools[0]) if pools else factory
+    return LocalExecutor(plan, local.build(names), world_size=world)
 
 
 def _cluster_gpus() -> int:
@@ -243,12 +245,13 @@ def _eval_due(cfg: RunConfig, step: int) -> bool:
 
 
 def _per_rank_config(cfg: RunConfig, world: int) -> RunConfig:
-    """Batch sizes are global in the config; each rank takes its share."""
+    """Prompt counts are global in the config; each rank draws its share (the update's batch sizes are split
+    by the role factory: RoleFactory.per_rank, as in a Ray pool)."""
     if world == 1:
         return cfg
     t = cfg.train
     shares = {name: distributed.per_rank(getattr(t, name), world, f"train.{name}")
-              for name in ("batch_size", "mini_batch_size", "micro_batch_size", "eval_prompts")}
+              for name in ("batch_size", "eval_prompts")}
     return cfg.model_copy(update={"train": t.model_copy(update=shares)})
 
 
