@@ -12,6 +12,7 @@ import torch
 import flowrl as fl
 from flowrl.config import RunConfig, load_run_config
 from flowrl.data import PromptStream
+from flowrl.rl import stages
 from flowrl.runtime.factory import make_factory
 from flowrl.runtime.trainer import train
 from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask, fake_specs
@@ -118,12 +119,23 @@ def test_rows_that_do_not_split_over_a_pool_are_named():
         fake_executor(placement, cfg=config("unused", "train.mini_batch_size=5"))
 
 
-def test_fill_needs_pools_of_one_rank():
-    from flowrl.algorithms import dapo
+@fl.algorithm
+def fill_three(batch, actor, rollout, reward):
+    batch = stages.drop_uniform_groups(reward.score(rollout.generate(batch, n=2)))
+    return actor.logprobs(fl.fill(batch, num_groups=3))
 
+
+def test_fill_on_a_two_rank_pool_keeps_groups_the_ranks_split_evenly():
+    """The fake rollout's two samples of a prompt differ in parity: every group survives; 3 of the 4 are wanted,
+    and the 2 ranks after the fill take whole groups, so 2 are kept (one process keeps 3)."""
     placement = fl.Placement(pools=[fl.Pool(name="g", roles=["actor", "rollout"], world_size=2)])
-    with pytest.raises(fl.PlanError, match="dynamic sampling .* give pool 'g' world_size 1"):
-        fake_executor(placement, algo=dapo)
+    executor = fake_executor(placement, algo=fill_three)
+    try:
+        batch, logged = executor.run_step(0, PromptStream(ParityTask(), FakeTokenizer(), batch_size=4))
+    finally:
+        executor.close()
+    assert batch["group"].tolist() == [0, 0, 1, 1] and logged["sampling/groups"] == 2
+    assert logged["sampling/rounds"] == 1 and not batch["old_logprobs"].isnan().any()
 
 
 def test_a_user_role_runs_on_the_driver_and_in_a_pool_as_locally(tmp_path):

@@ -58,8 +58,11 @@ def _fill(batch: TensorDict, num_groups: int | None = None, max_rounds: int = 4)
 
 fill = Stage(_fill, Spec(reads=("group",), kind=NodeKind.FILL))
 fill.__doc__ = """Dynamic sampling: keep sampling fresh prompts through the nodes before this one
-until `num_groups` groups survive (default: the step's prompt count), at most
-`max_rounds` rounds; the batch is then cut to that many groups."""
+until `num_groups` groups survive (default: the step's prompt count; both over all
+ranks), at most `max_rounds` rounds; the batch is then cut to the first that many
+groups in uid order. At world size > 1 the surviving groups of every rank are
+gathered, cut to a multiple of the world size and dealt out evenly, so a run
+trains on the same rows at any world size (flowrl.runtime.scheduling)."""
 
 
 def buffer(batch: TensorDict, max_staleness: int = 0) -> TensorDict:

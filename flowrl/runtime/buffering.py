@@ -58,7 +58,7 @@ from flowrl.graph.context import StepCalls
 from flowrl.graph.trace import Node, NodeKind
 from flowrl.plan.placement import DRIVER
 from flowrl.plan.planner import Plan
-from flowrl.runtime.scheduling import fill_index, run_step
+from flowrl.runtime.scheduling import ONE, Spread, fill_index, run_step
 
 BUFFER = "_buffer"  # the checkpoint folder of the buffered batches (no role is named so)
 _FILE = "buffer.pt"
@@ -130,8 +130,8 @@ def drop_stale(batch: TensorDict, version_field: str, version: int,
 class Pipeline:
     """The batches of the coming steps and the step that keeps them coming (see the module docstring)."""
 
-    def __init__(self, s: Split, versions: Callable[[], dict[str, int]], overlap: bool):
-        self.split, self.versions, self.overlap = s, versions, overlap
+    def __init__(self, s: Split, versions: Callable[[], dict[str, int]], overlap: bool, spread: Spread = ONE):
+        self.split, self.versions, self.overlap, self.spread = s, versions, overlap, spread
         self.queue: deque[Produced] = deque()
         self._saved_version: int | None = None  # the source's version when a restored queue was saved
 
@@ -158,7 +158,7 @@ class Pipeline:
 
     def _produce(self, step: int, prompts: Iterator[TensorDict], run: Run, syncs: bool = True) -> Produced:
         nodes = [*self.split.syncs, *self.split.producers] if syncs else self.split.producers
-        batch, logged = run_step(step, nodes, fill_index(nodes), run, prompts)
+        batch, logged = run_step(step, nodes, fill_index(nodes), run, prompts, self.spread)
         logged[PRODUCE_TIME] = logged.pop(STEP_TIME)
         return Produced(step, batch, logged)
 
@@ -206,11 +206,12 @@ class Pipeline:
         self._saved_version = mine["version"]
 
 
-def make(plan: Plan, nodes: list[Node], versions: Callable[[], dict[str, int]], overlap: bool) -> Pipeline | None:
+def make(plan: Plan, nodes: list[Node], versions: Callable[[], dict[str, int]], overlap: bool,
+         spread: Spread = ONE) -> Pipeline | None:
     """The executor's pipeline for `plan` (None: no buffer, or k = 0); `overlap`: the executor can run the
-    producers beside the consumers where the plan allows it."""
+    producers beside the consumers where the plan allows it; `spread`: the rows' ranks, for a fill."""
     s = split(plan, nodes)
-    return None if s is None else Pipeline(s, versions, overlap and can_overlap(plan, s))
+    return None if s is None else Pipeline(s, versions, overlap and can_overlap(plan, s), spread)
 
 
 def checkpointed(engines: dict[str, Any], pipeline: Pipeline | None) -> dict[str, Any]:

@@ -8,6 +8,7 @@ keeps an unsharded rollout copy that the weight sync refreshes.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,6 +38,24 @@ def mean_over_ranks(logged: dict[str, float]) -> dict[str, float]:
     gathered: list[dict[str, float] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, logged)
     return average(gathered)
+
+
+def sum_over_ranks(value: int) -> int:
+    """`value` summed over the ranks (collective: an object gather, which gloo and NCCL both carry)."""
+    return sum(gather_objects(value))
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order (collective; [obj] without a process group)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def average(rows: list[dict[str, float]]) -> dict[str, float]:

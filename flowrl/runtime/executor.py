@@ -20,7 +20,7 @@ from flowrl.graph.role import close_role
 from flowrl.graph.trace import Node
 from flowrl.plan.planner import Plan
 from flowrl.runtime import buffering
-from flowrl.runtime.scheduling import call_node, fill_index, run_step, scheduled
+from flowrl.runtime.scheduling import Spread, call_node, fill_index, run_step, scheduled
 
 
 class Executor(Protocol):
@@ -65,16 +65,15 @@ class LocalExecutor:
         self.plan, self.roles, self.world_size, self.closed = plan, roles, world_size, False
         self.nodes = scheduled(plan)
         self.fill_at = fill_index(self.nodes)
-        if self.fill_at is not None and world_size > 1:
-            raise PlanError(f"{plan.algorithm}: dynamic sampling (fill) leaves ranks with unequal rows, which "
-                            f"FSDP cannot step together; run it with world_size 1")
-        self.pipeline = buffering.make(plan, self.nodes, lambda: self.versions, overlap=False)
+        # torchrun: each rank holds its own rows; a fill gathers them and deals them out again evenly
+        self.spread = Spread(ranks=world_size, collective=world_size > 1)
+        self.pipeline = buffering.make(plan, self.nodes, lambda: self.versions, overlap=False, spread=self.spread)
 
     def run_step(self, step: int, prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
         """One training step over prompt batches drawn from `prompts`; returns the batch and metrics."""
         if self.pipeline is not None:
             return self.pipeline.step(step, prompts, self._run)
-        return run_step(step, self.nodes, self.fill_at, self._run, prompts)
+        return run_step(step, self.nodes, self.fill_at, self._run, prompts, self.spread)
 
     def for_plan(self, plan: Plan) -> "LocalExecutor":
         return LocalExecutor(plan, self.roles, self.world_size)

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from flowrl.runtime.ray_cluster import ShippedFolder, pack, unpack
 from flowrl.plan.planner import Plan
 from flowrl.runtime.distributed import average
 from flowrl.runtime.ray_worker import PoolWorker
-from flowrl.runtime.scheduling import call_node, fill_index, ready, run_step, scheduled
+from flowrl.runtime.scheduling import Spread, call_node, fill_index, ready, run_step, scheduled
 
 _EMPTY = TensorDict({}, batch_size=[0])
 
@@ -103,7 +104,7 @@ class RayExecutor:
         store (train.ship_files; the factory then needs folders() and relocated()); `placement_timeout_s`: how
         long Ray may take to place the pools; `cpu_threads`: torch's threads in each worker (train.cpu_threads)."""
         self.plan, self.node_timeout_s, self.ship_files = plan, node_timeout_s, ship_files
-        self.nodes, self.fill_at = _checked_nodes(plan)
+        self.nodes, self.fill_at, self.spread = _checked_nodes(plan)
         pools = {pool.name: pool for pool in plan.pools.values()}
         ray_cluster.check_cluster(list(pools.values()))
         self.driver_roles = factory.build(tuple(dict.fromkeys((*plan.driver_roles(), *extra_driver_roles))))
@@ -122,7 +123,7 @@ class RayExecutor:
             self.close()
             raise
         self._versions = _Versions({r: 0 for r in plan.versioned()})
-        self.pipeline = buffering.make(plan, self.nodes, lambda: self.versions, overlap=True)
+        self.pipeline = buffering.make(plan, self.nodes, lambda: self.versions, overlap=True, spread=self.spread)
 
     def run_step(self, step: int, prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
         """One training step over prompt batches drawn from `prompts`; returns the batch and metrics. With a
@@ -130,7 +131,7 @@ class RayExecutor:
         step t's consumers (flowrl.runtime.buffering)."""
         if self.pipeline is not None:
             return self.pipeline.step(step, prompts, self._run)
-        return run_step(step, self.nodes, self.fill_at, self._run, prompts)
+        return run_step(step, self.nodes, self.fill_at, self._run, prompts, self.spread)
 
     def for_plan(self, plan: Plan) -> "RayExecutor":
         """A view running `plan` (e.g. the evaluation) on these workers; its pools must be among them."""
@@ -141,8 +142,8 @@ class RayExecutor:
                                 f"which these workers do not host")
         view = copy.copy(self)
         view.plan = plan
-        view.nodes, view.fill_at = _checked_nodes(plan)
-        view.pipeline = buffering.make(plan, view.nodes, lambda: view.versions, overlap=True)
+        view.nodes, view.fill_at, view.spread = _checked_nodes(plan)
+        view.pipeline = buffering.make(plan, view.nodes, lambda: view.versions, overlap=True, spread=view.spread)
         return view
 
     def call(self, role: str, method: str, batch: TensorDict, step: int = 0, **kwargs: Any) -> TensorDict:
@@ -316,14 +317,14 @@ def _split(batch: TensorDict, node: Node, num_ranks: int) -> list[TensorDict]:
     return [batch[rank * size:(rank + 1) * size] for rank in range(num_ranks)]
 
 
-def _checked_nodes(plan: Plan) -> tuple[list[Node], int | None]:
+def _checked_nodes(plan: Plan) -> tuple[list[Node], int | None, Spread]:
+    """The plan's nodes in schedule order, its fill node's index, and how a fill deals out its rows: the driver
+    holds them all, and keeps a number of groups every pool after the fill splits evenly."""
     nodes = scheduled(plan)
     fill_at = fill_index(nodes)
-    wide = [pool.name for pool in plan.pools.values() if pool.world_size > 1]
-    if fill_at is not None and wide:
-        raise PlanError(f"{plan.algorithm}: dynamic sampling (fill) leaves ranks with unequal rows, which FSDP "
-                        f"cannot step together; give pool {wide[0]!r} world_size 1")
-    return nodes, fill_at
+    after = nodes[fill_at + 1:] if fill_at is not None else []
+    ranks = math.lcm(1, *(plan.pools[n.role].world_size for n in after if n.role in plan.pools))
+    return nodes, fill_at, Spread(ranks=ranks)
 
 
 def _start_pool(pool: Pool, group: Any, factory: Any, roles: tuple[str, ...],

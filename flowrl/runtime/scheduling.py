@@ -1,25 +1,68 @@
 """What both executors share: running one node in-process, the plan's schedule, dynamic sampling (fill).
 
 A fill node splits the step: the nodes before it are re-run on fresh prompts
-until enough groups survive, then the rest runs once on the filled batch.
+until enough groups survive (counted over all ranks), then the rest runs once
+on the filled batch. The filled batch is the same at any world size: the
+surviving groups of every rank, in uid order, cut to the target and to a
+multiple of the world size, then dealt out evenly (`Spread`); under torchrun
+each rank keeps its share, on Ray the driver holds them and the nodes split them.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import networkx as nx
+import torch
 from tensordict import TensorDict
 
 from flowrl import metrics
-from flowrl.data.batch import concat, first_groups, num_groups
+from flowrl.data.batch import concat, first_groups, keep_rows, num_groups
 from flowrl.graph.context import CallInfo, StepCalls, calling
 from flowrl.graph.contracts import call_checked, run_stage
 from flowrl.graph.trace import Node, NodeKind
 from flowrl.plan.planner import Plan
+from flowrl.runtime import distributed
 
 RunNodes = Callable[[list[Node], TensorDict], TensorDict]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How a step's rows lie over ranks, for dynamic sampling (fill).
+
+    `ranks`: the nodes after the fill split its rows over this many ranks, so it keeps a multiple of it
+    groups. `collective`: each rank draws and holds its own rows (torchrun), so the fill sums counts and
+    gathers rows over torch.distributed and each rank keeps its share; otherwise (one process, the Ray
+    driver) this process holds every row.
+    """
+
+    ranks: int = 1
+    collective: bool = False
+
+    def total(self, count: int) -> int:
+        return distributed.sum_over_ranks(count) if self.collective else count
+
+    def gather(self, batch: TensorDict) -> TensorDict:
+        """Every rank's rows, ordered by group (stable: a group's rows keep their order)."""
+        batch = concat(distributed.gather_objects(batch)) if self.collective else batch
+        if batch.batch_size[0] == 0:
+            return batch
+        return batch[torch.sort(batch["group"], stable=True).indices]
+
+    def mine(self, batch: TensorDict) -> TensorDict:
+        """This rank's share of `batch` (groups in order, a multiple of `ranks` of them): a run of whole groups."""
+        if not self.collective or batch.batch_size[0] == 0:
+            return batch
+        groups = torch.unique_consecutive(batch["group"])
+        size = groups.numel() // self.ranks
+        rank = distributed.rank()
+        return keep_rows(batch, torch.isin(batch["group"], groups[rank * size:(rank + 1) * size]))
+
+
+ONE = Spread()
 
 
 def scheduled(plan: Plan) -> list[Node]:
@@ -60,23 +103,24 @@ def fill_index(nodes: list[Node]) -> int | None:
 
 
 def run_step(step: int, nodes: list[Node], fill_at: int | None, run: Callable[[list[Node], TensorDict, StepCalls],
-             TensorDict], prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
-    """One step of an executor: its nodes (`run(nodes, batch, calls)`) over the next prompts, with fill, timed;
-    returns the batch and the step's metrics."""
+             TensorDict], prompts: Iterator[TensorDict], spread: Spread = ONE) -> tuple[TensorDict, dict[str, float]]:
+    """One step of an executor: its nodes (`run(nodes, batch, calls)`) over the next prompts, with fill over
+    `spread`, timed; returns the batch and the step's metrics."""
     calls = StepCalls(step)
     with metrics.collect() as logged:
         start = time.perf_counter()
-        batch = run_with_fill(nodes, fill_at, lambda todo, b: run(todo, b, calls), prompts)
+        batch = run_with_fill(nodes, fill_at, lambda todo, b: run(todo, b, calls), prompts, spread)
         metrics.log("timing_s/step", time.perf_counter() - start)
     return batch, logged
 
 
-def run_with_fill(nodes: list[Node], fill_at: int | None, run: RunNodes, prompts: Iterator[TensorDict]) -> TensorDict:
+def run_with_fill(nodes: list[Node], fill_at: int | None, run: RunNodes, prompts: Iterator[TensorDict],
+                  spread: Spread = ONE) -> TensorDict:
     """A step's nodes over the next prompts; with a fill node, the nodes before it until enough groups survive."""
     batch = next(prompts)
     if fill_at is None:
         return run(nodes, batch)
-    batch = _fill(nodes, fill_at, run, batch, prompts)
+    batch = _fill(nodes, fill_at, run, batch, prompts, spread)
     if batch.batch_size[0] == 0:
         metrics.log("sampling/skipped_step", 1.0)
         return batch
@@ -84,9 +128,11 @@ def run_with_fill(nodes: list[Node], fill_at: int | None, run: RunNodes, prompts
 
 
 def _fill(nodes: list[Node], fill_at: int, run: RunNodes, batch: TensorDict,
-          prompts: Iterator[TensorDict]) -> TensorDict:
+          prompts: Iterator[TensorDict], spread: Spread) -> TensorDict:
+    """Rounds of the nodes before the fill until `num_groups` groups (default: the step's prompts, over all
+    ranks) survive over all ranks, or `max_rounds`; the filled batch as `Spread` deals it out."""
     node = nodes[fill_at]
-    target = node.kwargs.get("num_groups") or batch.batch_size[0]
+    target = node.kwargs.get("num_groups") or spread.total(batch.batch_size[0])
     max_rounds = node.kwargs.get("max_rounds", 4)
     if max_rounds < 1:
         raise ValueError(f"fill: max_rounds must be >= 1, got {max_rounds}")
@@ -95,9 +141,11 @@ def _fill(nodes: list[Node], fill_at: int, run: RunNodes, batch: TensorDict,
         if round_:
             batch = next(prompts)
         kept.append(run(nodes[:fill_at], batch))
-        if sum(num_groups(b) for b in kept) >= target:
+        if spread.total(sum(num_groups(b) for b in kept)) >= target:
             break
-    filled = concat(kept)
+    filled = spread.gather(concat(kept))
+    groups = min(num_groups(filled), target)
+    groups -= groups % spread.ranks  # the nodes after split the groups evenly over the ranks
     metrics.log("sampling/rounds", round_ + 1)
-    metrics.log("sampling/groups", min(num_groups(filled), target))
-    return first_groups(filled, target) if filled.batch_size[0] else filled
+    metrics.log("sampling/groups", groups)
+    return spread.mine(first_groups(filled, groups)) if filled.batch_size[0] else filled
