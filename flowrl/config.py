@@ -8,6 +8,7 @@ arithmetic task, on CPU, in a few minutes.
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -22,7 +23,15 @@ from flowrl.plan.placement import Placement
 class Section(BaseModel):
     """Strict: `train.steps=true` or `train.steps="3"` is refused, not coerced."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
+
+
+def _a_path(value: Any) -> Any:
+    """A path field may be unset (None) where it allows it, never an empty or blank string."""
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, str) and not item.strip():
+            raise ValueError("an empty path; give a file or folder name")
+    return value
 
 
 class ModelConfig(Section):
@@ -32,6 +41,7 @@ class ModelConfig(Section):
     reward_path: str | None = Field(None, description="Local reward model folder (a num_labels=1 classification "
                                                       "checkpoint sharing the policy's tokenizer); None scores "
                                                       "with the task's reward function.")
+    _paths = field_validator("path", "reward_path")(_a_path)
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (actor, critic): "
                                                            "less memory, about a third more compute.")
     tiny_hidden_size: int = Field(64, ge=8, description="Hidden size of the built-in tiny model.")
@@ -96,6 +106,8 @@ class TrainConfig(Section):
     def _comma_separated(cls, value: Any) -> Any:
         return [name.strip() for name in value.split(",")] if isinstance(value, str) else value
 
+    _paths = field_validator("output_dir")(_a_path)
+
 
 class TaskConfig(Section):
     name: str = Field("arithmetic", description="'arithmetic', 'calculator' (built in; see flowrl.data.calculator) "
@@ -128,6 +140,8 @@ class DataConfig(Section):
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    _paths = field_validator("train_files", "val_files")(_a_path)
 
 
 class RunConfig(Section):
@@ -194,12 +208,29 @@ def format_error(err: ValidationError, prefix: str = "") -> str:
     return "; ".join(parts)
 
 
-def validate(model: type[BaseModel], values: dict[str, Any], prefix: str = "") -> Any:
-    """Build `model` from values, raising ValueError that names each bad field."""
+def validate(model: type[BaseModel], values: dict[str, Any], prefix: str = "", strict: bool | None = None) -> Any:
+    """Build `model` from values, raising ValueError that names each bad field; `strict` refuses coercion
+    ("4" or 4.0 for an int) in a model not strict itself. No float anywhere in it may be inf or nan."""
     try:
-        return model(**values)
+        built = model.model_validate(values, strict=strict)
     except ValidationError as err:
         raise ValueError(f"invalid config: {format_error(err, prefix)}") from None
+    bad = next(non_finite(built.model_dump(), prefix), None)
+    if bad is not None:
+        raise ValueError(f"invalid config: {bad[0]}: {bad[1]} is not a finite number")
+    return built
+
+
+def non_finite(value: Any, where: str = "") -> Iterator[tuple[str, float]]:
+    """(dotted name, value) of every inf or nan float in nested dicts and lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from non_finite(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from non_finite(item, f"{where}[{i}]")
 
 
 def set_dotted(values: dict[str, Any], key: str, raw: str) -> None:

@@ -18,3 +18,13 @@ class RaisingReward(ArithmeticTask):
 class ForeignCharacters(ArithmeticTask):
     def example(self, seed, index):
         return "1+ä=", {"answer": "1"}
+
+
+class HugeReward(ArithmeticTask):
+    def reward(self, responses, meta):
+        return [3e38 for _ in responses]
+
+
+class InfiniteReward(ArithmeticTask):
+    def reward(self, responses, meta):
+        return [float("inf") for _ in responses]

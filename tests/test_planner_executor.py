@@ -136,7 +136,7 @@ def test_non_finite_reward_is_an_error():
     roles = make_roles(task)
     roles["reward"].fn = lambda texts, meta: [float("nan")] * len(texts)
     plan = fl.compile_plan(grpo, fl.Placement.colocated(("actor", "rollout", "ref")), INPUTS, ROLE_CLASSES)
-    with pytest.raises(ValueError, match="reward function returned nan .* scores must be finite"):
+    with pytest.raises(ValueError, match="reward nan for response 0 .* rewards must be finite"):
         fl.LocalExecutor(plan, roles).run_step(0, PromptStream(task, FakeTokenizer(), batch_size=2))
 
 

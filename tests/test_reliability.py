@@ -1,5 +1,6 @@
 """Nothing lost, every failure named: resume checks, damaged checkpoints, a full disk, CLI errors."""
 
+import dataclasses
 import errno
 import json
 import os
@@ -123,6 +124,17 @@ def test_a_restart_from_scratch_logs_each_step_once(tmp_path):
                                                             "cannot encode it"),
     (["--set", "model.path=garbage_model"], "flowrl: error: model_path 'garbage_model': config.json is not valid "
                                             "JSON"),
+    (["--set", 'algo.group_size="4"'], "flowrl: error: invalid config: algo.group_size: Input should be a valid "
+                                       "integer"),
+    (["--set", "algo.group_size=4.0"], "flowrl: error: invalid config: algo.group_size: Input should be a valid "
+                                       "integer"),
+    (["--set", "rollout.temperature=Infinity"], "flowrl: error: invalid config: rollout.temperature: inf is not a "
+                                                "finite number"),
+    (["--set", "algo.entropy_coef=NaN"], "flowrl: error: invalid config: algo.entropy_coef: nan is not a finite "
+                                         "number"),
+    (["--set", 'train.output_dir=""'], "flowrl: error: invalid config: train.output_dir: Value error, an empty path"),
+    (["--set", "task.name=broken_tasks:HugeReward"], "flowrl: error: reward 3e+38 for response 0 of the batch"),
+    (["--set", "task.name=broken_tasks:InfiniteReward"], "flowrl: error: reward inf for response 0 of the batch"),
 ])
 def test_cli_mistakes_end_in_one_line(tmp_path, args, message):
     (tmp_path / "bad.json").write_text('{"train": ')
@@ -170,3 +182,28 @@ def test_ranks_checking_one_output_dir_at_once_do_not_trip_on_each_other(tmp_pat
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(check_many, range(4)))
     assert list((tmp_path / "run").iterdir()) == []
+
+
+def test_plan_refuses_zero_gpus_and_a_negative_env_timeout_refuses_the_first_episode(tmp_path):
+    plan = cli("plan", "grpo", "--gpus", "0", cwd=tmp_path)
+    assert plan.returncode == 2 and plan.stderr.strip() == ("flowrl: error: placement: --gpus 0 must be a positive "
+                                                            "multiple of --nodes 1"), plan.stderr
+    from flowrl.data.calculator import CalculatorEnv
+
+    with pytest.raises(ValueError, match=r"^rollout.env_options.timeout_s: expected a number > 0, got -1$"):
+        CalculatorEnv(None, timeout_s=-1)
+
+
+def test_scorers_and_reward_servers_refuse_absurd_rewards_naming_the_row(tmp_path):
+    from flowrl.data.http_reward import HttpScorer
+    from flowrl.data.scoring_pool import Sample, ScoringPool
+    from reward_servers import scores, serve
+
+    (tmp_path / "score.py").write_text("def nan(**_):\n    return float('nan')\n")
+    sample = Sample(f"{tmp_path / 'score.py'}:nan", "src", "x", "x", None, "train.jsonl row 7")
+    for workers in (0, 1):
+        with pytest.raises(ValueError, match=r"reward nan for train.jsonl row 7 from scorer '.*score.py:nan'"):
+            ScoringPool(workers).score([sample])
+    with serve(scores([1.0, 2e6])) as url:
+        with pytest.raises(ValueError, match=r"reward 2000000.0 for row 8 from reward server http://127.0.0.1"):
+            HttpScorer(url).score([sample, dataclasses.replace(sample, where="row 8")])

@@ -75,6 +75,9 @@ class _ToolEnv:
         self.tokenizer = tokenizer
         self.limits = dict(timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
                            max_processes=max_processes)
+        for name, value in {**self.limits, "max_observation_tokens": max_observation_tokens}.items():
+            if not (isinstance(value, (int, float)) and value > 0):  # nan too
+                raise ValueError(f"rollout.env_options.{name}: expected a number > 0, got {value!r}")
         self.limits["unsafe_no_sandbox"] = unsafe_no_sandbox is True
         self.max_observation_tokens = max_observation_tokens
         self.prompt, self.meta = "", {}

@@ -17,7 +17,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from flowrl.data.scoring_pool import Sample
+from flowrl.data.scoring_pool import Sample, check_reward
 
 
 def is_url(spec: str) -> bool:
@@ -59,7 +59,10 @@ class HttpScorer:
         scores = answer.get("scores") if isinstance(answer, dict) else None
         if not isinstance(scores, list) or len(scores) != len(chunk):
             raise self._error(chunk, f"expected {{\"scores\": [{len(chunk)} numbers]}}, got {str(answer)[:80]}")
-        return [float(s) for s in scores]
+        if not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in scores):
+            raise self._error(chunk, f"expected numbers, got {str(scores)[:80]}")
+        return [check_reward(float(s), f"{sample.where} from reward server {self.url}")
+                for s, sample in zip(scores, chunk)]
 
     def _error(self, chunk: list[Sample], what: str) -> ValueError:
         return ValueError(f"data.reward: reward server {self.url} failed on the batch from {chunk[0].where}: {what}")

@@ -10,6 +10,7 @@ naming the sample and the scorer.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import sys
 import weakref
@@ -19,6 +20,17 @@ from typing import Any
 from flowrl.data.scorers import resolve
 
 log = logging.getLogger(__name__)
+
+MAX_ABS_REWARD = 1e6
+"""A reward beyond this (or inf, nan) is a broken scorer, not a signal: the run stops naming the sample."""
+
+
+def check_reward(value: float, where: str) -> float:
+    """`value`, or a ValueError naming `where` (the scorer and the row) when it is not finite or absurd."""
+    if not math.isfinite(value) or abs(value) > MAX_ABS_REWARD:
+        raise ValueError(f"reward {value!r} for {where}: rewards must be finite and within +-{MAX_ABS_REWARD:g} "
+                         f"(flowrl.data.scoring_pool.MAX_ABS_REWARD)")
+    return value
 
 
 @dataclass(frozen=True)
@@ -72,7 +84,11 @@ class ScoringPool:
             self.close()
             raise ValueError(f"reward scorer {sample.scorer!r} failed on {sample.where} "
                              f"(response {sample.response[:80]!r}): {value}")
-        return float(value)
+        try:
+            return check_reward(float(value), f"{sample.where} from scorer {sample.scorer!r}")
+        except ValueError:
+            self.close()
+            raise
 
     def _start(self) -> Any:
         # fork: workers start in milliseconds and see scorers the parent imported; spawn where fork is absent

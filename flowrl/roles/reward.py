@@ -11,6 +11,7 @@ from transformers import AutoConfig
 
 from flowrl import metrics
 from flowrl.data.batch import MODEL_INPUT, column
+from flowrl.data.scoring_pool import check_reward
 from flowrl.engines.protocols import RewardFn, TrainEngine
 from flowrl.graph.role import graph_method, role
 from flowrl.roles.context import BuildContext, UpdateSettings
@@ -44,15 +45,14 @@ class Reward:
             name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
             raise ValueError(f"reward function {name} raised {type(err).__name__}: {err} (scoring {len(texts)} "
                              f"responses, the first {texts[0]!r})") from err
-        scores = torch.tensor(raw, dtype=torch.float32)
+        scores = torch.tensor(raw, dtype=torch.float64)  # 1e39 is not inf yet
         if scores.shape != (len(texts),):
             raise ValueError(f"reward function returned {tuple(scores.shape)} scores for {len(texts)} responses")
-        if not torch.isfinite(scores).all():
-            bad = int((~torch.isfinite(scores)).nonzero()[0])
-            raise ValueError(f"reward function returned {scores[bad].item()} for response {texts[bad]!r}; "
-                             f"scores must be finite")
-        batch[key] = scores
-        metrics.log(f"{metric}/mean", scores.mean())
+        for i, value in enumerate(scores.tolist()):  # inf, nan or 3e38 would turn the advantages to nan
+            check_reward(value, f"response {i} of the batch ({texts[i]!r}) from reward function "
+                                f"{getattr(self.fn, '__qualname__', type(self.fn).__name__)}")
+        batch[key] = scores.float()
+        metrics.log(f"{metric}/mean", batch[key].mean())
         return batch
 
 

@@ -56,7 +56,7 @@ def make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int = 1, g
     values = dict(cfg.algo)
     if "max_response_len" in algo.config_cls.model_fields:
         values.setdefault("max_response_len", cfg.rollout.max_new_tokens)
-    algo_cfg = validate(algo.config_cls, {**algo.overrides, **values}, prefix="algo")
+    algo_cfg = validate(algo.config_cls, {**algo.overrides, **values}, prefix="algo", strict=True)
     inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
     classes = cfg.role_classes(algo.roles)
     placement = cfg.placement
