@@ -21,13 +21,15 @@ from flowrl.algorithms.clip_cov import ClipCovConfig, clip_cov
 from flowrl.algorithms.kl_cov import KLCovConfig, kl_cov
 from flowrl.algorithms.pf_ppo import PFPPOConfig, pf_ppo
 from flowrl.algorithms.otb import OTBConfig, otb
+from flowrl.algorithms.sft import SFTConfig, sft
+from flowrl.algorithms.rm import RMConfig, rm
 
 REGISTRY = {"ppo": ppo, "grpo": grpo, "dapo": dapo, "rloo": rloo, "reinforce_pp": reinforce_pp, "remax": remax,
             "gspo": gspo, "cispo": cispo, "dppo": dppo, "grpo_multiturn": grpo_multiturn,
             "grpo_async": grpo_async,
             "reinforce_pp_baseline": reinforce_pp_baseline, "gpg": gpg, "opo": opo, "grpo_passk": grpo_passk,
             "sapo": sapo, "gmpo": gmpo, "clip_cov": clip_cov, "kl_cov": kl_cov, "pf_ppo": pf_ppo,
-            "otb": otb}
+            "otb": otb, "sft": sft, "rm": rm}
 
 __all__ = ["REGISTRY", "ppo", "grpo", "dapo", "rloo", "reinforce_pp", "remax", "gspo", "cispo", "dppo",
            "grpo_multiturn",
@@ -37,4 +39,5 @@ __all__ = ["REGISTRY", "ppo", "grpo", "dapo", "rloo", "reinforce_pp", "remax", "
            "GRPOAsyncConfig",
            "reinforce_pp_baseline", "gpg", "opo", "grpo_passk", "sapo", "gmpo", "clip_cov", "kl_cov", "pf_ppo", "otb",
            "ReinforcePPBaselineConfig", "GPGConfig", "OPOConfig", "GRPOPassKConfig", "SAPOConfig", "GMPOConfig",
-           "ClipCovConfig", "KLCovConfig", "PFPPOConfig", "OTBConfig"]
+           "ClipCovConfig", "KLCovConfig", "PFPPOConfig", "OTBConfig",
+           "sft", "rm", "SFTConfig", "RMConfig"]

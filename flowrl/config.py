@@ -155,6 +155,8 @@ class RunConfig(Section):
         default_factory=lambda: TrainEngineConfig.model_validate({}), description="The actor's train engine (`actor.engine`, a name in "
                                                    "flowrl.engines.TRAIN_ENGINES) and its options; the "
                                                    "reference and reward models run on the same engine.")
+    max_length: int | None = Field(None, ge=2, description="SFT and preference rows (flowrl.data.conversations) "
+                                   "longer than this many tokens are cut to it; None: no limit.")
     critic: SerializeAsAny[TrainEngineConfig] = Field(default_factory=lambda: TrainEngineConfig.model_validate({"lr": 5e-3}),
                                                       description="The critic's train engine and its options.")
     train: TrainConfig = Field(default_factory=TrainConfig)

@@ -9,6 +9,8 @@ Parameters named after registered roles (the built-in actor, rollout, ref,
 critic, reward, reward_model, or your own `@flowrl.role`) declare the roles; a
 parameter `cfg` receives the validated config. Calling the decorated
 function with real roles runs it eagerly; `trace()` builds its graph.
+`evaluation=` (another algorithm over the same roles) replaces the trainer's
+greedy evaluation pass, e.g. SFT's held-out loss.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ class NoConfig(BaseModel):
 
 
 class Algorithm:
-    def __init__(self, fn: Callable, config: type[BaseModel] = NoConfig, overrides: dict[str, Any] | None = None):
-        self.fn, self.config_cls = fn, config
+    def __init__(self, fn: Callable, config: type[BaseModel] = NoConfig, overrides: dict[str, Any] | None = None,
+                 evaluation: "Algorithm | None" = None):
+        self.fn, self.config_cls, self.evaluation = fn, config, evaluation
         self.overrides = dict(overrides or {})
         functools.update_wrapper(self, fn)
         params = list(inspect.signature(fn).parameters)
@@ -52,7 +55,7 @@ class Algorithm:
 
     def options(self, **overrides: Any) -> "Algorithm":
         """A copy whose config defaults are updated (validated when the config is built)."""
-        return Algorithm(self.fn, self.config_cls, {**self.overrides, **overrides})
+        return Algorithm(self.fn, self.config_cls, {**self.overrides, **overrides}, self.evaluation)
 
     def make_config(self, values: dict[str, Any] | BaseModel | None = None) -> BaseModel:
         if isinstance(values, self.config_cls):
@@ -98,11 +101,13 @@ class Algorithm:
         return {"prompt_ids", "prompt_mask", "uid"}
 
 
-def algorithm(fn: Callable | None = None, *, config: type[BaseModel] = NoConfig):
-    """Decorate an algorithm function; bare or with `config=` (a pydantic model)."""
+def algorithm(fn: Callable | None = None, *, config: type[BaseModel] = NoConfig,
+              evaluation: Algorithm | None = None):
+    """Decorate an algorithm function; bare or with `config=` (a pydantic model) and `evaluation=` (the graph
+    the trainer's evaluation runs instead of the greedy pass)."""
     if fn is not None:
-        return Algorithm(fn, config)
-    return lambda f: Algorithm(f, config)
+        return Algorithm(fn, config, evaluation=evaluation)
+    return lambda f: Algorithm(f, config, evaluation=evaluation)
 
 
 class _MissingRole:
@@ -123,4 +128,6 @@ for _name in ("ppo", "grpo", "dapo", "rloo", "reinforce_pp", "remax", "gspo", "c
     ALGORITHMS.register(_name, f"flowrl.algorithms.{_name}:{_name}")
 for _name in ("reinforce_pp_baseline", "gpg", "opo", "grpo_passk", "sapo", "gmpo", "clip_cov", "kl_cov", "pf_ppo",
               "otb"):
+    ALGORITHMS.register(_name, f"flowrl.algorithms.{_name}:{_name}")
+for _name in ("sft", "rm"):  # the supervised graphs (flowrl.rl.sft_loss)
     ALGORITHMS.register(_name, f"flowrl.algorithms.{_name}:{_name}")

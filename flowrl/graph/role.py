@@ -72,7 +72,9 @@ ROLES: Registry[RoleSpec] = Registry("role")
 # the built-in roles load on first use; their modules register their RoleSpecs as they import
 for _name, _where in (("actor", "actor:Actor"), ("ref", "actor:Ref"), ("critic", "actor:Critic"),
                       ("rollout", "rollout:Rollout"), ("reward", "reward:Reward"),
-                      ("reward_model", "reward:RewardModel"), ("kl_ctrl", "kl_controller:KLController")):
+                      ("reward_model", "reward:RewardModel"), ("kl_ctrl", "kl_controller:KLController"),
+                      ("conversations", "conversations:Conversations"),
+                      ("learned_reward", "conversations:LearnedReward")):
     ROLES.register(_name, f"flowrl.roles.{_where}")
 
 

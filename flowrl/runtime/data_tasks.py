@@ -6,6 +6,7 @@ import warnings
 from typing import Any
 
 from flowrl.config import RunConfig
+from flowrl.data.conversations import ConversationTask, table_kind
 from flowrl.data.dataset import DatasetTask, load_rows
 from flowrl.data.http_reward import HttpScorer, is_url
 from flowrl.data.prompts import encode_prompt
@@ -23,6 +24,9 @@ def run_task(cfg: RunConfig) -> Any:
         return make_task(cfg.task.name, cfg.task.max_operand)
     if cfg.task.name != "arithmetic":
         warnings.warn("task.name has no effect: data.train_files is set", stacklevel=2)
+    kind = table_kind(d.train_files, "data.train_files")
+    if kind != "prompts":  # SFT conversations or preference pairs (flowrl.data.conversations)
+        return conversation_task(cfg, kind)
     if is_url(d.reward):  # a reward server: reward_workers batches in flight at once
         pool = HttpScorer(d.reward, d.reward_timeout_s, num_parallel=d.reward_workers)
     else:
@@ -32,6 +36,15 @@ def run_task(cfg: RunConfig) -> Any:
     task.val = DatasetTask(load_rows(d.val_files, "data.val_files"), shuffle=False, **options) if d.val_files else None
     if task.val is not None:  # the tiny model's alphabet covers the validation rows too
         task.extra_chars = task.val.chars
+    return task
+
+
+def conversation_task(cfg: RunConfig, kind: str) -> ConversationTask:
+    """The SFT or pair rows of data.train_files (and data.val_files as its `val`)."""
+    d = cfg.data
+    task = ConversationTask.load(d.train_files, "data.train_files", kind, shuffle=d.shuffle, max_length=d.max_length)
+    if d.val_files:
+        task.val = ConversationTask.load(d.val_files, "data.val_files", kind, shuffle=False, max_length=d.max_length)
     return task
 
 
@@ -49,7 +62,7 @@ def fit_prompts(cfg: RunConfig, tokenizer: Any, task: Any) -> None:
 def eval_task(task: Any, prompts_per_rank: int, world: int) -> tuple[Any, int]:
     """The task the evaluation draws its fixed prompts from, and how many per rank (the validation rows,
     each once, when there are any)."""
-    val = task.val if isinstance(task, DatasetTask) else None
+    val = task.val if isinstance(task, (DatasetTask, ConversationTask)) else None
     if val is None:
         return task, prompts_per_rank
     return val, max(1, min(prompts_per_rank, len(val) // world))

@@ -121,7 +121,8 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
         check_memory(cfg, plan, path, _gpu_bytes(cfg))
     local, tokenizer = _per_rank_config(cfg, world), load_tokenizer(path)
     fit_prompts(cfg, tokenizer, task)  # data sets: over-long prompts dropped or refused
-    evaluation = eval_plan(plan, task, cfg.role_classes(algo.roles)) if cfg.train.eval_every else None
+    evaluation = eval_plan(plan, task, cfg.role_classes(algo.roles), graph=algo.evaluation) \
+        if cfg.train.eval_every else None
     factory = make_factory(local, plan, task, path, extra=evaluation.specs if evaluation else None)
     executor = _executor(local, plan, factory, world, evaluation)
     try:
@@ -305,7 +306,8 @@ def _step_of(line: str) -> int | None:
 
 
 LINE = ("eval/reward/mean", "reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/clipfrac", "actor/grad_norm",
-        "critic/vf_loss", "response_length/mean", "sampling/groups")
+        "critic/vf_loss", "response_length/mean", "sampling/groups", "actor/sft_loss", "eval/sft/loss",
+        "rm/bt_loss", "rm/accuracy", "eval/rm/accuracy")
 
 
 def _format(logged: dict[str, float]) -> str:
