@@ -189,7 +189,8 @@ ATTACKS = [
            "attempt('setresuid', lambda: os.setresuid(0, 0, 0))\nprint(os.getresuid())",
            lambda r: _refused("setuid", "setresuid")(r) and "(65534, 65534, 65534)" in r.output),
     Attack("ctypes_setuid_and_caps", "import ctypes\nlibc = ctypes.CDLL(None)\nprint(libc.setuid(0), libc.setgid(0))\n"
-           "print([l for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs'))])",
+           "print([l for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm', 'CapBnd', "
+           "'NoNewPrivs'))])",
            lambda r: r.output.startswith("-1 -1") and r.output.count("0000000000000000") == 3 and "NoNewPrivs:\\t1"
            in r.output),
     Attack("mount_tmpfs_and_proc", "import ctypes\nlibc = ctypes.CDLL(None)\n"
@@ -210,7 +211,8 @@ ATTACKS = [
            "(-1, -1)))\nattempt('nproc', lambda: resource.setrlimit(resource.RLIMIT_NPROC, (-1, -1)))\n"
            "x = bytearray(2**30)", lambda r: _refused("as", "nproc")(r) and r.error.startswith("out of memory")),
     Attack("sethostname", "import ctypes, socket\nprint(ctypes.CDLL(None).sethostname(b'pwned', 5), "
-           "socket.gethostname())", lambda r: r.output.split() == ["-1", "sandbox"] and socket.gethostname() != "pwned"),
+           "socket.gethostname())",
+           lambda r: r.output.split() == ["-1", "sandbox"] and socket.gethostname() != "pwned"),
     Attack("kernel_sysctls", TRY + "for f in ['/proc/sys/kernel/core_pattern', '/proc/sys/kernel/modprobe', "
            "'/proc/sysrq-trigger', '/sys/kernel/uevent_helper']:\n    attempt(f, lambda: open(f, 'w'))",
            _refused("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/modprobe", "/proc/sysrq-trigger",
@@ -247,13 +249,15 @@ ATTACKS = [
     # budgets
     Attack("memory_bomb", "x = bytearray(8 * 2**30)", _said("out of memory (limit 256 MB)")),
     Attack("memory_bomb_in_many_processes", "import os, time\nfor _ in range(6):\n    if os.fork() == 0:\n"
-           "        try:\n            x = bytearray(80 * 2**20)\n        except MemoryError:\n            print('capped')\n"
+           "        try:\n            x = bytearray(80 * 2**20)\n        except MemoryError:\n"
+           "            print('capped')\n"
            "        time.sleep(5)\ntime.sleep(5)", _said("timeout"), {"memory_mb": 64, "max_processes": 8}),
     Attack("disk_fill", "n = 0\ntry:\n    while True:\n        with open('/tmp/f%d' % n, 'wb') as f:\n"
            "            f.write(b'x' * 4096)\n        n += 1\nexcept OSError as e:\n    print(n * 4096, e.strerror)",
            lambda r: "No space left" in r.output and int(r.output.split()[0]) <= 16 << 20),
     Attack("one_huge_file", "open('/tmp/big', 'wb').write(b'x' * 10**8)", lambda r: r.error != ""),
-    Attack("huge_output", "print('x' * 10**7)", lambda r: r.error == "output over 4096 bytes" and len(r.output) <= 4097),
+    Attack("huge_output", "print('x' * 10**7)",
+           lambda r: r.error == "output over 4096 bytes" and len(r.output) <= 4097),
     Attack("huge_stderr", "import sys\nsys.stderr.write('x' * 10**8)", lambda r: r.error != "" and len(r.error) <= 200),
     Attack("sleep_forever", "import time\ntime.sleep(10**6)", _said("timeout after 1.0s")),
     Attack("cpu_spin", "while True:\n    pass", _said("timeout")),
@@ -289,3 +293,31 @@ def test_an_attack_from_inside_the_sandbox_does_no_harm_outside(attack, targets)
     assert time.monotonic() - start < 10, "the call outlived its timeout"
     targets.assert_intact(result, marker)
     assert attack.check(result), result
+
+
+def test_the_sandbox_dies_with_the_trainer():
+    """A trainer killed by SIGKILL mid-call leaves no sandboxed process behind (--die-with-parent)."""
+    marker = f"flowrl-attack-{uuid.uuid4().hex[:12]}"
+    code = f"import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/usr/bin/sleep', ['sleep-{marker}', '600'])\n" \
+           "import time\ntime.sleep(600)"
+    argv = bwrap.command([bwrap.interpreter(), "-I", "-S", "-c", code], bwrap.Limits(timeout_s=600))
+    trainer = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\nsubprocess.Popen(sys.argv[1:])\n"
+                                "time.sleep(600)", *argv])
+    deadline = time.monotonic() + 30
+    while not _processes_with(f"sleep-{marker}", wait_s=0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _processes_with(f"sleep-{marker}", wait_s=0), "the sandbox did not start"
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+    assert _processes_with(marker, wait_s=5) == []
+
+
+def test_a_fork_bomb_in_one_call_leaves_a_concurrent_call_its_own_process_budget():
+    from concurrent.futures import ThreadPoolExecutor
+
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    threads = "import threading, time\nts = [threading.Thread(target=time.sleep, args=(0.5,)) for _ in range(8)]\n" \
+              "time.sleep(0.3)\n[t.start() for t in ts]\n[t.join() for t in ts]\nprint('ran', len(ts))"
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda code: run_python(code, timeout_s=2.0), [bomb, threads]))
+    assert results[0].error == "timeout after 2.0s" and results[1] == ToolResult("ran 8\n", "")
