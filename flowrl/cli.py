@@ -1,7 +1,9 @@
 """`flowrl train ALGO`, `flowrl plan ALGO`, `flowrl config`, `flowrl data`, `flowrl model import` and `flowrl export`.
 
 Every user mistake ends in one line naming the field, file or row and exit
-status 2 (a finished run: 3); anything else in one line and status 1.
+status 2 (a finished run: 3, or 0 under torchrun, whose agent reports any other
+status of a rank as a failure with a traceback); anything else in one line and
+status 1. Warnings raised in flowrl's own code print as one line each.
 `--debug` shows the full traceback instead. Heavy imports happen after the
 arguments parse, so `flowrl --help` answers at once.
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
+from pathlib import Path
 from typing import Any
 
 EXIT_USER_ERROR, EXIT_FINISHED, EXIT_FAILURE = 2, 3, 1
@@ -199,8 +203,29 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+_OWN_CODE = (str(Path(__file__).parent), str(Path(__file__).parent.parent / "algorithms"))  # flowrl and its algorithms
+_format_warning = warnings.formatwarning
+
+
+def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                   line: str | None = None) -> str:
+    """A warning raised in flowrl's own code as one line, "flowrl: warning: ..."; others as Python shows them.
+    Under torchrun only rank 0 says flowrl's (every rank warns alike)."""
+    if filename.startswith(_OWN_CODE):
+        return "" if os.environ.get("RANK", "0") != "0" else f"flowrl: warning: {message}\n"
+    return _format_warning(message, category, filename, lineno, line)
+
+
+def finished(err: Exception) -> int:
+    """A finished run: its one line (from rank 0 only under torchrun), status 3, or 0 under torchrun."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"flowrl: {err}", file=sys.stderr)
+    return 0 if "TORCHELASTIC_RUN_ID" in os.environ else EXIT_FINISHED
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    warnings.formatwarning = format_warning
     try:
         return run(args)
     except KeyboardInterrupt:
@@ -212,8 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         from flowrl.runtime.resume import RunFinished
 
         if isinstance(err, RunFinished):
-            print(f"flowrl: {err}", file=sys.stderr)
-            return EXIT_FINISHED
+            return finished(err)
         user = isinstance(err, ValueError)
         if user and os.environ.get("RANK", "0") != "0":
             return EXIT_USER_ERROR  # every rank of a torchrun job refuses a config alike: rank 0 says it once

