@@ -64,6 +64,9 @@ class TrainConfig(Section):
     seed: int = Field(0, description="Seed of data order, sampling and the tiny model.")
     output_dir: str = Field("runs/flowrl", description="Checkpoints, metrics.jsonl and the tiny model go here.")
     save_every: int = Field(10, ge=0, description="Checkpoint every this many steps (0: only at the end).")
+    shutdown_timeout_s: float = Field(25.0, gt=0, description="After SIGTERM or SIGINT the run stops at the end "
+                                      "of its step with a checkpoint; if that takes longer than this, it exits "
+                                      "without one (the last is intact). Below the scheduler's grace period.")
     keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
     eval_every: int = Field(10, ge=0, description="Greedy evaluation on fixed prompts every this many steps, "
                                                    "before the first step and after the last (0: off).")
@@ -137,6 +140,14 @@ class DataConfig(Section):
     reward_workers: int = Field(4, ge=0, description="Processes scoring responses (0: in the driver, no timeout); "
                                                      "with a reward server, batches in flight at once.")
     reward_timeout_s: float = Field(10.0, gt=0, description="A response scored longer than this scores 0.0.")
+    max_length: int | None = Field(None, ge=2, description="SFT and preference rows (flowrl.data.conversations) "
+                                   "longer than this many tokens are cut to it; None: no limit.")
+    judge_template: str | None = Field(None, description="The generative judge's prompt (roles.reward=judge; "
+                                       "flowrl.roles.judge): {prompt} and {response} are replaced by the row's; "
+                                       "None: flowrl.roles.judge.TEMPLATE, a 0-10 rating.")
+    judge_max_score: float = Field(10.0, gt=0, description="The judge's top score: a parsed score s in [0, max] "
+                                   "rewards s / max; no number, or one out of range, rewards 0 (counted).")
+    judge_max_new_tokens: int = Field(8, ge=1, description="Tokens the judge may answer with.")
 
     @field_validator("train_files", "val_files", mode="before")
     @classmethod
@@ -144,6 +155,19 @@ class DataConfig(Section):
         return [value] if isinstance(value, str) else value
 
     _paths = field_validator("train_files", "val_files")(_a_path)
+
+    @field_validator("judge_template")
+    @classmethod
+    def _fills_a_response(cls, value: str | None) -> str | None:
+        if value is not None and "{response}" not in value:
+            raise ValueError("the template must contain {response} (and usually {prompt})")
+        return value
+
+    def judge_settings(self) -> Any:
+        """The generative judge's settings (flowrl.roles.judge.JudgeSettings)."""
+        from flowrl.roles.judge import TEMPLATE, JudgeSettings
+
+        return JudgeSettings(self.judge_template or TEMPLATE, self.judge_max_score, self.judge_max_new_tokens)
 
 
 class RunConfig(Section):
@@ -157,8 +181,6 @@ class RunConfig(Section):
         default_factory=lambda: TrainEngineConfig.model_validate({}), description="The actor's train engine (`actor.engine`, a name in "
                                                    "flowrl.engines.TRAIN_ENGINES) and its options; the "
                                                    "reference and reward models run on the same engine.")
-    max_length: int | None = Field(None, ge=2, description="SFT and preference rows (flowrl.data.conversations) "
-                                   "longer than this many tokens are cut to it; None: no limit.")
     critic: SerializeAsAny[TrainEngineConfig] = Field(default_factory=lambda: TrainEngineConfig.model_validate({"lr": 5e-3}),
                                                       description="The critic's train engine and its options.")
     train: TrainConfig = Field(default_factory=TrainConfig)

@@ -39,6 +39,7 @@ class BuildContext:
     name: str = ""  # the role being built
     roles: dict[str, Any] = field(default_factory=dict)  # roles already built in this process
     shared: frozenset[str] = frozenset()  # roles that generate with their weight source's own module here
+    judge: Any = None  # the generative judge's settings (flowrl.roles.judge.JudgeSettings; None: its defaults)
 
     @cached_property
     def tokenizer(self) -> Any:

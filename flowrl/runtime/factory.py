@@ -92,7 +92,7 @@ def make_factory(cfg: RunConfig, plan: Plan, task: Any, path: Path, extra: dict[
     context = BuildContext(model=ModelSource(path, m.dtype, m.gradient_checkpointing),
                            engines={"actor": cfg.actor, "critic": cfg.critic, "rollout": cfg.rollout},
                            device=t.device, settings=settings, seed=t.seed, task=task, reward_model=reward_model,
-                           shared=plan.shared())
+                           shared=plan.shared(), judge=cfg.data.judge_settings())
     return RoleFactory(context, {**(extra or {}), **plan.specs})
 
 
