@@ -11,6 +11,7 @@ folder (any dtype) is read and written again in `dtype`.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 from pathlib import Path
 from typing import Any, Literal
@@ -84,8 +85,6 @@ def _from_gguf(path: Path) -> tuple[Any, Any]:
 
 
 def _from_folder(folder: Path) -> tuple[Any, Any]:
-    import json
-
     from transformers import AutoModelForCausalLM
 
     check_model_path(folder)
