@@ -48,6 +48,11 @@ def test_a_table_split_by_a_blank_line_is_caught():
     assert rendered_rows(split) == 2 and len(table_lines(split)) == 3
 
 
+def test_every_page_is_in_the_sites_nav():
+    nav = re.findall(r"^  - .+: (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    assert sorted(nav) == sorted(page.name for page in PAGES[1:]), "mkdocs.yml's nav should list every docs/*.md"
+
+
 def test_mkdocs_build_strict(tmp_path):
     if importlib.util.find_spec("mkdocs") is None:
         pytest.skip("mkdocs is not installed (it comes with pip install -e '.[test]')")
