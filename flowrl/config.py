@@ -100,10 +100,28 @@ class TrainConfig(Section):
     memory_check: bool = Field(True, description="On CUDA, refuse before anything loads a plan whose memory "
                                "estimate per GPU (as `flowrl plan --gpus N` prints it) exceeds one GPU's memory; "
                                "the estimate leans high, so False lets a tight run try.")
+    dump_rollouts_every: int = Field(0, ge=0, description="Write every this many steps' rows (prompt, response, "
+                                     "reward, advantages, policy_version, step) to output_dir/rollouts/ as "
+                                     "jsonl (flowrl.runtime.dumps; 0: off).")
+    dump_eval: bool = Field(False, description="Write each evaluation's rows to output_dir/eval/ as jsonl.")
+    dump_max_rows: int = Field(1024, ge=1, description="Rows per dump file at most; the rest are left out "
+                                                       "(logged).")
+    dump_max_bytes: int = Field(8_000_000, ge=1, description="Bytes per dump file at most.")
+    profile_steps: list[int] = Field(default_factory=list, description="[a, b]: run steps a..b (1-based) "
+                                     "under the torch profiler; output_dir/profile/ gets a Chrome trace, the "
+                                     "operator table and a per-node time table (flowrl.runtime.profiling); "
+                                     "[]: off.")
     loggers: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=lambda: ["console", "jsonl"], description="Where step metrics go: console (the step "
         "line), jsonl (metrics.jsonl), tensorboard, wandb (offline unless WANDB_MODE says otherwise), mlflow "
         "(local store); see flowrl.runtime.loggers.")
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _a_step_range(cls, value: list[int]) -> list[int]:
+        if value and (len(value) != 2 or not 1 <= value[0] <= value[1]):
+            raise ValueError(f"expected [first, last] steps with 1 <= first <= last, or [], got {value}")
+        return value
 
     @field_validator("loggers", mode="before")
     @classmethod

@@ -82,6 +82,7 @@ class Evaluator:
 
     def __init__(self, executor: Executor, prompts: TensorDict, sampled: Executor | None = None, k: int = 0):
         self.executor, self.prompts, self.sampled, self.k = executor, prompts, sampled, k
+        self.last_batch: TensorDict | None = None
 
     @classmethod
     def build(cls, executor: Executor, evaluation: Plan, prompts: TensorDict, k: int, task: Any,
@@ -93,6 +94,7 @@ class Evaluator:
 
     def __call__(self, step: int) -> dict[str, float]:
         batch, logged = self.executor.run_step(step, iter([self.prompts.clone()]))
+        self.last_batch = batch  # the greedy pass's rows (train.dump_eval writes them)
         out = {k: v for k, v in logged.items() if k.startswith("eval/")}
         if "data_source" in batch.keys():
             out.update(greedy_metrics(batch["scores"].tolist(), column(batch, "data_source")))

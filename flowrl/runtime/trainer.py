@@ -26,7 +26,7 @@ from flowrl.graph.role import role_spec
 from flowrl.plan.planner import Plan, compile_plan, model_roles
 from flowrl.plan.resources import gpu_placement
 from flowrl.runtime.data_tasks import eval_task, fit_prompts, run_task
-from flowrl.runtime import checkpoint, distributed, resume, threads
+from flowrl.runtime import checkpoint, distributed, dumps, profiling, resume, threads
 from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan, plays_episodes
 from flowrl.runtime.executor import Executor, LocalExecutor
 from flowrl.runtime.loggers import Loggers, open_loggers
@@ -205,14 +205,18 @@ def _loop(s: Session, progress: bool, on_step: OnStep | None) -> list[dict[str, 
     if s.main:
         s.loggers = open_loggers(cfg.train.loggers, s.out, cfg.model_dump(mode="json"),
                                  write=bar.write if progress else None, line=_format)
+    dumper, profiler = dumps.from_config(cfg.train, s.model_path), profiling.from_config(cfg.train, s.out)
     if s.start == 0 and s.evaluate is not None:
-        _log(s, bar, {**_evaluate(s, 0), "step": 0}, progress)
+        _log(s, bar, {**_evaluate(s, 0, dumper), "step": 0}, progress)
     history: list[dict[str, float]] = []
     for step in bar:
-        _, logged = s.executor.run_step(step, s.stream)
+        profiler.begin(step + 1)
+        batch, logged = s.executor.run_step(step, s.stream)
+        profiler.end(step + 1, logged)
+        dumps.rollouts(dumper, cfg.train, batch, step + 1)
         logged = distributed.mean_over_ranks(logged)
         if s.evaluate is not None and _eval_due(cfg, step + 1):
-            logged.update(_evaluate(s, step + 1))
+            logged.update(_evaluate(s, step + 1, dumper))
         logged["step"] = step + 1
         history.append(logged)
         _log(s, bar, logged, progress)
@@ -237,8 +241,11 @@ def _export(s: Session) -> None:
         s.executor.save_pretrained(role, str(path), load_tokenizer(s.model_path))
 
 
-def _evaluate(s: Session, step: int) -> dict[str, float]:
-    return distributed.mean_over_ranks(s.evaluate(step))
+def _evaluate(s: Session, step: int, dumper: dumps.Dumps | None = None) -> dict[str, float]:
+    logged = s.evaluate(step)
+    if dumper is not None and s.cfg.train.dump_eval:
+        dumper.write("eval", s.evaluate.last_batch, step)
+    return distributed.mean_over_ranks(logged)
 
 
 def _eval_due(cfg: RunConfig, step: int) -> bool:
