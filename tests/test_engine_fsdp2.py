@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor
 from flowrl.engines.hf_rollout import HFRolloutEngine
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
-from flowrl.engines.weight_sync import FullStateSync
+from flowrl.engines.weight_sync import StreamedSync
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from fakes import TokenMeanNLL, TokenSumNLL
 
@@ -56,7 +56,7 @@ def run(model_path, out_dir, rank, world):
     tokenizer = load_tokenizer(model_path)
     engine.save_pretrained(str(out_dir / f"hf{world}"), tokenizer)
     rollout = HFRolloutEngine(load_causal_lm(model_path), tokenizer)
-    FullStateSync()(engine, rollout)
+    StreamedSync()(engine, rollout)
     prompts = make_batch([(p, [0]) for p, _ in ROWS])
     generated = rollout.generate(prompts["prompt_ids"], prompts["prompt_mask"], PARAMS, seed=5)
     streamed = {name: tensor.clone() for name, tensor in engine.named_full_tensors()}  # the vLLM sync's source

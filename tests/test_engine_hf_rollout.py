@@ -5,7 +5,7 @@ from tensordict import TensorDict
 from flowrl.engines.hf_rollout import HFRolloutEngine, mask_after_eos
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
-from flowrl.engines.weight_sync import FullStateSync, SharedModuleSync, choose_weight_sync
+from flowrl.engines.weight_sync import StreamedSync, SharedModuleSync, choose_weight_sync
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from fakes import TokenMeanNLL
 
@@ -105,11 +105,11 @@ def test_shared_module_sync(tiny_model_path, tokenizer):
     assert torch.equal(after, reference.generate(ids, mask, GREEDY)["response_ids"])
 
 
-def test_full_state_sync(tiny_model_path, tokenizer):
+def test_streamed_sync(tiny_model_path, tokenizer):
     train = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=3e-2)
     rollout = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer)
     sync = choose_weight_sync(train.model, rollout.model)
-    assert isinstance(sync, FullStateSync)
+    assert isinstance(sync, StreamedSync)
     with pytest.raises(AssertionError):
         SharedModuleSync()(train, rollout)
     ids, mask = left_pad(tokenizer, PROMPTS)

@@ -13,7 +13,7 @@ from flowrl.engines.hf_rollout import HFRolloutEngine
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.lora import BaseModelEngine
 from flowrl.engines.protocols import SamplingParams
-from flowrl.engines.weight_sync import FullStateSync
+from flowrl.engines.weight_sync import StreamedSync
 from fakes import TokenMeanNLL
 from test_engine_fsdp2 import ROWS, make_batch
 
@@ -43,7 +43,7 @@ def test_the_synced_rollout_equals_the_trained_models_greedy_output(trained, tin
     tokenizer = load_tokenizer(tiny_model_path)
     prompts = make_batch([(p, [0]) for p, _ in ROWS])
     copy = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer)
-    FullStateSync()(trained, copy)  # merged weights under the base model's names
+    StreamedSync()(trained, copy)  # merged weights under the base model's names
     own = HFRolloutEngine(trained.model, tokenizer)  # the peft module itself, adapters on
     expected = own.generate(prompts["prompt_ids"], prompts["prompt_mask"], GREEDY)
     synced = copy.generate(prompts["prompt_ids"], prompts["prompt_mask"], GREEDY)

@@ -11,7 +11,7 @@ in Qwen2.5-Instruct), which would make rollout and training logprobs disagree.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 from tensordict import TensorDict
@@ -57,16 +57,31 @@ class HFRolloutEngine:
         return responses(response_ids_BR, logprobs_BR, self.eos_id, self.pad_id, prompt_ids_BP.device)
 
     def weight_sync(self, train: TrainEngine) -> WeightSync:
-        """Nothing to move when this engine generates with `train`'s own module, else a full-state copy."""
+        """Nothing to move when this engine generates with `train`'s own module, else a streamed copy."""
         return choose_weight_sync(getattr(train, "model", None), self.model)
 
     def close(self) -> None:
         """Nothing beyond tensors to release."""
 
-    @torch.no_grad()
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copies a full (unsharded) state dict into the rollout model; strict."""
-        self.model.load_state_dict(state_dict, strict=True)
+        self.load_weight_stream(state_dict.items())
+
+    @torch.no_grad()
+    def load_weight_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copies (name, tensor) pairs into the rollout model's own tensors as they come, so no state dict is
+        ever held; strict: every entry of the model's state dict must arrive, and no other. The count."""
+        own = self.model.state_dict(keep_vars=True)  # the model's tensors themselves, not copies
+        seen: set[str] = set()
+        for name, tensor in named_tensors:
+            if name not in own:
+                raise ValueError(f"weight sync sent {name!r}, which the rollout model does not have")
+            own[name].copy_(tensor)
+            seen.add(name)
+        missing = sorted(own.keys() - seen)
+        if missing:
+            raise ValueError(f"weight sync left {len(missing)} rollout entries unset, e.g. {missing[0]!r}")
+        return len(seen)
 
     def _generate_chunk(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, config: GenerationConfig,
                         params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,19 +1,27 @@
-"""Weight syncs: how the actor's weights reach the rollout engine after an update.
+"""Weight syncs: how the actor's weights reach the rollout engine in the same process after an update.
 
-- SharedModuleSync: one process, and the rollout engine holds the very module
-  the train engine updates, so there is nothing to move.
-- FullStateSync: the rollout model is a separate copy (on each rank, or in
-  another process): gather the full state dict (a collective when the train
-  model is FSDP2-sharded, so every rank must call it) and load it.
+- SharedModuleSync: the rollout engine holds the very module the train engine
+  updates, so there is nothing to move.
+- StreamedSync: the rollout model is a separate copy (each torchrun rank's
+  unsharded rollout, or vLLM's): the train engine's entries, unsharded one at
+  a time on its device (a collective when FSDP2-sharded, so every rank must
+  call it), go straight into the rollout engine's `load_weight_stream`; no
+  state dict is built, on the CPU or anywhere (sync.transport=in_process,
+  flowrl.engines.weight_transport).
+
+Across processes (split Ray pools) the executor moves the same stream over a
+collective (flowrl.engines.weight_transport.CollectiveTransport).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from flowrl import metrics
 from flowrl.engines.protocols import RolloutEngine, TrainEngine, WeightSync
 
 
@@ -24,24 +32,27 @@ class SharedModuleSync:
         assert train.model is rollout.model, "SharedModuleSync needs one module shared by both engines"
 
 
-class FullStateSync:
-    """Loads train.full_state_dict() into the rollout engine (collective when sharded)."""
+class StreamedSync:
+    """Streams train.named_full_tensors() into rollout.load_weight_stream (collective when sharded); logs
+    timing_s/sync."""
 
     def __call__(self, train: TrainEngine, rollout: RolloutEngine) -> None:
-        rollout.load_weights(train.full_state_dict())
+        start = time.perf_counter()
+        rollout.load_weight_stream(train.named_full_tensors())
+        metrics.log("timing_s/sync", time.perf_counter() - start)
 
 
 def choose_weight_sync(train_model: torch.nn.Module | None, rollout_model: torch.nn.Module) -> WeightSync:
-    """SharedModuleSync when both engines hold one module, else FullStateSync.
+    """SharedModuleSync when both engines hold one module, else StreamedSync.
 
     A shared module cannot be FSDP2-sharded: generate() stops after a
     different number of steps on each rank, and the sharded forward's
     collectives would hang. So sharing with world size > 1 is a ValueError.
     """
     if train_model is not rollout_model:
-        return FullStateSync()
+        return StreamedSync()
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if world_size > 1:
         raise ValueError(f"rollout_model is the train model itself with world size {world_size}; give the "
-                         "rollout engine its own unsharded copy and use FullStateSync")
+                         "rollout engine its own unsharded copy and use StreamedSync")
     return SharedModuleSync()
