@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Literal, Protocol
+from typing import Any, Callable, Iterable, Iterator, Literal, Protocol
 
 import torch
 from tensordict import TensorDict
@@ -121,6 +121,10 @@ class RolloutEngine(Protocol):
         ...
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
+
+    def load_weight_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Loads (name, tensor) pairs as they arrive (a weight transport's buckets), building no state dict."""
+        ...
 
     def weight_sync(self, train: TrainEngine) -> "WeightSync":
         """How the weights of `train` (a train engine in this process) reach this engine."""
