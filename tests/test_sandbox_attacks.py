@@ -12,6 +12,7 @@ check of what it tried.
 
 import hashlib
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -26,8 +27,6 @@ import pytest
 
 from flowrl.data import bwrap
 from flowrl.data.sandbox import ToolResult, run_python
-
-pytestmark = pytest.mark.skipif(bwrap.problem() != "", reason=f"the sandbox needs {bwrap.problem()}")
 
 SECRET = f"flowrl-secret-{uuid.uuid4().hex}"
 
@@ -206,7 +205,20 @@ ATTACKS = [
            "print('remount', libc.mount(None, b'/usr', None, 32 | 4096 | 16384, None))\n"
            "try:\n    open('/usr/{marker}', 'w')\nexcept OSError as e:\n    print('write', e.errno)\n"
            "print(sorted(os.listdir('/')))",
-           lambda r: "remount 0" not in r.output and "'work'" not in r.output),
+           lambda r: "unshare -1" in r.output and "remount 0" not in r.output and "'work'" not in r.output),
+    Attack("kernel_attack_surface_syscalls", "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+           "for name, nr in [('bpf', 321), ('perf_event_open', 298), ('userfaultfd', 323), ('io_uring_setup', 425), "
+           "('keyctl', 250), ('add_key', 248), ('init_module', 175), ('kexec_load', 246), ('clone3', 435), "
+           "('setns', 308), ('open_by_handle_at', 304)]:\n"
+           "    print(name, libc.syscall(nr, 0, 0, 0, 0, 0), ctypes.get_errno())",  # x86_64 numbers
+           lambda r: platform.machine() != "x86_64" or r.output.split("\n")[:-1] == [
+               f"{name} -1 {38 if name == 'clone3' else 1}" for name in ("bpf", "perf_event_open", "userfaultfd",
+               "io_uring_setup", "keyctl", "add_key", "init_module", "kexec_load", "clone3", "setns",
+               "open_by_handle_at")]),
+    Attack("clone_into_new_namespaces", "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+           "print([libc.syscall(56, flag | 17, 0, 0, 0, 0) for flag in "  # clone(CLONE_NEW* | SIGCHLD), x86_64
+           "(0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000)])",
+           lambda r: platform.machine() != "x86_64" or r.output.strip() == str([-1] * 7)),
     Attack("raise_own_rlimits", TRY + "import resource\nattempt('as', lambda: resource.setrlimit(resource.RLIMIT_AS, "
            "(-1, -1)))\nattempt('nproc', lambda: resource.setrlimit(resource.RLIMIT_NPROC, (-1, -1)))\n"
            "x = bytearray(2**30)", lambda r: _refused("as", "nproc")(r) and r.error.startswith("out of memory")),
@@ -298,8 +310,8 @@ def test_an_attack_from_inside_the_sandbox_does_no_harm_outside(attack, targets)
 def test_the_sandbox_dies_with_the_trainer():
     """A trainer killed by SIGKILL mid-call leaves no sandboxed process behind (--die-with-parent)."""
     marker = f"flowrl-attack-{uuid.uuid4().hex[:12]}"
-    code = f"import os\nif os.fork() == 0:\n    os.setsid()\n    os.execv('/usr/bin/sleep', ['sleep-{marker}', '600'])\n" \
-           "import time\ntime.sleep(600)"
+    code = f"import os, time\nif os.fork() == 0:\n    os.setsid()\n" \
+           f"    os.execv('/usr/bin/sleep', ['sleep-{marker}', '600'])\ntime.sleep(600)"
     argv = bwrap.command([bwrap.interpreter(), "-I", "-S", "-c", code], bwrap.Limits(timeout_s=600))
     trainer = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\nsubprocess.Popen(sys.argv[1:])\n"
                                 "time.sleep(600)", *argv])

@@ -1,6 +1,6 @@
 """The OS sandbox of the python tool: bubblewrap (bwrap) namespaces, an unprivileged uid and rlimits.
 
-`command(argv, limits, uid, info_fd)` wraps an interpreter's argv so that it
+`command(argv, limits, uid, info_fd, seccomp_fd)` wraps an interpreter's argv so that it
 runs
 
 - as `uid` (and gid) with no capabilities and no supplementary groups:
@@ -23,7 +23,8 @@ runs
   /home, /work or run folder is there;
 - under util-linux's `prlimit`: address space (`memory_mb`), CPU seconds,
   processes and threads (`max_processes`), bytes per written file (the
-  output cap), open files, no core dumps.
+  output cap), open files, no core dumps;
+- under the seccomp filter of flowrl.data.seccomp (`seccomp_fd`).
 
 `problem()` says why this machine cannot (bwrap missing, or it cannot make
 namespaces here), or "" when it can; it is probed once per bwrap path.
@@ -42,6 +43,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from flowrl.data import seccomp
+
 NOBODY = 65534
 INSTALL = "apt-get install bubblewrap"
 _ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # all setpriv needs to drop to nobody
@@ -59,10 +62,12 @@ class Limits:
     tmp_mb: int = 16  # size of its private /tmp
 
 
-def command(argv: list[str], limits: Limits, uid: int = NOBODY, info_fd: int | None = None) -> list[str]:
-    """bwrap [namespaces, uid, mounts] -- prlimit [limits] -- [setpriv, as root] argv."""
-    info = ["--info-fd", str(info_fd)] if info_fd is not None else []
-    return [_bwrap(), *info, *_identity(uid), *_namespaces(), *_mounts(limits.tmp_mb), "--", *_prlimit(limits),
+def command(argv: list[str], limits: Limits, uid: int = NOBODY, info_fd: int | None = None,
+            seccomp_fd: int | None = None) -> list[str]:
+    """bwrap [namespaces, uid, mounts, seccomp] -- prlimit [limits] -- [setpriv, as root] argv."""
+    fds = [*(["--info-fd", str(info_fd)] if info_fd is not None else []),
+           *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else [])]
+    return [_bwrap(), *fds, *_identity(uid), *_namespaces(), *_mounts(limits.tmp_mb), "--", *_prlimit(limits),
             *_drop_to(uid), *argv]
 
 
@@ -90,12 +95,18 @@ def _probe(bwrap: str | None, setpriv: str | None, prlimit: str | None) -> str:
         return f"bubblewrap: {INSTALL}"
     if prlimit is None or (os.geteuid() == 0 and setpriv is None):
         return "util-linux's prlimit and setpriv: apt-get install util-linux"
+    if not seccomp.available():
+        return "libseccomp: apt-get install libseccomp2"
+    filter_fd = seccomp.program_fd()
     try:
         with uid_slot() as uid:
-            done = subprocess.run(command([interpreter(), "-I", "-S", "-c", "pass"], Limits(timeout_s=10), uid),
-                                  capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+            argv = command([interpreter(), "-I", "-S", "-c", "pass"], Limits(timeout_s=10), uid, None, filter_fd)
+            done = subprocess.run(argv, capture_output=True, timeout=30, stdin=subprocess.DEVNULL,
+                                  pass_fds=(filter_fd,))
     except (OSError, subprocess.TimeoutExpired) as err:
         return f"a working bubblewrap ({bwrap} failed: {err})"
+    finally:
+        os.close(filter_fd)
     if done.returncode != 0:
         last = (done.stderr.decode(errors="replace").strip().splitlines() or [f"exit {done.returncode}"])[-1]
         return f"a working bubblewrap ({bwrap} failed here: {last[:200]})"

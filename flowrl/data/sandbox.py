@@ -3,8 +3,8 @@
 `run_python(code)` runs `python -I -S -c code` inside bubblewrap
 (flowrl.data.bwrap): as uid nobody with no capabilities, no network, no
 view of other processes or of the machine's files (only the interpreter,
-/usr and a private /tmp, read-only but for /tmp), and every process it
-starts is killed when it ends. It returns what the code printed, or a
+/usr and a private /tmp, read-only but for /tmp), under a seccomp filter
+(flowrl.data.seccomp), and every process it starts is killed when it ends. It returns what the code printed, or a
 one-line error:
 
 - time: `timeout_s` of wall clock (and as much CPU time per process), then
@@ -39,11 +39,14 @@ import warnings
 from dataclasses import dataclass
 from typing import IO
 
-from flowrl.data import bwrap
+from flowrl.data import bwrap, seccomp
 
 UNSAFE = ("unsafe_no_sandbox: model code runs WITHOUT the OS sandbox, as this process's user, able to read and "
           "change every file this user can (checkpoints included) and to signal the trainer; use only on a "
           "throw-away machine")
+
+
+SETUP_TIMEOUT_S = 30.0  # longest bwrap may take to set a sandbox up before the code's own timeout starts
 
 
 @dataclass(frozen=True)
@@ -84,33 +87,44 @@ def run_python(code: str, *, timeout_s: float = 2.0, memory_mb: int = 256, max_o
 def _run_sandboxed(argv: list[str], limits: bwrap.Limits, out: IO, err: IO, tmp: str) -> int | None:
     """bwrap's exit status, or None when it ran past the timeout and its pid namespace was killed whole."""
     info_read, info_write = os.pipe()
+    filter_fd = seccomp.program_fd()
     try:
         with bwrap.uid_slot() as uid:
-            proc = subprocess.Popen(bwrap.command(argv, limits, uid, info_write), stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=err, env={"PATH": os.defpath}, start_new_session=True,
-                                    pass_fds=(info_write,))
+            proc = subprocess.Popen(bwrap.command(argv, limits, uid, info_write, filter_fd),
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, env={"PATH": os.defpath},
+                                    start_new_session=True, pass_fds=(info_write, filter_fd))
             os.close(info_write)
             info_write = -1
+            sandbox_pid = _started(info_read)  # the timeout counts from here: a busy machine's setup is not the code's
             try:
                 return proc.wait(timeout=limits.timeout_s)
             except subprocess.TimeoutExpired:
-                _kill_namespace(proc, info_read)
+                _kill_namespace(proc, sandbox_pid)
                 return None
     finally:
-        for fd in (info_read, info_write):
+        for fd in (info_read, info_write, filter_fd):
             if fd >= 0:
                 os.close(fd)
 
 
-def _kill_namespace(proc: subprocess.Popen, info_read: int) -> None:
-    """Kills the sandbox's pid 1 (bwrap wrote its pid on the info pipe): the kernel then kills every process in
-    its pid namespace before bwrap sees it exit, so none is left when this returns."""
-    ready, _, _ = select.select([info_read], [], [], 1.0)
-    info = os.read(info_read, 4096) if ready else b""
+def _started(info_read: int) -> int | None:
+    """The host pid of the sandbox's pid 1, once bwrap has set it up and said so on the info pipe (None when bwrap
+    failed first: the pipe closed empty, or it took over SETUP_TIMEOUT_S)."""
+    ready, _, _ = select.select([info_read], [], [], SETUP_TIMEOUT_S)
     try:
-        os.kill(json.loads(info)["child-pid"], signal.SIGKILL)
-    except (ValueError, KeyError, ProcessLookupError):
-        pass  # bwrap had not set the sandbox up yet: killing bwrap (below) ends it
+        return int(json.loads(os.read(info_read, 65536))["child-pid"]) if ready else None
+    except (ValueError, KeyError):
+        return None
+
+
+def _kill_namespace(proc: subprocess.Popen, sandbox_pid: int | None) -> None:
+    """Kills the sandbox's pid 1: the kernel then kills every process in its pid namespace before bwrap sees it
+    exit, so none is left when this returns."""
+    if sandbox_pid is not None:
+        try:
+            os.kill(sandbox_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
