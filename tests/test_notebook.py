@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -22,5 +23,6 @@ def test_quickstart_notebook_runs(tmp_path, capsys):
         os.chdir(cwd)
     out = capsys.readouterr().out
     assert "plan reinforce_pp:" in out and "reinforce_pp_advantage @driver" in out
+    assert re.search(r"^2 steps in \d+ s$", out, re.M)  # the time it states
     assert list(tmp_path.iterdir()) == []  # the run went to a temporary folder, not beside the notebook
     assert set(temp.glob("flowrl-quickstart-*")) == before  # which its last cell removed
