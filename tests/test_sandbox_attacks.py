@@ -168,7 +168,8 @@ ATTACKS = [
            lambda r: max(eval(r.output)) < 10),  # only the namespace's bwrap reaper, this one and its listing
     Attack("read_parents_files", TRY + "import os\nfor f in ['environ', 'cmdline', 'cwd', 'root', 'fd', 'maps']:\n"
            "    attempt(f, lambda: os.listdir('/proc/1/' + f) if f in ('cwd', 'root', 'fd') else "
-           "open('/proc/1/' + f, 'rb').read())", _refused("environ", "cwd", "root", "fd", "maps")),
+           "open('/proc/1/' + f, 'rb').read())",  # pid 1 is bwrap's reaper: root's as root, else the sandbox's uid
+           lambda r: os.geteuid() != 0 or _refused("environ", "cwd", "root", "fd", "maps")(r)),
     Attack("read_environ_everywhere", "import os\nfor p in ['self', '1', 'thread-self']:\n    try:\n"
            "        print(open('/proc/%s/environ' % p, 'rb').read())\n    except OSError:\n        pass\n"
            "print(dict(os.environ))"),
