@@ -107,3 +107,14 @@ def test_the_tool_sandboxs_defaults_on_the_multiturn_page_are_the_codes():
     assert set(said) == {"timeout_s", "memory_mb", "max_output_bytes", "max_processes", "call_reward"}
     assert said == {name: float(defaults[name]) for name in said}
     assert one(r"`timeout after ([0-9.]+)s`", (DOCS / "multiturn.md").read_text())[1] == f"{defaults['timeout_s']:.1f}"
+
+
+def test_defaults_quoted_in_the_docs_are_the_codes():
+    from flowrl.config import TrainConfig
+
+    said = one(r"`train.placement_timeout_s` \(([0-9.]+) s;", (DOCS / "cluster.md").read_text())[1]
+    assert float(said) == TrainConfig().placement_timeout_s
+    said = one(r"\(`--gpu-memory-gib`, default ([0-9.]+)\)", (DOCS / "concepts.md").read_text())[1]
+    assert float(said) == cli.parse(["plan"]).gpu_memory_gib
+    said = one(r"with\s+`algo.max_staleness` \(default (\d+)\)", (DOCS / "async.md").read_text())[1]
+    assert int(said) == ALGORITHMS.get("grpo_async").config_cls().max_staleness
