@@ -160,7 +160,7 @@ class DataConfig(Section):
     reward_timeout_s: float = Field(10.0, gt=0, description="A response scored longer than this scores 0.0.")
     max_length: int | None = Field(None, ge=2, description="SFT and preference rows (flowrl.data.conversations) "
                                    "longer than this many tokens are cut to it; None: no limit.")
-    judge_template: str | None = Field(None, description="The generative judge's prompt (roles.reward=judge; "
+    judge_template: str | None = Field(None, description="The generative judge's prompt (roles.reward=llm_judge; "
                                        "flowrl.roles.judge): {prompt} and {response} are replaced by the row's; "
                                        "None: flowrl.roles.judge.TEMPLATE, a 0-10 rating.")
     judge_max_score: float = Field(10.0, gt=0, description="The judge's top score: a parsed score s in [0, max] "

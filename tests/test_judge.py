@@ -33,7 +33,8 @@ class Verdicts:
         assert params.greedy and params.max_new_tokens == 8
         self.asked += [self.tokenizer.decode(ids[m.bool()].tolist()) for ids, m in zip(prompt_ids, prompt_mask)]
         ids, mask = left_pad([self.tokenizer.encode(t, add_special_tokens=False)[::-1] or [0] for t in self.texts], 0)
-        return TensorDict(response_ids=ids.flip(1), response_mask=mask.flip(1), batch_size=[len(self.texts)])  # right-padded
+        # reversed rows left-padded, flipped: right-padded rows in order
+        return TensorDict(response_ids=ids.flip(1), response_mask=mask.flip(1), batch_size=[len(self.texts)])
 
     def close(self):
         pass
@@ -80,7 +81,7 @@ def test_the_tiny_model_judges_through_the_hf_rollout_engine(tiny_model_path):
 
 def test_grpo_trains_a_step_with_the_judge_as_its_reward(tmp_path):
     cfg = load_run_config(None, [
-        "roles.reward=judge", "data.judge_template={prompt}{response}=", "train.steps=1", "train.batch_size=2",
+        "roles.reward=llm_judge", "data.judge_template={prompt}{response}=", "train.steps=1", "train.batch_size=2",
         "algo.group_size=2", "algo.kl_coef=0", "train.eval_every=0", "train.export=false",
         "rollout.max_new_tokens=4", f"train.output_dir={tmp_path}"])
     step = train(cfg, progress=False)[0]

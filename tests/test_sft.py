@@ -172,5 +172,7 @@ def test_the_real_smollm2_models_held_out_loss_falls_on_generated_instructions(t
         "actor.lr=2e-5", "train.export=false", f"train.output_dir={tmp_path / 'run'}"])
     history = train(cfg, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    print(f"SmolLM2 SFT: held-out loss {rows[0]['eval/sft/loss']:.4f} -> {rows[-1]['eval/sft/loss']:.4f}, train "
+          f"loss {history[0]['actor/sft_loss']:.4f} -> {history[-1]['actor/sft_loss']:.4f}")
     assert rows[-1]["eval/sft/loss"] < rows[0]["eval/sft/loss"] * 0.8, rows
     assert 5 <= history[0]["sft/loss_tokens"] <= 12  # "ANSWER: 123" and the end of turn, not the prompt

@@ -74,7 +74,7 @@ for _name, _where in (("actor", "actor:Actor"), ("ref", "actor:Ref"), ("critic",
                       ("rollout", "rollout:Rollout"), ("reward", "reward:Reward"),
                       ("reward_model", "reward:RewardModel"), ("kl_ctrl", "kl_controller:KLController"),
                       ("conversations", "conversations:Conversations"),
-                      ("learned_reward", "conversations:LearnedReward"), ("judge", "judge:Judge")):
+                      ("learned_reward", "conversations:LearnedReward"), ("llm_judge", "judge:Judge")):
     ROLES.register(_name, f"flowrl.roles.{_where}")
 
 

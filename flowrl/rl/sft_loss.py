@@ -9,8 +9,8 @@ the whole mini-batch's however it is split.
 the same `group`, `preference` +1 on the chosen row and -1 on the rejected one; its score is the head's
 output at the row's last response token, and the loss is mean over pairs of -log sigmoid(s_chosen -
 s_rejected), plus `center_coef` times the mean squared score (reward centering, Eisenstein et al.,
-arXiv:2312.09244: scores stay near 0). A pair's two rows must meet in one micro-batch (the `learned_reward` role's update keeps
-them together). The stages below compute the same figures as evaluation metrics.
+arXiv:2312.09244: scores stay near 0). A pair's two rows must meet in one micro-batch (the
+`learned_reward` role's update keeps them together). The stages below compute the same figures as evaluation metrics.
 """
 
 from __future__ import annotations

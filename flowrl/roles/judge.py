@@ -1,6 +1,6 @@
 """A generative judge: a reward role that asks a language model to rate each response and parses its score.
 
-Bind it to an algorithm's `reward` parameter with `roles.reward=judge`. Each row's prompt and response
+Bind it to an algorithm's `reward` parameter with `roles.reward=llm_judge`. Each row's prompt and response
 (decoded with the policy's tokenizer, special tokens dropped) fill `data.judge_template`'s `{prompt}` and
 `{response}`; the text goes to the judge model as a user turn of its chat template (as it is without
 one), the judge answers greedily on a rollout engine of its own (`rollout.engine`: hf, hf_static or
@@ -66,7 +66,7 @@ def _scores_key(key: str = "scores", **_: Any) -> tuple[str, ...]:
     return (key,)
 
 
-@role("judge")
+@role("llm_judge")
 @dataclass
 class Judge:
     engine: RolloutEngine
