@@ -38,7 +38,7 @@ address): Ray then registers the node at 127.0.0.1 and its servers (GCS, raylet,
 listen on 127.0.0.1 only. Without it Ray turns 127.0.0.1, wherever it is given (ray.init(_node_ip_address=),
 `ray start --node-ip-address`, `--address=127.0.0.1:port`: services.resolve_ip_for_localhost), into the
 machine's interface address and listens on all interfaces. It also makes `ray start --address` refuse to
-start a second node, so a multi-node cluster on one machine cannot stay on loopback (Ray 2.60); and a driver
+start a second node (ray.cluster_utils.Cluster's add_node still starts one, at 127.0.0.1); and a driver
 started with it reports 127.0.0.1 to a cluster it joins by GCS address, so set it only for local clusters."""
 BUNDLE_NUM_CPUS = 0.01  # per rank: Ray refuses empty bundles; torch still uses OMP_NUM_THREADS (Ray sets 1)
 SHIPPED_DIR = "flowrl-shipped"  # under each node's temp folder
