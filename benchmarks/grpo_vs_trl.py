@@ -49,6 +49,9 @@ PEAK_FLOPS, PEAK_NAME = 989e12, "H100/H200 SXM dense bf16"
 FULL_RUN = dict(prompts=64, group=8, new_tokens=256, micro=32)
 SMALL_RUN = dict(prompts=4, group=2, new_tokens=8, micro=4)
 SYSTEMS = ("flowrl", "trl", "trl_vllm", "plain")
+FAST_SETS = ("rollout.engine=hf_static", "actor.compile=true", "train.forward_micro_batch_size=128")
+"""The flowrl options of the H200 runs (docs/benchmarks.md); `train.device=cuda` alone picks them
+(flowrl.engines.hf_configs.CUDA_DEFAULTS, tests/test_cuda_defaults.py)."""
 EOS_ID = 1  # common.full_vocab_tokenizer's "<eos>"
 
 

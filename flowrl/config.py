@@ -76,7 +76,9 @@ class TrainConfig(Section):
     export: bool = Field(True, description="At the end, write the actor as a Hugging Face model folder "
                                            "to output_dir/final (loadable with from_pretrained).")
     resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir if there is one.")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="Device of the local pools.")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="Device of the local pools; cuda also picks the "
+                                           "fast engines' options the run leaves unset "
+                                           "(flowrl.engines.hf_configs.CUDA_DEFAULTS).")
     cpu_threads: int = Field(0, ge=0, description="Threads of torch's CPU ops in each process (torchrun rank, "
                              "Ray worker); 0: OMP_NUM_THREADS if set, else 1 for the built-in tiny model, else "
                              "the cores of the process's CPU affinity shared among the ranks on its node "
@@ -299,6 +301,9 @@ def load_run_config(path: str | None = None, overrides: list[str] = ()) -> RunCo
         if not sep:
             raise ValueError(f"--set {item!r}: expected key=value")
         set_dotted(values, key.strip(), raw.strip())
+    from flowrl.engines.hf_configs import device_defaults  # torch and transformers: imported when needed
+
+    device_defaults(values)
     return validate(RunConfig, values)
 
 

@@ -21,6 +21,24 @@ from flowrl.engines.lr_schedules import check_schedule
 from flowrl.engines.protocols import TrainEngine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+CUDA_DEFAULTS = {"rollout.engine": "hf_static", "actor.compile": True, "train.forward_micro_batch_size": 128}
+"""What `train.device=cuda` changes from the CPU defaults where the run sets nothing else: the configuration
+of docs/benchmarks.md's H200 runs (the static-cache rollout with its captured decode loop, compiled train
+passes, 128-row no-grad forward passes). flowrl.config.load_run_config applies it."""
+
+
+def device_defaults(values: dict[str, Any]) -> None:
+    """Fills CUDA_DEFAULTS into a run's raw config values when train.device is cuda, leaving every key the run
+    set, and leaving a section alone whose engine, or one of whose keys, is not the default's."""
+    if values.get("train", {}).get("device") != "cuda":
+        return
+    rollout, actor = values.get("rollout", {}), values.get("actor", {})
+    static_keys = set(HFStaticRolloutConfig.model_fields)
+    if "engine" not in rollout and set(rollout) <= static_keys:  # e.g. rollout.micro_batch_size is hf's own
+        values.setdefault("rollout", {})["engine"] = CUDA_DEFAULTS["rollout.engine"]
+    if actor.get("engine", "hf") == "hf":
+        values.setdefault("actor", {}).setdefault("compile", CUDA_DEFAULTS["actor.compile"])
+    values["train"].setdefault("forward_micro_batch_size", CUDA_DEFAULTS["train.forward_micro_batch_size"])
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

@@ -1,0 +1,29 @@
+"""train.device=cuda alone picks the configuration of the H200 benchmark runs; the CPU defaults stay."""
+
+import sys
+from pathlib import Path
+
+from flowrl.config import RunConfig, load_run_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from grpo_vs_trl import FAST_SETS  # noqa: E402
+
+
+def test_cuda_alone_resolves_to_the_benchmarks_configuration():
+    alone = load_run_config(None, ["train.device=cuda"])
+    assert (alone.rollout.engine, alone.actor.compile, alone.train.forward_micro_batch_size) == ("hf_static", True, 128)
+    assert alone.model_dump() == load_run_config(None, ["train.device=cuda", *FAST_SETS]).model_dump()
+
+
+def test_the_cpu_defaults_are_unchanged():
+    cfg = load_run_config(None, [])
+    assert cfg.model_dump() == RunConfig().model_dump()
+    assert (cfg.rollout.engine, cfg.actor.compile, cfg.train.forward_micro_batch_size) == ("hf", False, 0)
+
+
+def test_what_a_cuda_run_sets_wins():
+    cfg = load_run_config(None, ["train.device=cuda", "rollout.engine=vllm", "actor.compile=false",
+                                 "train.forward_micro_batch_size=32"])
+    assert (cfg.rollout.engine, cfg.actor.compile, cfg.train.forward_micro_batch_size) == ("vllm", False, 32)
+    hf_only = load_run_config(None, ["train.device=cuda", "rollout.micro_batch_size=64"])  # a key of the hf engine
+    assert (hf_only.rollout.engine, hf_only.rollout.micro_batch_size, hf_only.actor.compile) == ("hf", 64, True)
