@@ -69,6 +69,7 @@ def test_profile_steps_write_a_chrome_trace_and_a_node_time_table(tmp_path):
     names = {event.get("name") for event in trace["traceEvents"]}
     assert {"flowrl step 2", "flowrl step 3"} <= names and "flowrl step 1" not in names
     assert any("aten::" in str(name) for name in names)  # the model's operators ran inside
+    assert {"rollout.generate", "actor.update"} <= names  # each graph node's range (flowrl.runtime.scheduling)
     with open(tmp_path / "profile" / "node_times.csv") as f:
         table = {row["node"]: row for row in csv.DictReader(f)}
     assert {"rollout.generate", "reward.score", "group_advantage", "actor.update"} <= set(table)

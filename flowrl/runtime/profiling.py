@@ -1,7 +1,8 @@
 """Profiling: `train.profile_steps=[a, b]` runs steps a..b (1-based, as logged) under the torch profiler.
 
 At step b it writes to `output_dir/profile/`: `trace.json` (a Chrome trace: chrome://tracing or
-ui.perfetto.dev; each step a `flowrl step N` range), `ops.txt` (the profiler's operator table, by self
+ui.perfetto.dev; each step a `flowrl step N` range, each graph node run in this process a range named
+after it), `ops.txt` (the profiler's operator table, by self
 time) and `node_times.csv`, the per-node time table: each graph node's seconds over the profiled steps
 (the executor's `timing_s/<node>`), its mean per step and its share of the steps' time. CPU activity is
 recorded always, CUDA's too on a CUDA run. Under torchrun each rank writes its own files (`.rankR`).

@@ -91,7 +91,7 @@ def call_node(node: Node, roles: dict[str, Any], batch: TensorDict, calls: StepC
     here: the step around them acts on them)."""
     if node.kind in (NodeKind.FILL, NodeKind.BUFFER):
         return batch
-    with metrics.node(node.name):
+    with metrics.node(node.name), torch.profiler.record_function(node.name):  # a range in profiles' traces
         if node.role is None:
             return run_stage(node, batch)
         return call_role(node, roles[node.role], batch, calls.next(node.role, node.method))
