@@ -2,19 +2,20 @@
 
 import json
 import random
-import subprocess
-import sys
 import time
 
 import torch
 from transformers import AutoModelForCausalLM
+
+import cli_process
 
 ARGS = ["train", "grpo", "--no-progress", "--set", "train.steps=8", "--set", "train.save_every=1",
         "--set", "train.eval_every=0", "--set", "train.batch_size=8"]
 
 
 def command(folder):
-    return [sys.executable, "-m", "flowrl", *ARGS, "--output-dir", str(folder)]
+    """`flowrl train` as a process of its own (forked from one that imported flowrl once: tests/cli_process.py)."""
+    return [*ARGS, "--output-dir", str(folder)]
 
 
 def metrics(folder):
@@ -30,23 +31,23 @@ def logged_steps(folder):
 def kill_after_step(folder, step, delay):
     """Start a run, SIGKILL it `delay` seconds after metrics.jsonl shows `step` (the checkpoint of that step is
     being written then); returns whether it was killed (False: it had finished)."""
-    proc = subprocess.Popen(command(folder), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = cli_process.start(command(folder), cwd=folder.parent)
     deadline = time.monotonic() + 300
-    while proc.poll() is None and logged_steps(folder) < step and time.monotonic() < deadline:
+    while proc.is_alive() and logged_steps(folder) < step and time.monotonic() < deadline:
         time.sleep(0.02)
     time.sleep(delay)
-    killed = proc.poll() is None
+    killed = proc.is_alive()
     proc.kill()  # SIGKILL: no cleanup of any kind
-    proc.wait()
+    proc.join()
     return killed
 
 
 def test_kill_9_at_random_points_then_resume_equals_an_uninterrupted_run(tmp_path):
-    straight = subprocess.run(command(tmp_path / "straight"), capture_output=True, text=True, timeout=600)
+    straight = cli_process.run(*command(tmp_path / "straight"), cwd=tmp_path, timeout=600)
     assert straight.returncode == 0, straight.stderr
     rng = random.Random(0)
     kills = sum(kill_after_step(tmp_path / "killed", step, rng.uniform(0.0, 0.3)) for step in (2, 4, 6))
-    last = subprocess.run(command(tmp_path / "killed"), capture_output=True, text=True, timeout=600)
+    last = cli_process.run(*command(tmp_path / "killed"), cwd=tmp_path, timeout=600)
     assert last.returncode in (0, 3), last.stderr  # 3: an attempt had finished the run before its kill
     assert kills >= 2
     assert metrics(tmp_path / "killed") == metrics(tmp_path / "straight")
