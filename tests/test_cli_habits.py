@@ -104,11 +104,19 @@ def test_node_timeout_under_the_local_executor_warns():
         warn_no_effect(load_run_config(None, ["train.node_timeout_s=30", "train.executor=ray"]), ("actor", "rollout"))
 
 
-def test_the_tiny_models_tokenizer_has_the_models_vocabulary_size(tiny_model_path):
+def test_the_tiny_models_tokenizer_has_the_models_vocabulary_size(tiny_model_path, tmp_path):
+    import shutil
+
     from transformers import AutoConfig, AutoTokenizer
 
-    # AutoTokenizer loads a qwen2 folder with Qwen2Tokenizer, which added "<|endoftext|>" as unk: 15 for 14
-    assert len(AutoTokenizer.from_pretrained(tiny_model_path)) == AutoConfig.from_pretrained(tiny_model_path).vocab_size
+    from flowrl.engines.hf_models import load_tokenizer
+
+    exported = tmp_path / "final"  # as the trainer's export writes it: the run's tokenizer beside the weights
+    load_tokenizer(tiny_model_path).save_pretrained(exported)
+    shutil.copy(tiny_model_path / "config.json", exported)
+    for folder in (tiny_model_path, exported):
+        # AutoTokenizer loads a qwen2 folder with Qwen2Tokenizer, which added "<|endoftext|>" as unk: 15 for 14
+        assert len(AutoTokenizer.from_pretrained(folder)) == AutoConfig.from_pretrained(folder).vocab_size
 
 
 def test_a_critics_new_head_is_one_line_not_a_load_report(tiny_model_path, capfd):
