@@ -228,16 +228,21 @@ def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = format_warning
     try:
         return run(args)
-    except KeyboardInterrupt:
-        print("flowrl: interrupted; rerun the same command to resume from the last checkpoint", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        print(f"flowrl: interrupted{f' ({err})' if str(err) else ''}; rerun the same command to resume from the "
+              f"last checkpoint", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001  (the one place every error becomes one line)
         if args.debug:
             raise
         from flowrl.runtime.resume import RunFinished
+        from flowrl.runtime.shutdown import Stopped
 
         if isinstance(err, RunFinished):
             return finished(err)
+        if isinstance(err, Stopped):  # SIGTERM or SIGINT, at a safe point: where the checkpoint is
+            print(f"flowrl: {err}", file=sys.stderr)
+            return err.exit_code
         user = isinstance(err, ValueError)
         if user and os.environ.get("RANK", "0") != "0":
             return EXIT_USER_ERROR  # every rank of a torchrun job refuses a config alike: rank 0 says it once
@@ -245,6 +250,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"flowrl: {what}: {' '.join(str(err).split()) or type(err).__name__}"
               f"{'' if user else ' (rerun with --debug for the traceback)'}", file=sys.stderr)
         return EXIT_USER_ERROR if user else EXIT_FAILURE
+    except BaseException as err:  # torch.distributed.checkpoint's CheckpointException is no Exception
+        if args.debug or isinstance(err, (SystemExit, GeneratorExit)):
+            raise
+        lines = str(err).strip().splitlines()
+        print(f"flowrl: error: {type(err).__name__}: {lines[0] if lines else ''} (rerun with --debug for the "
+              f"traceback)", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 if __name__ == "__main__":

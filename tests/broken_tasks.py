@@ -28,3 +28,14 @@ class HugeReward(ArithmeticTask):
 class InfiniteReward(ArithmeticTask):
     def reward(self, responses, meta):
         return [float("inf") for _ in responses]
+
+
+class SlowReward(ArithmeticTask):
+    """Each step's scoring takes FLOWRL_TEST_REWARD_S seconds (default 0.5): a run that lasts while tests act on it."""
+
+    def reward(self, responses, meta):
+        import os
+        import time
+
+        time.sleep(float(os.environ.get("FLOWRL_TEST_REWARD_S", "0.5")))
+        return super().reward(responses, meta)

@@ -11,8 +11,11 @@ writes its own shards of each engine's state into the temporary folder
 `latest()` returns the newest checkpoint whose files match its manifest: a
 damaged newest one (truncated, edited, a pointer to a missing folder) is
 skipped with a warning, never deleted, and an older intact one is used. Disk
-errors while saving (a full disk) are raised as CheckpointError naming the
-folder, with the previous checkpoint left as it was.
+errors while saving (a full disk), and every failure inside
+torch.distributed.checkpoint (its CheckpointException is a BaseException), are
+raised as one-line CheckpointErrors naming the folder, with the temporary folder
+removed and the previous checkpoint left as it was; Ctrl-C inside a save is a
+KeyboardInterrupt saying so.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import shutil
 import warnings
 from pathlib import Path
 from typing import Any
+
+from torch.distributed.checkpoint.api import CheckpointException
 
 from flowrl.engines.protocols import TrainEngine
 from flowrl.runtime import distributed
@@ -51,8 +56,11 @@ def save(root: str | Path, step: int, engines: dict[str, TrainEngine], state: di
     tmp = root / f".tmp_{final.name}"
     if not is_main:
         distributed.barrier()  # rank 0 has made the temporary folder afresh
-        for role, engine in engines.items():
-            engine.save(str(tmp / role))
+        try:
+            for role, engine in engines.items():
+                engine.save(str(tmp / role))
+        except (OSError, CheckpointException) as err:
+            raise _save_error(final, err) from None
         return final
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -68,13 +76,44 @@ def save(root: str | Path, step: int, engines: dict[str, TrainEngine], state: di
         os.replace(tmp, final)
         _fsync_dir(root)
         _write_atomic(root / LATEST, final.name)
-    except OSError as err:
+    except (OSError, CheckpointException, KeyboardInterrupt) as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        reason = "the disk is full" if err.errno == errno.ENOSPC else err.strerror or str(err)
-        raise CheckpointError(f"checkpoint {final}: could not be written ({reason}); the previous checkpoint "
-                              f"is intact") from None
+        raise _save_error(final, err) from None
     _prune(root, keep)
     return final
+
+
+def first_failure(err: BaseException) -> BaseException:
+    """The exception inside DCP's CheckpointException (its first failed rank's), else `err` itself."""
+    if isinstance(err, CheckpointException) and err.failures:
+        return next(iter(err.failures.values()))[0]
+    return err
+
+
+def reason(err: BaseException) -> str:
+    """One line for a checkpoint failure: a full disk by name, else the error's type and first line."""
+    err = first_failure(err)
+    if getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err):
+        return "the disk is full"
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
+def _save_error(final: Path, err: BaseException) -> BaseException:
+    if isinstance(first_failure(err), KeyboardInterrupt):
+        return KeyboardInterrupt(f"interrupted while writing checkpoint {final}; the previous checkpoint is intact")
+    why = reason(err)
+    if why != "the disk is full":  # torch's own writers fail a full disk as "unexpected pos" RuntimeErrors
+        free, used = shutil.disk_usage(final.parent).free, _size(max(final.parent.glob("step_*"), default=None))
+        if free < used:
+            why = f"the disk is full: {free >> 10} KiB free, the last checkpoint took {used >> 10} KiB; {why}"
+    return CheckpointError(f"checkpoint {final}: could not be written ({why}); the previous checkpoint is intact")
+
+
+def _size(folder: Path | None) -> int:
+    return 0 if folder is None else sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def latest(root: str | Path) -> Path | None:
@@ -125,7 +164,12 @@ def load(path: str | Path, engines: dict[str, TrainEngine]) -> dict[str, Any]:
         if not (path / role).exists():
             raise ValueError(f"checkpoint {path} has no state for role {role!r}; it has "
                              f"{sorted(p.name for p in path.iterdir() if p.is_dir())}")
-        engine.load(str(path / role))
+        try:
+            engine.load(str(path / role))
+        except (OSError, RuntimeError, CheckpointException) as err:
+            raise CheckpointError(f"checkpoint {path}: role {role!r} does not load into this run's engine "
+                                  f"({reason(err)}); it was saved under other model or engine settings (LoRA, "
+                                  f"model.*): set them back or use another train.output_dir") from None
     return read_state(path)
 
 

@@ -30,6 +30,8 @@ from flowrl.runtime import checkpoint, distributed, dumps, profiling, resume, th
 from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan, plays_episodes
 from flowrl.runtime.executor import Executor, LocalExecutor
 from flowrl.runtime.loggers import Loggers, open_loggers
+from flowrl.runtime.run_lock import RunLock
+from flowrl.runtime.shutdown import Shutdown, Stopped
 from flowrl.runtime.factory import RoleFactory, make_factory, model_path
 
 SHOWN = {"reward/mean": "reward", "eval/reward/mean": "eval", "actor/pg_loss": "pg_loss", "critic/vf_loss": "vf_loss",
@@ -185,17 +187,27 @@ OnStep = Callable[[int, dict[str, float]], None]
 
 def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
           on_step: OnStep | None = None, task: Task | None = None) -> list[dict[str, float]]:
-    """Run cfg.train.steps steps (resuming if a checkpoint exists); returns this run's metrics per step."""
-    s = setup(cfg, algo, task)
+    """Run cfg.train.steps steps (resuming if a checkpoint exists); returns this run's metrics per step.
+
+    The output folder is locked while it runs (flowrl.runtime.run_lock); SIGTERM and SIGINT stop it after the
+    step in progress, with a checkpoint (flowrl.runtime.shutdown: raises Stopped)."""
+    _check_writable(Path(cfg.train.output_dir))
+    lock = RunLock(cfg.train.output_dir).acquire() if os.environ.get("RANK", "0") == "0" else None
     try:
-        return _loop(s, progress, on_step)
+        with Shutdown(cfg.train.shutdown_timeout_s) as shutdown:
+            s = setup(cfg, algo, task)
+            try:
+                return _loop(s, progress, on_step, shutdown)
+            finally:
+                s.executor.close()
+                if s.loggers is not None:
+                    s.loggers.close()
     finally:
-        s.executor.close()
-        if s.loggers is not None:
-            s.loggers.close()
+        if lock is not None:
+            lock.release()
 
 
-def _loop(s: Session, progress: bool, on_step: OnStep | None) -> list[dict[str, float]]:
+def _loop(s: Session, progress: bool, on_step: OnStep | None, shutdown: Shutdown) -> list[dict[str, float]]:
     cfg = s.cfg
     if s.main:
         _truncate_jsonl(s.out / "metrics.jsonl", s.start)
@@ -225,12 +237,22 @@ def _loop(s: Session, progress: bool, on_step: OnStep | None) -> list[dict[str, 
         if cfg.train.export and step + 1 == cfg.train.steps:
             _export(s)  # before the last checkpoint: a run killed in between redoes the last step and exports
         if _due(cfg, step + 1):
-            checkpoint.save(s.out / "checkpoints", step + 1, s.executor.train_engines(),
-                            {"stream": s.stream.state(), "versions": s.executor.versions,
-                             "config": cfg.model_dump(mode="json")},
-                            keep=cfg.train.keep_checkpoints, is_main=s.main)
-            distributed.barrier()
+            _save(s, step + 1)
+        if step + 1 < cfg.train.steps and shutdown.requested():  # collective: the ranks stop at one step
+            where = _save(s, step + 1) if not _due(cfg, step + 1) else checkpoint.step_dir(s.out / "checkpoints",
+                                                                                            step + 1)
+            raise Stopped(f"stopped by {shutdown.name or 'a signal'} after step {step + 1}; checkpoint {where}; "
+                          f"rerun the same command to resume", shutdown.signum or 15)
     return history
+
+
+def _save(s: Session, step: int) -> Path:
+    saved = checkpoint.save(s.out / "checkpoints", step, s.executor.train_engines(),
+                            {"stream": s.stream.state(), "versions": s.executor.versions,
+                             "config": s.cfg.model_dump(mode="json")},
+                            keep=s.cfg.train.keep_checkpoints, is_main=s.main)
+    distributed.barrier()
+    return saved
 
 
 def _export(s: Session) -> None:
