@@ -83,7 +83,9 @@ def load_value_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32
     if missing:
         warnings.warn(f"critic: {len(missing)} backbone weights missing from {folder}, newly initialised: "
                       f"{missing[:5]}", stacklevel=2)
-    print(f"flowrl: value head 'score' newly initialised on {folder}'s backbone (as a critic's is)", file=sys.stderr)
+    if os.environ.get("RANK", "0") == "0":  # torchrun's ranks load alike: rank 0 says it
+        print(f"flowrl: value head 'score' newly initialised on {folder}'s backbone (as a critic's is)",
+              file=sys.stderr)
     return model
 
 
