@@ -177,8 +177,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     history = trainer.train(cfg, progress=not args.no_progress)
     if history and os.environ.get("RANK", "0") == "0":
-        first, last = history[0].get("reward/mean", 0.0), history[-1].get("reward/mean", 0.0)
-        print(f"done: {len(history)} steps, reward/mean {first:.3f} -> {last:.3f}; output in {cfg.train.output_dir}")
+        shown = next((k for k in DONE_METRICS if k in history[-1]), DONE_METRICS[0])  # sft and rm have no reward
+        first, last = history[0].get(shown, 0.0), history[-1].get(shown, 0.0)
+        print(f"done: {len(history)} steps, {shown} {first:.3f} -> {last:.3f}; output in {cfg.train.output_dir}")
     return 0
 
 
@@ -221,6 +222,9 @@ def finished(err: Exception) -> int:
     if os.environ.get("RANK", "0") == "0":
         print(f"flowrl: {err}", file=sys.stderr)
     return 0 if "TORCHELASTIC_RUN_ID" in os.environ else EXIT_FINISHED
+
+
+DONE_METRICS = ("reward/mean", "actor/sft_loss", "rm/bt_loss")  # the done line's figure: the first a run logs
 
 
 def main(argv: list[str] | None = None) -> int:
