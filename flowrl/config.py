@@ -190,6 +190,19 @@ class DataConfig(Section):
         return JudgeSettings(self.judge_template or TEMPLATE, self.judge_max_score, self.judge_max_new_tokens)
 
 
+class SyncConfig(Section):
+    transport: Literal["auto", "in_process", "collective"] = Field(
+        "auto", description="How the actor's weights reach the rollout (flowrl.engines.weight_transport): "
+        "'in_process' streams them by reference where both share a process (the hybrid engine, each torchrun "
+        "rank's rollout copy); 'collective' broadcasts buckets from train rank 0 over a group of its own with the "
+        "rollout ranks (split Ray pools, NCCL on CUDA, gloo on CPU); 'auto': whichever the placement needs. "
+        "Neither builds a full state dict.")
+    bucket_mb: int = Field(256, ge=1, description="Collective transport: MB per broadcast bucket (two are in "
+                                                  "flight at most).")
+    timeout_s: float = Field(600.0, gt=0, description="A weight transfer whose peer has not answered within this "
+                             "many seconds is an error naming it (train.node_timeout_s bounds it too, if shorter).")
+
+
 class RunConfig(Section):
     algorithm: str = Field("grpo", description="A registered name (flowrl.graph.algorithm.ALGORITHMS: the prebuilt ones) "
                                                   "or 'module:attribute'.")
@@ -206,6 +219,7 @@ class RunConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     data: DataConfig = Field(default_factory=DataConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
     placement: Placement | Literal["auto"] = Field("auto", description="Resource pools, or 'auto': every model "
                                                    "role on one pool (the hybrid engine) of one rank per torchrun "
                                                    "rank, or with train.executor=ray on CUDA, of every GPU of the "

@@ -211,3 +211,57 @@ def test_the_adaptive_kl_coefficient_resumes_under_ray(tmp_path):
     assert first[0]["kl_ctrl/coef"] == 0.001 and saved != 0.001
     resumed = train(config(tmp_path, *run, "train.steps=3"), progress=False)
     assert [row["step"] for row in resumed] == [3] and resumed[0]["kl_ctrl/coef"] == saved
+
+
+def test_split_pools_stream_the_weights_in_buckets_without_a_state_dict(tmp_path, tiny_model_path):
+    """Train pool x2 (FSDP2) and rollout pool x1: after the collective sync the rollout's weights equal the
+    trainer's to 0 and so does its greedy output; each process's peak host memory during the sync stays within
+    a couple of buckets and gathered tensors, where the state-dict path it replaced took the whole model
+    (134 MB) on every train rank and on the rollout rank."""
+    import host_memory as hm
+    from flowrl.data.arithmetic import ArithmeticTask
+    from flowrl.engines.hf_models import load_tokenizer
+    from flowrl.engines.hf_rollout import HFRolloutEngine
+    from flowrl.engines.protocols import SamplingParams
+    from flowrl.graph.algorithm import ALGORITHMS
+    from flowrl.runtime.trainer import make_plan
+
+    path = hm.build_wide_model(tmp_path / "wide", tiny_model_path)
+    wide = ('placement={"pools": [{"name": "train", "roles": ["actor"], "world_size": 2}, '
+            '{"name": "gen", "roles": ["rollout"]}]}')
+    cfg = config(tmp_path, f"model.path={path}", "sync.bucket_mb=8", "train.executor=ray", wide)
+    algo, task = ALGORITHMS.get("grpo"), ArithmeticTask(4)
+    plan = make_plan(cfg.model_copy(update={"algo": {"kl_coef": 0.0}}), algo, task)
+    executor = RayExecutor(plan, make_factory(cfg, plan, task, path), sync=cfg.sync)
+    try:
+        train_ranks, (gen,) = executor.workers["train"], executor.workers["gen"]
+        everyone = [*train_ranks, gen]
+        sync = next(node for node in executor.nodes if node.name == "rollout.sync_weights")
+        for _ in range(2):  # the first sync also pages in the rollout's copy (mapped from the checkpoint)
+            ray.get([w.__ray_call__.remote(hm.shift_actor, 0.01) for w in train_ranks])
+            executor._versions.updates["actor"] += 1
+            starts = ray.get([w.__ray_call__.remote(hm.start_measuring) for w in everyone])
+            executor._get([executor._launch_sync(sync, 0.0)])
+            streamed = ray.get([w.__ray_call__.remote(hm.measured, s) for w, s in zip(everyone, starts)])
+        trained = ray.get([w.__ray_call__.remote(hm.actor_weights) for w in train_ranks])[0]
+        synced = ray.get(gen.__ray_call__.remote(hm.rollout_weights))
+        assert synced.keys() == trained.keys() and all(torch.equal(synced[k], trained[k]) for k in trained)
+        tokenizer = load_tokenizer(path)
+        ids = torch.tensor([tokenizer.encode("12+3=")] * 2)
+        greedy = SamplingParams(max_new_tokens=4, greedy=True)
+        model = AutoModelForCausalLM.from_pretrained(path)
+        model.load_state_dict(trained)
+        expected = HFRolloutEngine(model, tokenizer).generate(ids, torch.ones_like(ids), greedy)["response_ids"]
+        assert torch.equal(ray.get(gen.__ray_call__.remote(hm.rollout_greedy, ids, torch.ones_like(ids), greedy)),
+                           expected)
+        starts = ray.get([w.__ray_call__.remote(hm.start_measuring) for w in everyone])
+        ray.get([w.__ray_call__.remote(hm.old_gather) for w in train_ranks])
+        ray.get(gen.__ray_call__.remote(hm.old_load, ray.put(trained)))
+        old = ray.get([w.__ray_call__.remote(hm.measured, s) for w, s in zip(everyone, starts)])
+    finally:
+        executor.close()
+    bucket, largest = 8, 16  # MB: sync.bucket_mb, and the embedding (a tensor over a bucket goes alone)
+    assert streamed[0] < 2 * max(bucket, largest) + 3 * largest + 8, streamed  # two buffers, one gather
+    assert streamed[1] < 3 * largest + 8, streamed  # train rank 1 only takes part in the gathers
+    assert streamed[2] < 2 * max(bucket, largest) + 8, streamed  # the rollout: the bucket that lands
+    assert all(peak > 134 for peak in old), old  # the old path: the whole model on the CPU of every rank

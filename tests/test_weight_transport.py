@@ -1,35 +1,29 @@
 """Weight transports (flowrl.engines.weight_transport): buckets, a collective between processes, and the
 streamed in-process sync of torchrun ranks, with the host memory each needs (issue 23)."""
 
-import re
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from flowrl.engines.hf_static import StaticCacheRolloutEngine
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.weight_sync import StreamedSync
-from flowrl.engines.weight_transport import (CollectiveTransport, SyncGroup, WeightSyncTimeout, bucket_size,
-                                             buckets, layout)
+from flowrl.engines.weight_transport import CollectiveTransport, SyncGroup, WeightSyncTimeout, buckets
+from host_memory import MB, build_wide_model, fix_mmap_threshold, peak_during
 
-MB = 1 << 20
 GREEDY = SamplingParams(max_new_tokens=4, greedy=True)
 
 
-def test_layout_by_hand():
-    """A 40-byte, a 1800-byte and a 16-byte tensor in 1000-byte buckets: the large one alone; offsets 16-aligned."""
-    shapes = [("a", (10,), torch.float32), ("b", (3, 300), torch.bfloat16), ("c", (2,), torch.int64),
-              ("d", (3,), torch.float16)]
-    plan = layout(shapes, 1000)
-    assert [[(e.name, e.offset) for e in bucket] for bucket in plan] == [[("a", 0)], [("b", 0)], [("c", 0), ("d", 16)]]
-    assert [bucket_size(b) for b in plan] == [40, 1800, 22]
-    pairs = [(n, torch.zeros(s, dtype=d)) for n, s, d in shapes]
+def test_buckets_by_hand():
+    """A 40-byte, a 1800-byte and two small tensors in 1000-byte buckets: the large one goes alone."""
+    pairs = [("a", torch.zeros(10)), ("b", torch.zeros(3, 300, dtype=torch.bfloat16)),
+             ("c", torch.zeros(2, dtype=torch.int64)), ("d", torch.zeros(3, dtype=torch.float16))]
     assert [[n for n, _ in b] for b in buckets(pairs, 1000)] == [["a"], ["b"], ["c", "d"]]
 
 
@@ -41,7 +35,7 @@ def _collective_rank(rank, port, out):
     named = [("w1", torch.randn(700, 1000)), ("w2", torch.randn(3000).to(torch.bfloat16)),
              ("steps", torch.arange(7)), ("w3", torch.randn(2, 2000, 300))]
     if rank == 0:
-        stats = transport.send(iter(named), [(n, tuple(t.shape), t.dtype) for n, t in named])
+        stats = transport.send(iter(named))
         torch.save(stats, out / "stats.pt")
     else:
         got = list(transport.receive())
@@ -67,21 +61,9 @@ def test_a_peer_that_never_comes_is_a_named_error_within_the_deadline():
     assert time.perf_counter() - start < 10
 
 
-def _rss_kb(field="VmRSS"):
-    return int(re.search(rf"{field}:\s+(\d+)", open("/proc/self/status").read()).group(1))
-
-
-def _peak_during(fn):
-    """Peak resident memory (MB) above what the process held before fn ran (VmHWM, reset first)."""
-    before = _rss_kb()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current RSS
-    fn()
-    return (_rss_kb("VmHWM") - before) / 1024
-
-
 def _sync_rank(rank, world, path, out):
     torch.set_num_threads(1)
+    fix_mmap_threshold()
     dist.init_process_group("gloo", init_method=f"file://{out / 'rendezvous'}", rank=rank, world_size=world)
     try:
         tokenizer = load_tokenizer(path)
@@ -91,7 +73,7 @@ def _sync_rank(rank, world, path, out):
                 p.add_(0.01)
         rollout = StaticCacheRolloutEngine(load_causal_lm(path), tokenizer, compile=False)
         StreamedSync()(train, rollout)  # first touch: the copy's pages (mapped from the checkpoint) become resident
-        streamed = _peak_during(lambda: StreamedSync()(train, rollout))
+        streamed = peak_during(lambda: StreamedSync()(train, rollout))
         full = {name: t.clone() for name, t in train.named_full_tensors()}
         equal = all(torch.equal(rollout.model.state_dict()[name], t) for name, t in full.items())
         ids = torch.tensor([tokenizer.encode("12+3=")])
@@ -102,7 +84,7 @@ def _sync_rank(rank, world, path, out):
             StaticCacheRolloutEngine(reference, tokenizer, compile=False).generate(ids, torch.ones_like(ids),
                                                                                    GREEDY)["response_ids"])
         del full, reference
-        baseline = _peak_during(lambda: rollout.load_weights(train.full_state_dict()))  # the old FullStateSync
+        baseline = peak_during(lambda: rollout.load_weights(train.full_state_dict()))  # the old FullStateSync
         torch.save(dict(streamed=streamed, baseline=baseline, equal=equal, greedy_same=greedy_same,
                         largest=max(p.numel() * 4 for p in rollout.model.parameters()) / MB),
                    out / f"rank{rank}.pt")
@@ -112,24 +94,13 @@ def _sync_rank(rank, world, path, out):
 
 @pytest.fixture(scope="module")
 def wide_model_path(tiny_model_path, tmp_path_factory):
-    """The tiny model's tokenizer with a model of 134 MB in fp32 (largest tensor 16 MB): host memory shows."""
-    config = Qwen2Config(vocab_size=len(load_tokenizer(tiny_model_path)), hidden_size=1024, intermediate_size=4096,
-                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,
-                         max_position_embeddings=64, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("wide") / "model"
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    load_tokenizer(tiny_model_path).save_pretrained(path)
-    return path
+    return build_wide_model(tmp_path_factory.mktemp("wide") / "model", tiny_model_path)
 
 
-def test_torchrun_ranks_stream_the_sync_without_a_state_dict(wide_model_path, tmp_path, monkeypatch):
+def test_torchrun_ranks_stream_the_sync_without_a_state_dict(wide_model_path, tmp_path):
     """2 gloo ranks, FSDP2-sharded actor, each rank's own hf_static rollout copy: after the sync the rollout's
     weights equal the trainer's (to 0) and so does greedy output; the sync's peak host memory stays below three
     of the largest tensors, where the full-state-dict path it replaces needed the whole model (134 MB) on top."""
-    # glibc's mmap threshold fixed (not raised as large blocks are freed): freed tensors leave the resident set,
-    # so each phase's peak is its own
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(128 << 10))
     mp.start_processes(_sync_rank, args=(2, wide_model_path, tmp_path), nprocs=2, start_method="spawn")
     for rank in range(2):
         r = torch.load(tmp_path / f"rank{rank}.pt")

@@ -13,12 +13,12 @@ vLLM's `reload_weights` over an iterator, `copy_` per entry for HF models).
   other processes (split Ray pools, other nodes). Train rank 0 and every
   rollout rank form a torch.distributed group of their own (`SyncGroup`:
   gloo on CPU, NCCL on CUDA, rendezvous through a TCPStore at train rank 0),
-  separate from each pool's own group. Rank 0 sends the layout once per sync
-  (names, shapes, dtypes: JSON, no pickle), then broadcasts each bucket as
-  one flat byte buffer, double-buffered: one bucket is in flight while the
-  next is gathered; the rollout ranks post the next receive before loading
-  the current bucket. A peer that does not answer within the group's
-  timeout is a `WeightSyncTimeout` naming the transfer.
+  separate from each pool's own group. Rank 0 broadcasts each bucket as a
+  header (names, shapes, dtypes: JSON, no pickle) and one flat byte buffer,
+  double-buffered: one bucket is in flight while the next is gathered, and
+  the rollout ranks post the next header's receive before loading the
+  current bucket. A peer that does not answer within the group's timeout is
+  a `WeightSyncTimeout` naming the transfer.
 """
 
 from __future__ import annotations
@@ -62,32 +62,20 @@ def buckets(named_tensors: Iterable[Named], bucket_bytes: int) -> Iterator[list[
 
 @dataclass(frozen=True)
 class Entry:
+    """One tensor's place in a bucket's flat byte buffer."""
+
     name: str
     shape: tuple[int, ...]
     dtype: str  # torch dtype name, e.g. "float32"
-    offset: int  # in its bucket's buffer
+    offset: int
 
     @property
     def nbytes(self) -> int:
         return _numel(self.shape) * _dtype(self.dtype).itemsize
 
 
-def layout(shapes: Iterable[tuple[str, tuple[int, ...], torch.dtype]], bucket_bytes: int) -> list[list[Entry]]:
-    """Each state-dict entry's place: which bucket and at which aligned offset of its flat buffer."""
-    out: list[list[Entry]] = []
-    size = 0
-    for name, shape, dtype in shapes:
-        nbytes = _numel(shape) * dtype.itemsize
-        if not out or (size and size + nbytes > bucket_bytes):  # a larger tensor goes alone
-            out.append([])
-            size = 0
-        out[-1].append(Entry(name, tuple(shape), str(dtype).removeprefix("torch."), size))
-        size += -(-nbytes // ALIGN) * ALIGN
-    return out
-
-
-def bucket_size(bucket: list[Entry]) -> int:
-    return bucket[-1].offset + bucket[-1].nbytes if bucket else 0
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN
 
 
 class SyncGroup:
@@ -136,62 +124,84 @@ class SyncGroup:
 
 
 class CollectiveTransport:
-    """Broadcasts buckets from train rank 0 to the rollout ranks of one SyncGroup."""
+    """Broadcasts buckets from train rank 0 to the rollout ranks of one SyncGroup.
+
+    Per bucket: its header (JSON: each entry's name, shape, dtype and offset; its length first), then its flat
+    byte buffer; a header of length 0 ends the sync. Rank 0 fills the next bucket's buffer, one gathered
+    tensor at a time, while the previous bucket is in flight; a rollout rank posts the next header's receive
+    before it loads the bucket that landed.
+    """
 
     def __init__(self, group: SyncGroup, bucket_bytes: int):
         self.group, self.bucket_bytes = group, bucket_bytes
 
-    def send(self, named_tensors: Iterable[Named], shapes: list[tuple[str, tuple[int, ...], torch.dtype]],
-             ) -> dict[str, float]:
-        """Rank 0's side: the layout, then each bucket as gathered; two buckets in flight at most."""
-        plan = layout(shapes, self.bucket_bytes)
-        self._send_layout(plan)
-        stream = iter(named_tensors)
-        pending: list[tuple[dist.Work, torch.Tensor]] = []
-        for index, bucket in enumerate(plan):
-            buffer = torch.empty(bucket_size(bucket), dtype=torch.uint8, device=self.group.device)
-            for entry in bucket:
-                name, tensor = next(stream)
-                assert name == entry.name, (name, entry.name)
-                buffer[entry.offset:entry.offset + entry.nbytes].copy_(_as_bytes(tensor))
-            if len(pending) == 2:
-                self.group.wait(pending.pop(0)[0], f"bucket {index - 2} to the rollout ranks")
-            pending.append((self.group.broadcast(buffer), buffer))
-        for work, _ in pending:
-            self.group.wait(work, "the last buckets to the rollout ranks")
-        return {"buckets": float(len(plan)), "bytes": float(sum(map(bucket_size, plan)))}
+    def send(self, named_tensors: Iterable[Named]) -> dict[str, float]:
+        """Rank 0's side; the number of buckets and bytes sent."""
+        in_flight: list[dist.Work] = []
+        entries: list[Entry] = []
+        buffer, offset, sent = None, 0, [0, 0]
+
+        def flush() -> None:
+            self._send_header(entries)
+            if in_flight:  # the previous bucket: at most one in flight while this one was filled
+                self.group.wait(in_flight.pop(), f"bucket {sent[0] - 1} to the rollout ranks")
+            in_flight.append(self.group.broadcast(buffer[:offset]))
+            sent[0], sent[1] = sent[0] + 1, sent[1] + offset
+
+        for name, tensor in named_tensors:
+            nbytes = tensor.numel() * tensor.element_size()
+            if entries and _aligned(offset) + nbytes > self.bucket_bytes:
+                flush()
+                entries, buffer, offset = [], None, 0
+            if buffer is None:  # a new one: the one in flight is still being read
+                buffer = torch.empty(max(self.bucket_bytes, nbytes), dtype=torch.uint8, device=self.group.device)
+            offset = _aligned(offset)
+            buffer[offset:offset + nbytes].copy_(_as_bytes(tensor))
+            entries.append(Entry(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), offset))
+            offset += nbytes
+        if entries:
+            flush()
+        self._send_header([])
+        for work in in_flight:
+            self.group.wait(work, "the last bucket to the rollout ranks")
+        return {"buckets": float(sent[0]), "bytes": float(sent[1])}
 
     def receive(self) -> Iterator[Named]:
-        """A rollout rank's side: (name, tensor) pairs of each bucket as it lands; the next bucket's receive is
-        posted before this one is handed on."""
-        plan = self._receive_layout()
+        """A rollout rank's side: (name, tensor) pairs, each bucket's as it lands."""
+        index, header = 0, self._post_header_length()
+        while True:
+            entries = self._receive_header(*header)
+            if not entries:
+                return
+            end = entries[-1].offset + entries[-1].nbytes
+            buffer = torch.empty(end, dtype=torch.uint8, device=self.group.device)
+            self.group.wait(self.group.broadcast(buffer), f"bucket {index} from train rank 0")
+            header = self._post_header_length()  # the next bucket travels while this one loads
+            for entry in entries:
+                yield entry.name, buffer[entry.offset:entry.offset + entry.nbytes].view(_dtype(entry.dtype)).view(
+                    entry.shape)
+            index += 1
 
-        def post(index: int) -> tuple[dist.Work, torch.Tensor]:
-            buffer = torch.empty(bucket_size(plan[index]), dtype=torch.uint8, device=self.group.device)
-            return self.group.broadcast(buffer), buffer
+    def _send_header(self, entries: list[Entry]) -> None:
+        data = json.dumps([e.__dict__ for e in entries]).encode() if entries else b""
+        length = torch.tensor([len(data)], dtype=torch.int64, device=self.group.device)
+        self.group.wait(self.group.broadcast(length), "a bucket header to the rollout ranks")
+        if data:
+            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.group.device)
+            self.group.wait(self.group.broadcast(payload), "a bucket header to the rollout ranks")
 
-        landing = post(0) if plan else None
-        for index, bucket in enumerate(plan):
-            work, buffer = landing
-            landing = post(index + 1) if index + 1 < len(plan) else None
-            self.group.wait(work, f"bucket {index} from train rank 0")
-            for entry in bucket:
-                yield entry.name, _from_bytes(buffer, entry)
+    def _post_header_length(self) -> tuple["dist.Work", torch.Tensor]:
+        length = torch.zeros(1, dtype=torch.int64, device=self.group.device)
+        return self.group.broadcast(length), length
 
-    def _send_layout(self, plan: list[list[Entry]]) -> None:
-        data = json.dumps([[e.__dict__ for e in bucket] for bucket in plan]).encode()
-        size = torch.tensor([len(data)], dtype=torch.int64, device=self.group.device)
-        self.group.wait(self.group.broadcast(size), "the layout to the rollout ranks")
-        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.group.device)
-        self.group.wait(self.group.broadcast(payload), "the layout to the rollout ranks")
-
-    def _receive_layout(self) -> list[list[Entry]]:
-        size = torch.zeros(1, dtype=torch.int64, device=self.group.device)
-        self.group.wait(self.group.broadcast(size), "the layout from train rank 0")
-        payload = torch.empty(int(size.item()), dtype=torch.uint8, device=self.group.device)
-        self.group.wait(self.group.broadcast(payload), "the layout from train rank 0")
+    def _receive_header(self, work: "dist.Work", length: torch.Tensor) -> list[Entry]:
+        self.group.wait(work, "a bucket header from train rank 0")
+        if not int(length.item()):
+            return []
+        payload = torch.empty(int(length.item()), dtype=torch.uint8, device=self.group.device)
+        self.group.wait(self.group.broadcast(payload), "a bucket header from train rank 0")
         raw = json.loads(payload.cpu().numpy().tobytes().decode())
-        return [[Entry(e["name"], tuple(e["shape"]), e["dtype"], e["offset"]) for e in bucket] for bucket in raw]
+        return [Entry(e["name"], tuple(e["shape"]), e["dtype"], e["offset"]) for e in raw]
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -204,16 +214,12 @@ def _numel(shape: tuple[int, ...]) -> int:
 def _dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"weight sync: unknown dtype {name!r} in the layout")
+        raise ValueError(f"weight sync: unknown dtype {name!r} in a bucket header")
     return dtype
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def _from_bytes(buffer: torch.Tensor, entry: Entry) -> torch.Tensor:
-    return buffer[entry.offset:entry.offset + entry.nbytes].view(_dtype(entry.dtype)).view(entry.shape)
 
 
 def _first_line(err: BaseException) -> str:

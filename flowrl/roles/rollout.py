@@ -6,7 +6,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from tensordict import NonTensorStack, TensorDict
@@ -136,9 +136,9 @@ class Rollout:
             self.synced_version = self.source.version
         return batch
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Weights sent from the source's process (the executor syncs split pools this way)."""
-        self.engine.load_weights(state_dict)
+    def load_weight_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Weights streamed from the source's process (the executor syncs split pools this way)."""
+        self.engine.load_weight_stream(named_tensors)
         self.synced_version = version
 
     def close(self) -> None:

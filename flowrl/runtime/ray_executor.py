@@ -14,8 +14,10 @@
   on their pools; the driver waits only for what it needs next. Worker
   metrics come back per call and are averaged over the pool's ranks.
 - Weight sync across pools: every rank of the source role (the actor)
-  gathers the full state dict (collective under FSDP) and rank 0's ObjectRef
-  goes to every rank of the following role (the rollout).
+  gathers its entries one at a time (collective under FSDP2) and rank 0
+  broadcasts them in buckets over a group of its own with every rank of the
+  following role (the rollout), which loads each bucket as it lands
+  (flowrl.engines.weight_transport; no state dict, no object store).
 - Workers ask Ray for a sliver of a CPU (they fit on any machine, however
   many pools) and one GPU each on CUDA pools.
 """
@@ -31,12 +33,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from tensordict import TensorDict
 
 from flowrl import metrics
+from flowrl.config import SyncConfig
 from flowrl.data.batch import concat
 from flowrl.engines.hf_models import atomic_dir
+from flowrl.engines.weight_transport import WeightSyncTimeout
 from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
 from flowrl.graph.role import close_role
@@ -97,13 +101,17 @@ class PoolEngine:
 class RayExecutor:
     def __init__(self, plan: Plan, factory: Any, extra_driver_roles: tuple[str, ...] = (),
                  node_timeout_s: float | None = None, ship_files: bool = False,
-                 placement_timeout_s: float = 60.0, cpu_threads: int = 0):
+                 placement_timeout_s: float = 60.0, cpu_threads: int = 0, sync: SyncConfig | None = None):
         """`factory` (a flowrl.runtime.factory.RoleFactory, or any object with build(names) and for_pool(pool))
         builds the driver's roles here and each pool's roles in its workers. `node_timeout_s`: the watchdog
         (train.node_timeout_s); `ship_files`: model folders, checkpoints and exports travel through the object
         store (train.ship_files; the factory then needs folders() and relocated()); `placement_timeout_s`: how
-        long Ray may take to place the pools; `cpu_threads`: torch's threads in each worker (train.cpu_threads)."""
+        long Ray may take to place the pools; `cpu_threads`: torch's threads in each worker (train.cpu_threads);
+        `sync`: how weights move between split pools (a flowrl.config.SyncConfig; None: its defaults)."""
         self.plan, self.node_timeout_s, self.ship_files = plan, node_timeout_s, ship_files
+        self.sync = sync if sync is not None else SyncConfig()
+        self._sync_groups: set[str] = set()
+        self._check_transport()
         self.nodes, self.fill_at, self.spread = _checked_nodes(plan)
         pools = {pool.name: pool for pool in plan.pools.values()}
         ray_cluster.check_cluster(list(pools.values()))
@@ -243,16 +251,55 @@ class RayExecutor:
         return source
 
     def _launch_sync(self, node: Node, start: float) -> _Launched:
-        """Split pools: rank 0's full state into every rank of the follower, only when the source was updated
-        since the last sync."""
+        """Split pools: the source's weights streamed over a collective (flowrl.engines.weight_transport) from its
+        rank 0 into every rank of the follower, only when the source was updated since the last sync."""
         source = self._split_source(node.role)
         version = self._versions.updates[source]
         if self._versions.synced.get(node.role) == version:
             return _Launched(node, [], [], start)
-        states = [w.full_state_dict.remote(source) for w in self._workers_of(source)]  # collective
-        loaded = [w.load_weights.remote(node.role, states[0], version) for w in self._workers_of(node.role)]
+        key = f"{source}->{node.role}"
+        if key not in self._sync_groups:
+            self._open_sync(key, source, node.role)
+        sent = [w.send_weights.remote(source, key) for w in self._workers_of(source)]  # every rank gathers
+        loaded = [w.receive_weights.remote(node.role, key, version) for w in self._workers_of(node.role)]
         self._versions.synced[node.role] = version
-        return _Launched(node, loaded, [], start)
+        return _Launched(node, loaded, sent, start)
+
+    def _open_sync(self, key: str, source: str, follower: str) -> None:
+        """The weight-sync group of the source's rank 0 and every rank of the follower (NCCL when both pools
+        are on CUDA, else gloo), formed once."""
+        senders, receivers = self._workers_of(source), self._workers_of(follower)
+        size, timeout = 1 + len(receivers), self._sync_timeout()
+        pools = (self.plan.pools[source], self.plan.pools[follower])
+        device = "cuda" if all(p.device == "cuda" for p in pools) else "cpu"
+        host, port = ray.get(senders[0].open_weight_sync.remote(key, size, timeout), timeout=timeout)
+        joined = [w.join_weight_sync.remote(key, host, port, rank, size, device, timeout, self.sync.bucket_mb)
+                  for rank, w in enumerate((senders[0], *receivers))]
+        try:
+            ray.get(joined, timeout=timeout + 10)
+        except GetTimeoutError:
+            raise WeightSyncTimeout(f"weight sync {key}: the group of {size} ranks did not form within "
+                                    f"{timeout:g} s") from None
+        except WeightSyncTimeout as err:
+            raise WeightSyncTimeout(_cause(err)) from None
+        self._sync_groups.add(key)
+
+    def _check_transport(self) -> None:
+        """sync.transport must fit the placement: in_process for followers on their source's pool, collective
+        for followers on pools of their own."""
+        for role in self.plan.pools:
+            source = self.plan.specs[role].weights_from
+            if source not in self.plan.pools:
+                continue
+            needed = "collective" if self._split_source(role) is not None else "in_process"
+            if self.sync.transport not in ("auto", needed):
+                raise ValueError(f"sync.transport={self.sync.transport} does not fit the placement: {role} and "
+                                 f"{source} are {'apart' if needed == 'collective' else 'on one pool'}, so weights "
+                                 f"move {needed}; use auto")
+
+    def _sync_timeout(self) -> float:
+        """sync.timeout_s, or train.node_timeout_s where that is shorter."""
+        return min(self.sync.timeout_s, self.node_timeout_s or self.sync.timeout_s)
 
     def _resolve(self, done: list[_Launched], batch: TensorDict) -> TensorDict:
         """Wait for `done` (one ray.get, under the watchdog) and merge their results into the batch in trace order."""
@@ -276,6 +323,8 @@ class RayExecutor:
             return ray.get(refs, timeout=timeout)
         except GetTimeoutError:
             raise NodeTimeout(self._stuck(done)) from None
+        except WeightSyncTimeout as err:  # a worker's, which Ray wraps with the remote traceback
+            raise WeightSyncTimeout(_cause(err)) from None
         except RayActorError as err:
             raise WorkerDied(f"a worker died while running {', '.join(r.node.label() for r in done)}: "
                              f"{' '.join(str(err).split())[:300]}; rerun to resume from the last checkpoint") from None
@@ -288,6 +337,12 @@ class RayExecutor:
         run, ranks = next((run, ranks) for run, ranks in stuck if ranks)
         return (f"node {run.node.name} on pool {run.node.pool!r} did not finish within train.node_timeout_s="
                 f"{self.node_timeout_s:g} s (ranks still running: {ranks}); rerun to resume from the last checkpoint")
+
+
+def _cause(err: BaseException) -> str:
+    """The message of the exception a Ray task raised (without Ray's remote traceback)."""
+    cause = err.cause if isinstance(err, RayTaskError) else err
+    return " ".join(str(cause).split())[:500]
 
 
 class NodeTimeout(RuntimeError):

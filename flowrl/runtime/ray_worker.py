@@ -9,14 +9,15 @@ the pool's roles with the pool's RoleFactory, loading shipped model folders
 from this node's copy. `save`, `load` and `save_pretrained` with no path move
 files to and from the driver instead of this node's disk (train.ship_files).
 Every other method is a thin call into a role or its engine; collectives
-(FSDP forwards, updates, full_state_dict, save) work because the driver calls
-every rank of a pool.
+(FSDP forwards, updates, the weight sync's gathers, save) work because the
+driver calls every rank of a pool.
 """
 
 from __future__ import annotations
 
 import random
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import transformers
 from tensordict import TensorDict
 
 from flowrl import metrics
+from flowrl.engines.weight_transport import CollectiveTransport, SyncGroup
 from flowrl.graph.context import CallInfo
 from flowrl.graph.trace import Node
 from flowrl.runtime.ray_cluster import Files, ShippedFolder, pack, scratch, unpack
@@ -35,6 +37,10 @@ from flowrl.runtime.scheduling import call_role
 
 
 class PoolWorker:
+    def __init__(self) -> None:
+        self.sync_stores: dict[str, Any] = {}  # weight-sync rendezvous this rank (train rank 0) hosts, by key
+        self.transports: dict[str, tuple[CollectiveTransport, Any]] = {}  # by key: the transport and its store
+
     def rendezvous(self) -> str:
         """Where the pool's process group meets (asked of rank 0): this node's address and a port free here."""
         with socket.socket() as sock:
@@ -69,12 +75,36 @@ class PoolWorker:
             out = call_role(node, self.roles[node.role], batch, info)
         return (out if keep is None else out.select(*keep)), logged
 
-    def full_state_dict(self, role: str) -> dict[str, torch.Tensor]:
-        """The role's unsharded weights (collective: every rank of the pool calls it)."""
-        return self.roles[role].engine.full_state_dict()
+    def open_weight_sync(self, key: str, size: int, timeout_s: float) -> tuple[str, int]:
+        """Train rank 0: host the rendezvous of weight-sync group `key` (itself and size - 1 rollout ranks);
+        where it listens."""
+        host = ray.util.get_node_ip_address()
+        self.sync_stores[key] = SyncGroup.store(host, 0, size, True, timeout_s)
+        return host, self.sync_stores[key].port
 
-    def load_weights(self, role: str, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        self.roles[role].load_weights(state_dict, version)
+    def join_weight_sync(self, key: str, host: str, port: int, rank: int, size: int, device: str, timeout_s: float,
+                         bucket_mb: int) -> None:
+        """Join weight-sync group `key` as `rank` (0: train rank 0, which hosts it)."""
+        store = self.sync_stores.pop(key) if rank == 0 else SyncGroup.store(host, port, size, False, timeout_s)
+        group = SyncGroup(store, rank, size, device, ray.util.get_node_ip_address(), timeout_s)
+        self.transports[key] = (CollectiveTransport(group, bucket_mb << 20), store)
+
+    def send_weights(self, role: str, key: str) -> dict[str, float]:
+        """Every train rank gathers the role's entries one at a time (collective under FSDP2); rank 0 broadcasts
+        them in buckets over group `key`. Rank 0's timing and sizes."""
+        start = time.perf_counter()
+        tensors = self.roles[role].engine.named_full_tensors()
+        if key not in self.transports:  # not rank 0: take part in each gather only
+            for _ in tensors:
+                pass
+            return {}
+        stats = self.transports[key][0].send(tensors)
+        return {"timing_s/sync": time.perf_counter() - start, "rollout/sync_buckets": stats["buckets"],
+                "rollout/sync_mb": stats["bytes"] / (1 << 20)}
+
+    def receive_weights(self, role: str, key: str, version: int) -> None:
+        """A rollout rank: load each bucket from group `key` as it lands."""
+        self.roles[role].load_weight_stream(self.transports[key][0].receive(), version)
 
     def set_version(self, role: str, version: int) -> None:
         self.roles[role].version = version
@@ -103,6 +133,8 @@ class PoolWorker:
             return _written(folder)
 
     def close(self) -> None:
+        for transport, _ in self.transports.values():
+            transport.group.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 

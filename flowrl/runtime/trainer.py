@@ -152,7 +152,11 @@ def _executor(cfg: RunConfig, plan: Plan, factory: RoleFactory, world: int, eval
         init_ray()
         return RayExecutor(plan, factory, extra_driver_roles=evaluation.driver_roles() if evaluation else (),
                            node_timeout_s=cfg.train.node_timeout_s, ship_files=cfg.train.ship_files,
-                           placement_timeout_s=cfg.train.placement_timeout_s, cpu_threads=cfg.train.cpu_threads)
+                           placement_timeout_s=cfg.train.placement_timeout_s, cpu_threads=cfg.train.cpu_threads,
+                           sync=cfg.sync)
+    if cfg.sync.transport == "collective":
+        raise ValueError("sync.transport=collective moves weights between processes (split Ray pools); under "
+                         "train.executor=local the rollout shares the actor's process: use auto or in_process")
     names = tuple(dict.fromkeys((*plan.roles, *(evaluation.roles if evaluation else ()))))
     pools = list(plan.pools.values())  # under torchrun every pool spans all ranks (LocalExecutor checks it)
     local = factory.per_rank(pools[0]) if pools else factory
