@@ -1,12 +1,10 @@
 """The graph drawn: Mermaid and DOT source of plans, and the Jupyter rendering of algorithms and plans."""
 
-import subprocess
-import sys
-
 from flowrl.algorithms import dapo, grpo
 from flowrl.config import load_run_config
 from flowrl.data.arithmetic import ArithmeticTask
 from flowrl.runtime.trainer import make_plan
+import cli_process
 
 
 def test_a_plan_renders_every_node_and_edge_as_mermaid_and_dot():
@@ -32,6 +30,5 @@ def test_algorithms_and_plans_show_as_charts_in_jupyter():
 
 def test_flowrl_plan_prints_the_format_asked_for(tmp_path):
     for fmt, start in (("mermaid", "flowchart TB"), ("dot", 'digraph "plan grpo" {')):
-        done = subprocess.run([sys.executable, "-m", "flowrl", "plan", "grpo", "--format", fmt], capture_output=True,
-                              text=True, cwd=tmp_path, timeout=300)
+        done = cli_process.run("plan", "grpo", "--format", fmt, cwd=tmp_path, timeout=300)
         assert done.returncode == 0 and done.stdout.startswith(start), done.stderr

@@ -1,14 +1,12 @@
 """The planner plans: pools for a GPU count, a memory estimate per GPU checked against hand-computed bytes."""
 
-import subprocess
-import sys
-
 import pytest
 
 import flowrl as fl
 from flowrl.algorithms import grpo
 from flowrl.plan.resources import GIB, ModelShape, Workload, check_fits, estimate, gpu_placement
 from fakes import ROLE_CLASSES
+import cli_process
 
 INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer"}
 QWEN05B = dict(model_type="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
@@ -52,13 +50,11 @@ def test_a_placement_that_cannot_fit_is_refused_naming_the_pool():
 
 
 def test_flowrl_plan_for_a_gpu_count(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "flowrl", "plan", "grpo", "--gpus", "8", "--nodes", "2"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    done = cli_process.run("plan", "grpo", "--gpus", "8", "--nodes", "2", cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "8 GPUs on 2 node(s)" in done.stdout and "pool global (8 x cuda)" in done.stdout
     assert "actor: weights" in done.stdout and "rollout: weights" in done.stdout and "plan grpo:" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "flowrl", "plan", "grpo", "--gpus", "3", "--nodes", "2"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    bad = cli_process.run("plan", "grpo", "--gpus", "3", "--nodes", "2", cwd=tmp_path, timeout=300)
     assert bad.returncode == 2 and "--gpus 3 must be a positive multiple of --nodes 2" in bad.stderr
 
 

@@ -7,6 +7,8 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM
 
+import cli_process
+
 
 def torchrun(*args, cwd):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "flowrl", *args]
@@ -30,8 +32,8 @@ def test_two_rank_grpo_trains_checkpoints_and_resumes(tmp_path):
     assert 0.0 <= rows[-1]["eval/reward/mean"] <= 1.0
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in rows[1:])
     # the 2 ranks' shards, exported in one process, are the weights the run exported at its end
-    exported = subprocess.run([sys.executable, "-m", "flowrl", "export", str(tmp_path / "run"), "--output",
-                               str(tmp_path / "exported")], capture_output=True, text=True, timeout=300)
+    exported = cli_process.run("export", str(tmp_path / "run"), "--output", str(tmp_path / "exported"),
+                               cwd=tmp_path, timeout=300)
     assert exported.returncode == 0, exported.stderr[-3000:]
     final, mine = (AutoModelForCausalLM.from_pretrained(tmp_path / name).state_dict()
                    for name in ("run/final", "exported"))

@@ -17,6 +17,7 @@ from flowrl.engines.sharded_checkpoint import read_model
 from flowrl.runtime.trainer import train
 from transformers import AutoModelForCausalLM
 from crash import train_until_crash
+import cli_process
 
 
 def config(tmp_path, *overrides):
@@ -93,12 +94,12 @@ def test_cli_train_plan_and_bad_input(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]  # step 0 holds the evaluation before training
 
-    plan = run_cli("plan", "dapo", cwd=tmp_path)
+    plan = cli_process.run("plan", "dapo", cwd=tmp_path)  # forked: the real `python -m flowrl` ran above
     assert plan.returncode == 0 and "_fill @driver" in plan.stdout and "rollout.sync_weights" in plan.stdout
 
-    bad = run_cli("train", "grpo", "--set", "algo.group_size=1", cwd=tmp_path)
+    bad = cli_process.run("train", "grpo", "--set", "algo.group_size=1", cwd=tmp_path)
     assert bad.returncode == 2 and "algo.group_size" in bad.stderr
-    unknown = run_cli("train", "grpx", cwd=tmp_path)
+    unknown = cli_process.run("train", "grpx", cwd=tmp_path)
     assert unknown.returncode == 2 and "unknown 'grpx'" in unknown.stderr
 
 
