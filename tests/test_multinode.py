@@ -104,8 +104,9 @@ def _wait(ready, what: str, timeout_s: float = 120.0) -> None:
 
 
 def test_a_pool_over_two_nodes_trains_as_locally_from_model_folders_shipped_to_them(cluster, tmp_path, monkeypatch):
-    """The ref pool's two ranks sit on different nodes (STRICT_SPREAD) and meet at rank 0's node; the model
-    folder is moved away once it is in the object store, so the workers cannot read the driver's path."""
+    """The ref pool's two ranks sit on different nodes (STRICT_SPREAD) and meet at rank 0's node, and the
+    rollout's weights cross from the actor's node each step; the model folder is moved away once it is in the
+    object store, so the workers cannot read the driver's path."""
     model = build_tiny_model(tmp_path / "model", chars=ParityTask.chars, hidden_size=64, num_layers=2, seed=0)
     common = ["task.name=fakes:ParityTask", "train.steps=2", "train.batch_size=4", "algo.group_size=4",
               "train.eval_every=0", "train.export=false", f"model.path={model}"]
@@ -119,20 +120,23 @@ def test_a_pool_over_two_nodes_trains_as_locally_from_model_folders_shipped_to_t
         return out
 
     monkeypatch.setattr(ray_cluster, "ship", ship_then_hide)
-    spread = {"pools": [{"name": "main", "roles": ["actor", "rollout"], "resources": {"node_a": 1}},
+    # the rollout on the other node: its weights come over the weight-sync group across nodes (sync.transport)
+    spread = {"pools": [{"name": "main", "roles": ["actor"], "resources": {"node_a": 1}},
+                        {"name": "gen", "roles": ["rollout"], "resources": {"node_b": 1}},
                         {"name": "ref", "roles": ["ref"], "world_size": 2, "strategy": "STRICT_SPREAD"}]}
     nodes_of = {}
 
     def record_nodes(step, logged):
         for row in ray.util.placement_group_table().values():
             pool = row["name"].rsplit("-", 1)[0]
-            if pool in ("flowrl-main", "flowrl-ref") and row["state"] == "CREATED":
+            if pool in ("flowrl-main", "flowrl-gen", "flowrl-ref") and row["state"] == "CREATED":
                 nodes_of[pool] = list(row["bundles_to_node_id"].values())
 
     remote = train(load_run_config(None, [f"train.output_dir={tmp_path / 'ray'}", *common, "train.executor=ray",
                                           f"placement={json.dumps(spread)}"]), progress=False, on_step=record_nodes)
     assert not model.exists()
     assert len(set(nodes_of["flowrl-ref"])) == 2, nodes_of
+    assert nodes_of["flowrl-main"] != nodes_of["flowrl-gen"], nodes_of  # actor and rollout on different nodes
     for key in ("reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
         assert [row[key] for row in remote] == pytest.approx([row[key] for row in local], abs=1e-6), key
     saved = tmp_path / "ray" / "checkpoints" / "step_000002" / "actor"  # on the driver's disk
