@@ -45,21 +45,21 @@ class Spread:
     def total(self, count: int) -> int:
         return distributed.sum_over_ranks(count) if self.collective else count
 
-    def gather(self, batch: TensorDict) -> TensorDict:
-        """Every rank's rows, ordered by group (stable: a group's rows keep their order)."""
+    def gather(self, batch: TensorDict, key: str) -> TensorDict:
+        """Every rank's rows, ordered by their group field `key` (stable: a group's rows keep their order)."""
         batch = concat(distributed.gather_objects(batch)) if self.collective else batch
         if batch.batch_size[0] == 0:
             return batch
-        return batch[torch.sort(batch["group"], stable=True).indices]
+        return batch[torch.sort(batch[key], stable=True).indices]
 
-    def mine(self, batch: TensorDict) -> TensorDict:
+    def mine(self, batch: TensorDict, key: str) -> TensorDict:
         """This rank's share of `batch` (groups in order, a multiple of `ranks` of them): a run of whole groups."""
         if not self.collective or batch.batch_size[0] == 0:
             return batch
-        groups = torch.unique_consecutive(batch["group"])
+        groups = torch.unique_consecutive(batch[key])
         size = groups.numel() // self.ranks
         rank = distributed.rank()
-        return keep_rows(batch, torch.isin(batch["group"], groups[rank * size:(rank + 1) * size]))
+        return keep_rows(batch, torch.isin(batch[key], groups[rank * size:(rank + 1) * size]))
 
 
 ONE = Spread()
@@ -132,6 +132,7 @@ def _fill(nodes: list[Node], fill_at: int, run: RunNodes, batch: TensorDict,
     """Rounds of the nodes before the fill until `num_groups` groups (default: the step's prompts, over all
     ranks) survive over all ranks, or `max_rounds`; the filled batch as `Spread` deals it out."""
     node = nodes[fill_at]
+    (key,) = node.reads  # the group field
     target = node.kwargs.get("num_groups") or spread.total(batch.batch_size[0])
     max_rounds = node.kwargs.get("max_rounds", 4)
     if max_rounds < 1:
@@ -143,9 +144,9 @@ def _fill(nodes: list[Node], fill_at: int, run: RunNodes, batch: TensorDict,
         kept.append(run(nodes[:fill_at], batch))
         if spread.total(sum(num_groups(b) for b in kept)) >= target:
             break
-    filled = spread.gather(concat(kept))
+    filled = spread.gather(concat(kept), key)
     groups = min(num_groups(filled), target)
     groups -= groups % spread.ranks  # the nodes after split the groups evenly over the ranks
     metrics.log("sampling/rounds", round_ + 1)
     metrics.log("sampling/groups", groups)
-    return spread.mine(first_groups(filled, groups)) if filled.batch_size[0] else filled
+    return spread.mine(first_groups(filled, groups), key) if filled.batch_size[0] else filled
