@@ -48,6 +48,17 @@ def test_the_chat_template_mask_is_the_assistant_turns_as_transformers_finds_the
     assert (ids, mask) == (ref["input_ids"], ref["assistant_masks"])
 
 
+def test_a_template_that_rewrites_earlier_turns_is_refused_naming_the_row():
+    tok = build_char_tokenizer("0123456789+=:;ua*")
+    # marks the last message, as templates that drop earlier turns' reasoning do: a prefix changes once extended
+    tok.chat_template = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}{% if loop.last %}*"
+                         "{% endif %};{% endfor %}{% if add_generation_prompt %}a:{% endif %}")
+    batch = prompt_batch([[]], 0, [3], {"conversation": [json.dumps(TALK)]})
+    with pytest.raises(ValueError, match="prompt 3 of the stream: the chat template renders turn 1 of a "
+                                         "conversation differently"):
+        Conversations(tok).encode(batch)
+
+
 def test_without_a_template_contents_are_joined_and_each_reply_ends_with_eos():
     tok = build_char_tokenizer("0123456789+=")
     ids, mask = encode_conversation(tok, sft_messages({"prompt": "1+2=", "response": "3"}, "row 0"))

@@ -69,10 +69,11 @@ class Conversations:
         task = ctx.task
         return cls(ctx.tokenizer, task.max_length if isinstance(task, ConversationTask) else None)
 
-    @graph_method(reads=("conversation",), writes=ENCODED)
+    @graph_method(reads=("conversation", "uid"), writes=ENCODED)
     def encode(self, batch: TensorDict) -> TensorDict:
         """Each row's conversation as model rows; logs `sft/loss_tokens` (trained tokens per row)."""
-        encoded = [encode_conversation(self.tokenizer, json.loads(text)) for text in column(batch, "conversation")]
+        encoded = [self._encode(json.loads(text), uid) for text, uid in zip(column(batch, "conversation"),
+                                                                              batch["uid"].tolist())]
         rows = self._set(batch, model_rows(encoded, self.tokenizer.pad_token_id, self.max_length))
         metrics.log("sft/loss_tokens", rows["loss_mask"].sum(-1).float().mean())
         return rows
@@ -81,15 +82,20 @@ class Conversations:
     def encode_pairs(self, batch: TensorDict) -> TensorDict:
         """Rows 2i and 2i + 1 are pair i's chosen and rejected responses after its prompt; `group` is its uid."""
         encoded = []
-        for text in column(batch, "pair"):
+        for text, uid in zip(column(batch, "pair"), batch["uid"].tolist()):
             prompt, chosen, rejected = json.loads(text)
-            encoded += [encode_conversation(self.tokenizer, prompt + chosen),
-                        encode_conversation(self.tokenizer, prompt + rejected)]
+            encoded += [self._encode(prompt + chosen, uid), self._encode(prompt + rejected, uid)]
         rows = batch[torch.arange(batch.batch_size[0]).repeat_interleave(2)]
         rows = self._set(rows, model_rows(encoded, self.tokenizer.pad_token_id, self.max_length))
         rows["group"] = rows["uid"].clone()
         rows["preference"] = torch.tensor([1, -1] * batch.batch_size[0], dtype=torch.long)
         return rows
+
+    def _encode(self, messages: list[dict[str, str]], uid: int) -> tuple[list[int], list[int]]:
+        try:
+            return encode_conversation(self.tokenizer, messages)
+        except ValueError as err:
+            raise ValueError(f"data.train_files or val_files: prompt {uid} of the stream: {err}") from None
 
     @staticmethod
     def _set(batch: TensorDict, fields: dict[str, torch.Tensor]) -> TensorDict:
