@@ -74,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint", help="a step folder, a checkpoints folder or a run's output_dir (its newest "
                                            "intact checkpoint)")
     export.add_argument("--output", required=True, help="the Hugging Face folder to write")
+    export.add_argument("--task", help="your own task.name (module:attribute) when the run's is not built in: "
+                                       "export imports no code named in a run folder")
+    trust = sub.add_parser("trust", help="sign a run folder's checkpoints with your key (flowrl.runtime.signing): "
+                                         "only signed ones resume or export")
+    trust.add_argument("folder", help="a step folder, a checkpoints folder or a run's output_dir")
     return parser
 
 
@@ -158,7 +163,12 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "export":
         from flowrl.runtime.export import export
 
-        print(f"exported {export(args.checkpoint, args.output)}")
+        print(f"exported {export(args.checkpoint, args.output, task=args.task)}")
+        return 0
+    if args.command == "trust":
+        from flowrl.runtime.checkpoint import trust
+
+        print(f"signed {', '.join(str(p) for p in trust(args.folder))}")
         return 0
     trainer.resolve_algorithm(args.algorithm)  # imports it first: the roles it registers may be placed
     cfg = config_from_args(args)
@@ -213,7 +223,9 @@ def format_warning(message: Warning | str, category: type[Warning], filename: st
     """A warning raised in flowrl's own code as one line, "flowrl: warning: ..."; others as Python shows them.
     Under torchrun only rank 0 says flowrl's (every rank warns alike)."""
     if filename.startswith(_OWN_CODE):
-        return "" if os.environ.get("RANK", "0") != "0" else f"flowrl: warning: {message}\n"
+        from flowrl.redact import redact
+
+        return "" if os.environ.get("RANK", "0") != "0" else f"flowrl: warning: {redact(str(message))}\n"
     return _format_warning(message, category, filename, lineno, line)
 
 
@@ -251,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         if user and os.environ.get("RANK", "0") != "0":
             return EXIT_USER_ERROR  # every rank of a torchrun job refuses a config alike: rank 0 says it once
         what = "error" if user else f"error: {type(err).__name__}"
-        print(f"flowrl: {what}: {' '.join(str(err).split()) or type(err).__name__}"
+        from flowrl.redact import redact
+
+        print(f"flowrl: {what}: {redact(' '.join(str(err).split())) or type(err).__name__}"
               f"{'' if user else ' (rerun with --debug for the traceback)'}", file=sys.stderr)
         return EXIT_USER_ERROR if user else EXIT_FAILURE
     except BaseException as err:  # torch.distributed.checkpoint's CheckpointException is no Exception

@@ -42,6 +42,7 @@ rows' versions are shifted by the same amount, keeping their staleness.
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -51,7 +52,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
-from tensordict import TensorDict
+from tensordict import NonTensorStack, TensorDict
 
 from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
@@ -191,18 +192,23 @@ class Pipeline:
         self._saved_version = None
 
     def save(self, path: str) -> None:
-        """Every rank's queue into one file (collective under torchrun; rank 0 writes)."""
+        """Every rank's queue into one file (collective under torchrun; rank 0 writes): tensors, lists and
+        numbers only, so loading it unpickles no object (torch.load's weights_only)."""
         mine = {"version": self.versions().get(self.split.source, 0),
-                "queue": [(p.step, p.batch, p.logged) for p in self.queue]}
+                "queue": [_plain(p) for p in self.queue]}
         ranks = _gather(mine)
         if not dist.is_initialized() or dist.get_rank() == 0:
             Path(path).mkdir(parents=True, exist_ok=True)
             torch.save(ranks, Path(path) / _FILE)
 
     def load(self, path: str) -> None:
-        ranks = torch.load(Path(path) / _FILE, weights_only=False)
+        try:
+            ranks = torch.load(Path(path) / _FILE, weights_only=True)  # a run folder is data, never code
+        except pickle.UnpicklingError as err:
+            raise ValueError(f"{Path(path) / _FILE}: not a buffer of tensors and plain values; refused "
+                             f"({str(err).splitlines()[0]})") from None
         mine = ranks[dist.get_rank() if dist.is_initialized() else 0]
-        self.queue = deque(Produced(*item) for item in mine["queue"])
+        self.queue = deque(_produced(item) for item in mine["queue"])
         self._saved_version = mine["version"]
 
 
@@ -217,6 +223,21 @@ def make(plan: Plan, nodes: list[Node], versions: Callable[[], dict[str, int]], 
 def checkpointed(engines: dict[str, Any], pipeline: Pipeline | None) -> dict[str, Any]:
     """What a checkpoint saves and loads: the train engines, and the buffered batches when there are any."""
     return engines if pipeline is None else {**engines, BUFFER: pipeline}
+
+
+def _plain(p: Produced) -> dict[str, Any]:
+    """A buffered batch as tensors and lists (its metadata columns: NonTensorStacks) with its step and metrics."""
+    tensors = {k: v for k, v in p.batch.items() if isinstance(v, torch.Tensor)}
+    columns = {k: list(p.batch.get(k).tolist()) for k in p.batch.keys() if k not in tensors}
+    return {"step": p.step, "tensors": tensors, "columns": columns, "rows": p.batch.batch_size[0],
+            "logged": p.logged}
+
+
+def _produced(item: dict[str, Any]) -> Produced:
+    batch = TensorDict(item["tensors"], batch_size=[item["rows"]])
+    for key, values in item["columns"].items():
+        batch[key] = NonTensorStack(*values)
+    return Produced(item["step"], batch, item["logged"])
 
 
 def _gather(obj: Any) -> list[Any]:

@@ -32,10 +32,11 @@ from typing import Any
 from torch.distributed.checkpoint.api import CheckpointException
 
 from flowrl.engines.protocols import TrainEngine
-from flowrl.runtime import distributed
+from flowrl.runtime import distributed, signing
 
 STATE = "state.json"
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"  # HMAC of the manifest under this user's key (flowrl.runtime.signing)
 LATEST = "latest"
 
 
@@ -70,7 +71,9 @@ def save(root: str | Path, step: int, engines: dict[str, TrainEngine], state: di
         for role, engine in engines.items():
             engine.save(str(tmp / role))
         _write_atomic(tmp / STATE, json.dumps({"step": step, **state}, indent=1))
-        _write_atomic(tmp / MANIFEST, json.dumps(_manifest(tmp), indent=1))
+        manifest = json.dumps(_manifest(tmp), indent=1)
+        _write_atomic(tmp / MANIFEST, manifest)
+        _write_atomic(tmp / SIGNATURE, signing.sign(manifest.encode()))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -130,10 +133,11 @@ def latest(root: str | Path) -> Path | None:
         problem = damage(path)
         if problem is None:
             return path
-        warnings.warn(f"checkpoint {path} is damaged ({problem}); trying an older one", stacklevel=2)
+        warnings.warn(f"checkpoint {path} is {'refused' if unsigned(path) else 'damaged'} ({problem}); trying an "
+                      f"older one", stacklevel=2)
     if found:
-        raise CheckpointError(f"{root}: no intact checkpoint among {[p.name for p in found]}; move the folder "
-                              f"away to start over, or set train.resume=false")
+        raise CheckpointError(f"{root}: no intact checkpoint among {[p.name for p in found]} (the newest: "
+                              f"{damage(found[0])}); move the folder away to start over, or set train.resume=false")
     return None
 
 
@@ -141,6 +145,11 @@ def damage(path: Path) -> str | None:
     """What is wrong with the checkpoint at `path` (None when its files match its manifest)."""
     if not (path / MANIFEST).is_file():
         return f"no {MANIFEST}"
+    return unsigned(path) or _files_differ(path)
+
+
+def _files_differ(path: Path) -> str | None:
+    """Which file of the checkpoint at `path` differs from its manifest (None: none does)."""
     try:
         expected = json.loads((path / MANIFEST).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -152,6 +161,35 @@ def damage(path: Path) -> str | None:
         if actual[name] != entry:
             return f"{name} has {actual[name]['size']} bytes, or content, other than saved"
     return None
+
+
+def unsigned(path: Path) -> str | None:
+    """Why the checkpoint at `path` is not this user's (None: its manifest carries this user's signature)."""
+    how = (f"its engine state holds pickles, so it is not loaded: if you trust the folder, `flowrl trust "
+           f"{path.parent}` signs it with your key")
+    if not (path / MANIFEST).is_file():
+        return None  # damage() names that
+    if not (path / SIGNATURE).is_file():
+        return f"not signed (made before flowrl signed checkpoints, or elsewhere); {how}"
+    if not signing.verify((path / MANIFEST).read_bytes(), (path / SIGNATURE).read_text(errors="replace")):
+        return f"its signature does not match your key {signing.key_path()} (made by another user, or edited); {how}"
+    return None
+
+
+def trust(folder: str | Path) -> list[Path]:
+    """Sign every checkpoint under `folder` (a step folder, a checkpoints folder or a run's output_dir) whose
+    files match its manifest: the user vouches for them. Returns the folders signed."""
+    folder = Path(folder)
+    steps = [folder] if (folder / MANIFEST).is_file() else sorted({*folder.glob("step_*"),
+                                                                   *folder.glob("checkpoints/step_*")})
+    signed = []
+    for step in steps:
+        if (step / MANIFEST).is_file() and _files_differ(step) is None:
+            _write_atomic(step / SIGNATURE, signing.sign((step / MANIFEST).read_bytes()))
+            signed.append(step)
+    if not signed:
+        raise CheckpointError(f"{folder}: no checkpoint whose files match its manifest to sign")
+    return signed
 
 
 def read_state(path: str | Path) -> dict[str, Any]:
@@ -176,7 +214,7 @@ def load(path: str | Path, engines: dict[str, TrainEngine]) -> dict[str, Any]:
 def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
     """Size and sha256 of every file under `folder` but the manifest itself."""
     out = {}
-    for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
+    for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST, SIGNATURE)):
         digest = hashlib.sha256()
         with open(file, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):

@@ -4,13 +4,20 @@ CHECKPOINT is a step folder (checkpoints/step_000010), a checkpoints folder or a
 newest intact checkpoint is used). The run's config, saved in the checkpoint's state.json, says which
 model it started from and how its engine was built (LoRA adapters are merged); the shards, written by any
 number of ranks, are read whole in this one process. Optimizer state is not read.
+
+A run folder is data, never code: the checkpoint must carry this user's signature (flowrl.runtime.signing),
+and no name in its state.json is imported. Export needs only the task (the built-in tiny model's alphabet
+comes from it): a task other than a built-in one is used only when the user names it with `--task`.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from flowrl.config import RunConfig, validate
+from flowrl.data.tasks import BUILT_IN as BUILT_IN_TASKS
 from flowrl.engines import sharded_checkpoint
 from flowrl.engines.configs import ModelSource
 from flowrl.engines.hf_models import load_tokenizer
@@ -22,14 +29,15 @@ from flowrl.runtime.factory import model_path
 POLICY = "actor"  # the checkpoint's folder of the exported role (flowrl.roles.actor.Actor)
 
 
-def export(source: str | Path, output: str | Path) -> Path:
-    """Writes the checkpoint's policy (merged if LoRA) and the tokenizer to folder `output`."""
+def export(source: str | Path, output: str | Path, task: str | None = None) -> Path:
+    """Writes the checkpoint's policy (merged if LoRA) and the tokenizer to folder `output`; `task`: the user's
+    own task.name, when the run's is not built in."""
     role = POLICY
     step = _step_folder(Path(source))
     state = checkpoint.read_state(step)
-    if "config" not in state:
+    if not isinstance(state.get("config"), dict):
         raise ValueError(f"checkpoint {step}: its state.json holds no run config to rebuild the model from")
-    cfg = validate(RunConfig, state["config"])
+    cfg = validate(RunConfig, _without_code(state["config"], step, task))
     if not (step / role / sharded_checkpoint.METADATA).is_file():
         raise ValueError(f"checkpoint {step} has no sharded state for role {role!r}; it has "
                          f"{sorted(p.name for p in step.iterdir() if p.is_dir())}")
@@ -40,11 +48,27 @@ def export(source: str | Path, output: str | Path) -> Path:
     return Path(output)
 
 
+def _without_code(config: dict[str, Any], step: Path, task: str | None) -> dict[str, Any]:
+    """The saved config with every name that would import code dropped (export needs none of them), and the
+    task the user's `task` when it is not a built-in one."""
+    values = json.loads(json.dumps(config))  # a copy
+    values.pop("algorithm", None)
+    values.setdefault("rollout", {})["env"] = None
+    values.setdefault("data", {})["reward"] = "auto"
+    name = values.setdefault("task", {}).get("name", "arithmetic")
+    if task is not None:
+        values["task"]["name"] = task
+    elif name not in BUILT_IN_TASKS:
+        raise ValueError(f"checkpoint {step}: its state.json names task {name!r}; flowrl export imports no code "
+                         f"named in a run folder: pass --task {name} if that task is your own")
+    return values
+
+
 def _step_folder(source: Path) -> Path:
     if (source / checkpoint.MANIFEST).is_file():
         problem = checkpoint.damage(source)
         if problem is not None:
-            raise ValueError(f"checkpoint {source} is damaged ({problem})")
+            raise ValueError(f"checkpoint {source} is not usable ({problem})")
         return source
     for folder in (source, source / "checkpoints"):
         if folder.is_dir() and any(folder.glob("step_*")):

@@ -15,6 +15,7 @@ from typing import Any
 
 from flowrl.config import RunConfig
 from flowrl.data.prompts import PromptStream
+from flowrl.redact import redact
 from flowrl.runtime import checkpoint
 from flowrl.runtime.executor import Executor
 
@@ -55,7 +56,8 @@ def check_settings(cfg: RunConfig, saved: dict[str, Any] | None, path: Path) -> 
     """Refuse settings the checkpoint fixes; list the others that changed (on stderr)."""
     if saved is None:
         return
-    changed = {key: (old, new) for key, (old, new) in _diff(_flat(saved), _flat(cfg.model_dump(mode="json"))).items()
+    current = redact(cfg.model_dump(mode="json"))  # as saved: secrets masked
+    changed = {key: (old, new) for key, (old, new) in _diff(_flat(saved), _flat(current)).items()
                if not key.startswith(RUN_LENGTH)}
     fixed = [key for key in changed if key.startswith(FIXED)]
     if fixed:

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from flowrl.config import RunConfig, validate, warn_no_effect
 from flowrl.data.prompts import PromptStream
+from flowrl.redact import redact
 from flowrl.data.tasks import Task, check_task
 from flowrl.engines.hf_models import load_tokenizer
 from flowrl.graph.algorithm import ALGORITHMS, Algorithm
@@ -219,7 +220,7 @@ def _loop(s: Session, progress: bool, on_step: OnStep | None, shutdown: Shutdown
     bar = tqdm(range(s.start, cfg.train.steps), initial=s.start, total=cfg.train.steps,
                disable=None if progress and s.main else True, desc=s.algo.name, dynamic_ncols=True)
     if s.main:
-        s.loggers = open_loggers(cfg.train.loggers, s.out, cfg.model_dump(mode="json"),
+        s.loggers = open_loggers(cfg.train.loggers, s.out, redact(cfg.model_dump(mode="json")),
                                  write=bar.write if progress else None, line=_format)
     dumper, profiler = dumps.from_config(cfg.train, s.model_path), profiling.from_config(cfg.train, s.out)
     if s.start == 0 and s.evaluate is not None:
@@ -253,7 +254,7 @@ def _loop(s: Session, progress: bool, on_step: OnStep | None, shutdown: Shutdown
 def _save(s: Session, step: int) -> Path:
     saved = checkpoint.save(s.out / "checkpoints", step, s.executor.train_engines(),
                             {"stream": s.stream.state(), "versions": s.executor.versions,
-                             "config": s.cfg.model_dump(mode="json")},
+                             "config": redact(s.cfg.model_dump(mode="json"))},  # no token in state.json
                             keep=s.cfg.train.keep_checkpoints, is_main=s.main)
     distributed.barrier()
     return saved
