@@ -21,6 +21,15 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+@pytest.fixture(autouse=True)
+def frozen_heap():
+    """A vLLM engine's shutdown unfreezes the whole heap (gc.unfreeze): frozen again for the next test."""
+    yield
+    if gc.get_freeze_count() == 0:
+        gc.collect()
+        gc.freeze()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory):
     """A tiny char-level Qwen2 checkpoint (built once per test session, no download)."""
