@@ -6,6 +6,7 @@ import torch
 
 pytest.importorskip("vllm")
 
+from flowrl.engines.protocols import SamplingParams  # noqa: E402
 from flowrl.engines.vllm_rollout import VLLMRolloutConfig, VLLMRolloutEngine  # noqa: E402
 
 
@@ -73,3 +74,28 @@ def test_level_one_without_a_sync_wakes_both_at_once():
     engine._sleep()
     engine._wake()
     assert engine.llm.calls == [("sleep", 1), ("wake_up", ("weights", "kv_cache"))]
+
+
+class Sample:
+    def __init__(self, tokens: list[int]):
+        self.token_ids, self.logprobs = tokens, [{t: type("L", (), {"logprob": -1.0})()} for t in tokens]
+
+
+class RecordingLLM(SleepyLLM):
+    """Answers generate with one token a row and keeps the sampling parameters it got."""
+
+    def generate(self, prompts, params, use_tqdm, lora_request):
+        self.params = params
+        return [type("Out", (), {"outputs": [Sample([5])]})() for _ in prompts]
+
+
+@pytest.mark.parametrize("seed_rows", [True, False])
+def test_seed_rows_gives_each_row_its_own_seed_or_none(seed_rows):
+    engine = sleepy_engine(0)
+    engine.config = VLLMRolloutConfig(seed_rows=seed_rows)
+    engine.llm, engine.tp_ranks, engine.lora, engine.eos_id, engine.pad_id = RecordingLLM(), 1, None, 1, 0
+    ids, mask = torch.tensor([[3, 4], [0, 4], [3, 3]]), torch.tensor([[1, 1], [0, 1], [1, 1]])
+    out = engine.generate(ids, mask, SamplingParams(max_new_tokens=2), seed=7)
+    seeds = [p.seed for p in engine.llm.params]
+    assert out["response_ids"].tolist() == [[5]] * 3
+    assert (len(set(seeds)) == 3 and None not in seeds) if seed_rows else seeds == [None] * 3

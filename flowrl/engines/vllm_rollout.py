@@ -14,7 +14,7 @@ only (`AdapterSync`: written in peft's format, served as a vLLM LoRARequest on
 the base weights vLLM loaded at start); with 0 the merged weights are streamed.
 
 Prompts go in as token ids; each row is one request with its own seed drawn
-from the call's seed, so a seeded call repeats. The sampler's logprobs are
+from the call's seed, so a seeded call repeats (`seed_rows`). The sampler's logprobs are
 vLLM's processed ones (after temperature, top-k, top-p). On CUDA,
 `free_cache_engine` puts vLLM to sleep after each generation; CPU builds of
 vLLM cannot sleep, so the option is refused there. A weight sync into a
@@ -97,6 +97,11 @@ class VLLMRolloutConfig(RolloutEngineConfig):
                                                                "both (weights are resent on wake); 0 stays awake.")
     weight_bucket_mb: int = Field(256, ge=1, description="The weight sync moves parameters in buckets of about "
                                                          "this many MB.")
+    seed_rows: bool = Field(True, description="Each row of a seeded call is a request with its own seed, so the "
+                            "call repeats exactly; vLLM 0.26 then draws those rows' noise one request at a time "
+                            "(docs/benchmarks.md: 18.6k tok/s on 512 rows on an H200, where unseeded vLLM gave "
+                            "44-48k). False: vLLM's own generator, seeded once at start (a run repeats, a single "
+                            "call does not).")
     max_lora_rank: int = Field(0, ge=0, description="With a LoRA actor (actor.lora_rank at most this; vLLM takes "
                                                     "8, 16, 32, 64, ...): each sync sends the adapter only, served "
                                                     "as a vLLM LoRA request. 0: merged weights are streamed.")
@@ -145,7 +150,7 @@ class VLLMRolloutEngine:
         _check_params(params)
         rows = prompt_ids_BP.shape[0]
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids_BP.cpu(), prompt_mask_BP.cpu())]
-        seeds = [None] * rows if seed is None else \
+        seeds = [None] * rows if seed is None or not self.config.seed_rows else \
             torch.randint(2**31 - 1, (rows,), generator=torch.Generator().manual_seed(seed)).tolist()
         mine, (prompts, seeds) = _gather_rows(self.tp_ranks, prompts, seeds)  # tensor parallel: one request set
         self._wake()
