@@ -64,6 +64,9 @@ class TrainConfig(Section):
     seed: int = Field(0, description="Seed of data order, sampling and the tiny model.")
     output_dir: str = Field("runs/flowrl", description="Checkpoints, metrics.jsonl and the tiny model go here.")
     save_every: int = Field(10, ge=0, description="Checkpoint every this many steps (0: only at the end).")
+    rendezvous_timeout_s: float = Field(300.0, gt=0, description="torchrun: a rank whose master "
+                                        "(MASTER_ADDR:MASTER_PORT) has not answered after this many seconds stops "
+                                        "with a line naming it.")
     shutdown_timeout_s: float = Field(25.0, gt=0, description="After SIGTERM or SIGINT the run stops at the end "
                                       "of its step with a checkpoint; if that takes longer than this, it exits "
                                       "without one (the last is intact). Below the scheduler's grace period.")
@@ -159,7 +162,12 @@ class DataConfig(Section):
                                             "(flowrl.data.http_reward).")
     reward_workers: int = Field(4, ge=0, description="Processes scoring responses (0: in the driver, no timeout); "
                                                      "with a reward server, batches in flight at once.")
-    reward_timeout_s: float = Field(10.0, gt=0, description="A response scored longer than this scores 0.0.")
+    reward_timeout_s: float = Field(10.0, gt=0, description="A response scored longer than this scores 0.0 "
+                                    "(its scoring process is killed; reward_workers=0 has no timeout).")
+    reward_fn_timeout_s: float = Field(600.0, gt=0, description="A task's reward function (task.name's, called "
+                                       "on the driver with a whole batch) that has not returned after this many "
+                                       "seconds stops the run in one line (resumable); data sets' scorers have "
+                                       "data.reward_timeout_s per response instead.")
     max_length: int | None = Field(None, ge=2, description="SFT and preference rows (flowrl.data.conversations) "
                                    "longer than this many tokens are cut to it; None: no limit.")
     judge_template: str | None = Field(None, description="The generative judge's prompt (roles.reward=llm_judge; "

@@ -39,3 +39,10 @@ class SlowReward(ArithmeticTask):
 
         time.sleep(float(os.environ.get("FLOWRL_TEST_REWARD_S", "0.5")))
         return super().reward(responses, meta)
+
+
+class HangingReward(ArithmeticTask):
+    def reward(self, responses, meta):
+        import time
+
+        time.sleep(3600)

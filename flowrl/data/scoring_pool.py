@@ -1,9 +1,9 @@
-"""Batched scoring in a process pool with a per-sample timeout.
+"""Batched scoring in worker processes with a per-sample timeout.
 
 Workers resolve scorers by name themselves (a scorer loaded from a file path
 needs no pickling). A sample that runs past the timeout scores 0.0 and is
-counted in a warning; the pool is then replaced, so a hung worker never
-blocks the next batch. An exception in a scorer stops the run with one line
+counted in a warning; its worker is killed and replaced, so a hung scorer
+never blocks the batch or the next one. An exception in a scorer stops the run with one line
 naming the sample and the scorer.
 """
 
@@ -12,8 +12,13 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
+import signal
 import sys
+import threading
+import time
 import weakref
+from collections import deque
+from multiprocessing.connection import wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,28 +59,43 @@ def score_one(sample: Sample) -> tuple[bool, float | str]:
 
 
 class ScoringPool:
-    """Scores samples with `num_workers` processes (0: in this process, no timeout)."""
+    """Scores samples with `num_workers` processes (0: in this process, no timeout: a scorer that hangs there
+    hangs the run; use workers for scorers you do not trust to return).
+
+    Each worker scores one sample at a time, so a sample's deadline counts from when a worker took it; a
+    worker past it is killed (SIGKILL: a scorer cannot ignore it) and replaced, and the sample scores 0.0.
+    A batch therefore ends within ceil(len / num_workers) * timeout_s, whatever its scorer does."""
 
     def __init__(self, num_workers: int = 4, timeout_s: float = 10.0):
         self.num_workers, self.timeout_s = num_workers, timeout_s
-        self._pool: Any = None
+        self._workers: list[_Worker] = []
 
     def score(self, samples: list[Sample]) -> list[float]:
         if self.num_workers == 0:
             return [self._check(s, score_one(s)) for s in samples]
-        pool = self._pool = self._pool or self._start()
-        pending = [pool.apply_async(score_one, (s,)) for s in samples]
-        scores, timed_out = [], 0
-        for sample, result in zip(samples, pending):
-            try:
-                scores.append(self._check(sample, result.get(timeout=self.timeout_s)))
-            except multiprocessing.TimeoutError:
-                scores.append(0.0)
-                timed_out += 1
+        if not self._workers:
+            self._workers = [_Worker() for _ in range(self.num_workers)]
+            weakref.finalize(self, _kill_all, self._workers)  # a task dropped without close() leaves none behind
+        scores, todo, timed_out = [0.0] * len(samples), deque(range(len(samples))), 0
+        while todo or any(w.index is not None for w in self._workers):
+            for w in self._workers:
+                if w.index is None and todo:
+                    w.take(todo.popleft(), samples, self.timeout_s)
+            busy = [w for w in self._workers if w.index is not None]
+            wait([w.conn for w in busy], timeout=max(0.0, min(w.deadline for w in busy) - time.monotonic()))
+            for n, w in enumerate(self._workers):
+                if w.index is None:
+                    continue
+                if w.conn.poll():
+                    i, result = w.index, w.result()
+                    scores[i] = self._check(samples[i], result)
+                elif time.monotonic() >= w.deadline:
+                    w.kill()
+                    self._workers[n] = _Worker()
+                    timed_out += 1
         if timed_out:
-            log.warning("reward: %d of %d samples ran past data.reward_timeout_s=%g and scored 0.0",
-                        timed_out, len(samples), self.timeout_s)
-            self.close()  # its hung workers would hold the next batch
+            log.warning("reward: %d of %d samples ran past data.reward_timeout_s=%g and scored 0.0 (their "
+                        "scoring processes were killed and replaced)", timed_out, len(samples), self.timeout_s)
         return scores
 
     def _check(self, sample: Sample, result: tuple[bool, float | str]) -> float:
@@ -90,18 +110,81 @@ class ScoringPool:
             self.close()
             raise
 
-    def _start(self) -> Any:
-        # fork: workers start in milliseconds and see scorers the parent imported; spawn where fork is absent
-        method = "fork" if sys.platform == "linux" else "spawn"
-        pool = multiprocessing.get_context(method).Pool(self.num_workers)
-        weakref.finalize(self, pool.terminate)  # a task dropped without close() leaves no workers behind
-        return pool
-
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        _kill_all(self._workers)
+        self._workers = []
 
-    def __getstate__(self) -> dict[str, Any]:  # a task travels to Ray workers without its pool
-        return {**self.__dict__, "_pool": None}
+    def __getstate__(self) -> dict[str, Any]:  # a task travels to Ray workers without its processes
+        return {**self.__dict__, "_workers": []}
+
+
+# fork: workers start in milliseconds and see scorers the parent imported; spawn where fork is absent
+_CONTEXT = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+
+
+class _Worker:
+    """One scoring process and its pipe; `index` is the sample it is scoring (None: idle)."""
+
+    def __init__(self) -> None:
+        self.conn, child = _CONTEXT.Pipe()
+        self.process = _CONTEXT.Process(target=_serve, args=(child,), daemon=True, name="flowrl-scorer")
+        self.process.start()
+        child.close()
+        self.index: int | None = None
+        self.deadline = 0.0
+
+    def take(self, index: int, samples: list[Sample], timeout_s: float) -> None:
+        self.conn.send(samples[index])
+        self.index, self.deadline = index, time.monotonic() + timeout_s
+
+    def result(self) -> tuple[bool, float | str]:
+        self.index = None
+        try:
+            return self.conn.recv()
+        except EOFError:  # the scorer took its process down (a crash, the OOM killer)
+            self.process.join()
+            return False, f"its scoring process died (exit code {self.process.exitcode})"
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+
+def _serve(conn: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+    while True:
+        try:
+            sample = conn.recv()
+        except EOFError:
+            return
+        conn.send(score_one(sample))
+
+
+def _kill_all(workers: list[_Worker]) -> None:
+    for w in workers:
+        w.kill()
+
+
+def call_with_deadline(fn: Any, args: tuple[Any, ...], timeout_s: float | None, what: str) -> Any:
+    """fn(*args) in a daemon thread, waited for at most `timeout_s` (None: for ever): a function that never
+    returns stops the run with a TimeoutError naming `what`, instead of hanging it (the thread is abandoned)."""
+    if timeout_s is None:
+        return fn(*args)
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args)
+        except BaseException as err:  # handed to the caller's thread as it was raised
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True, name="flowrl-reward")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"{what} did not return within {timeout_s:g} s; the run stops here (rerun the same "
+                           f"command to resume from the last checkpoint)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

@@ -40,6 +40,7 @@ class BuildContext:
     roles: dict[str, Any] = field(default_factory=dict)  # roles already built in this process
     shared: frozenset[str] = frozenset()  # roles that generate with their weight source's own module here
     judge: Any = None  # the generative judge's settings (flowrl.roles.judge.JudgeSettings; None: its defaults)
+    reward_fn_timeout_s: float | None = None  # the task's reward function: a call past it stops the run
 
     @cached_property
     def tokenizer(self) -> Any:

@@ -11,7 +11,7 @@ from transformers import AutoConfig
 
 from flowrl import metrics
 from flowrl.data.batch import MODEL_INPUT, column
-from flowrl.data.scoring_pool import check_reward
+from flowrl.data.scoring_pool import call_with_deadline, check_reward
 from flowrl.engines.protocols import RewardFn, TrainEngine
 from flowrl.graph.role import graph_method, role
 from flowrl.roles.context import BuildContext, UpdateSettings
@@ -27,12 +27,14 @@ class Reward:
     fn: RewardFn
     tokenizer: Any
     meta_keys: tuple[str, ...] = ()
+    timeout_s: float | None = None  # data.reward_fn_timeout_s: a call past it stops the run in one line
 
     @classmethod
     def build(cls, ctx: BuildContext) -> "Reward":
         if ctx.task is None:
             raise ValueError("role 'reward' scores with the task's reward function, but no task was given")
-        return cls(fn=ctx.task.reward, tokenizer=ctx.tokenizer, meta_keys=tuple(ctx.task.meta_keys))
+        return cls(fn=ctx.task.reward, tokenizer=ctx.tokenizer, meta_keys=tuple(ctx.task.meta_keys),
+                   timeout_s=ctx.reward_fn_timeout_s)
 
     @graph_method(reads=("response_ids", "response_mask"), writes=_scores_key)
     def score(self, batch: TensorDict, metric: str = "reward", key: str = "scores") -> TensorDict:
@@ -40,7 +42,10 @@ class Reward:
         texts = decode_responses(self.tokenizer, batch)
         meta = [dict(zip(self.meta_keys, row)) for row in zip(*(column(batch, k) for k in self.meta_keys))]
         try:
-            raw = self.fn(texts, meta or [{}] * len(texts))
+            raw = call_with_deadline(self.fn, (texts, meta or [{}] * len(texts)), self.timeout_s,
+                                     f"reward function {_name(self.fn)} (data.reward_fn_timeout_s)")
+        except TimeoutError:
+            raise
         except Exception as err:  # the user's function: name it and the batch it failed on, in one line
             name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
             raise ValueError(f"reward function {name} raised {type(err).__name__}: {err} (scoring {len(texts)} "
@@ -88,6 +93,10 @@ class RewardModel:
         batch[key] = scores_BR.gather(1, last_B.unsqueeze(-1)).squeeze(-1)
         metrics.log(f"{metric}/mean", batch[key].mean())
         return batch
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", type(fn).__name__)
 
 
 def decode_responses(tokenizer: Any, batch: TensorDict) -> list[str]:

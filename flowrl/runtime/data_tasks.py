@@ -7,7 +7,7 @@ from typing import Any
 
 from flowrl.config import RunConfig
 from flowrl.data.conversations import ConversationTask, table_kind
-from flowrl.data.dataset import DatasetTask, load_rows
+from flowrl.data.dataset import DatasetTask, load_rows, prompt_text
 from flowrl.data.http_reward import HttpScorer, is_url
 from flowrl.data.prompts import encode_prompt
 from flowrl.data.scoring_pool import ScoringPool
@@ -48,15 +48,30 @@ def conversation_task(cfg: RunConfig, kind: str) -> ConversationTask:
     return task
 
 
-def fit_prompts(cfg: RunConfig, tokenizer: Any, task: Any) -> None:
-    """Apply data.max_prompt_length to a DatasetTask's rows (and its validation rows) with the run's tokenizer."""
+def fit_prompts(cfg: RunConfig, tokenizer: Any, task: Any, context: int | None = None) -> None:
+    """Apply data.max_prompt_length to a DatasetTask's rows (and its validation rows) with the run's tokenizer;
+    without it, refuse rows none of which fits the model's `context` (max_position_embeddings) with the response."""
     limit = cfg.data.max_prompt_length
-    if not isinstance(task, DatasetTask) or limit is None:
+    if not isinstance(task, DatasetTask):
+        return
+    if limit is None:
+        if context is not None:
+            _some_prompt_fits(cfg, tokenizer, task, context - cfg.rollout.max_new_tokens)
         return
     for t in (task, task.val):
         if t is not None:
             t.limit_prompt_length(lambda p: encode_prompt(tokenizer, p, cfg.task.chat_template), limit,
                                   cfg.data.truncation)
+
+
+def _some_prompt_fits(cfg: RunConfig, tokenizer: Any, task: DatasetTask, room: int) -> None:
+    """One line when every prompt is longer than `room` tokens (the first that fits ends the search)."""
+    encode = lambda p: encode_prompt(tokenizer, p, cfg.task.chat_template)  # noqa: E731
+    if not any(len(encode(row["prompt"] if task.chat_template else prompt_text(row["prompt"]))) <= room
+               for row in task.rows):
+        raise ValueError(f"data.train_files: all {len(task.rows)} prompts are longer than the {room} tokens the "
+                         f"model's context leaves (max_position_embeddings less rollout.max_new_tokens="
+                         f"{cfg.rollout.max_new_tokens}); use shorter prompts or a longer-context model")
 
 
 def eval_task(task: Any, prompts_per_rank: int, world: int) -> tuple[Any, int]:

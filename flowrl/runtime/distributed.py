@@ -8,6 +8,8 @@ keeps an unsharded rollout copy that the weight sync refreshes.
 from __future__ import annotations
 
 import os
+import socket
+import time
 from typing import Any
 
 import torch
@@ -62,6 +64,42 @@ def average(rows: list[dict[str, float]]) -> dict[str, float]:
     """Each metric averaged over the rows (ranks) that hold it."""
     keys = {k for row in rows for k in row}
     return {k: sum(row[k] for row in rows if k in row) / sum(k in row for row in rows) for k in sorted(keys)}
+
+
+def check_rendezvous(timeout_s: float) -> None:
+    """Under torchrun, before joining: the environment is consistent (0 <= RANK < WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT set) and, on ranks other than 0, the master answers within `timeout_s`
+    (train.rendezvous_timeout_s); else one line naming the variable or the address, instead of torch's
+    ten-minute wait."""
+    env = os.environ
+    if int(env.get("WORLD_SIZE", "1")) == 1:
+        return
+    try:
+        rank, world = int(env.get("RANK", "")), int(env["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        raise ValueError(f"RANK={env.get('RANK')!r}, WORLD_SIZE={env.get('WORLD_SIZE')!r}: expected whole "
+                         f"numbers (torchrun sets them)") from None
+    if not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world}: ranks are 0..{world - 1}")
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)]
+    if missing:
+        raise ValueError(f"{missing[0]} is not set: WORLD_SIZE={world} needs the master's address (torchrun sets it)")
+    if rank > 0:
+        _wait_for_master(env["MASTER_ADDR"], int(env["MASTER_PORT"]), timeout_s)
+
+
+def _wait_for_master(host: str, port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())).close()
+            return
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the torchrun master {host}:{port} (MASTER_ADDR:MASTER_PORT) did not answer "
+                                   f"within train.rendezvous_timeout_s={timeout_s:g} ({err.strerror or err}); is "
+                                   f"rank 0 running?") from None
+            time.sleep(0.2)
 
 
 def per_rank(total: int, world: int, field: str) -> int:

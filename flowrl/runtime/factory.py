@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from flowrl.config import RunConfig
+from flowrl.data.dataset import DatasetTask
 from flowrl.engines.configs import ModelSource
 from flowrl.engines.tiny_model import build_tiny_model
 from flowrl.graph.role import RoleSpec
@@ -92,7 +93,8 @@ def make_factory(cfg: RunConfig, plan: Plan, task: Any, path: Path, extra: dict[
     context = BuildContext(model=ModelSource(path, m.dtype, m.gradient_checkpointing),
                            engines={"actor": cfg.actor, "critic": cfg.critic, "rollout": cfg.rollout},
                            device=t.device, settings=settings, seed=t.seed, task=task, reward_model=reward_model,
-                           shared=plan.shared(), judge=cfg.data.judge_settings())
+                           shared=plan.shared(), judge=cfg.data.judge_settings(),
+                           reward_fn_timeout_s=None if isinstance(task, DatasetTask) else cfg.data.reward_fn_timeout_s)
     return RoleFactory(context, {**(extra or {}), **plan.specs})
 
 

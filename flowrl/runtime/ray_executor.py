@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +62,26 @@ def init_ray(address: str | None = None, **kwargs: Any) -> None:
     process already did."""
     address = address or os.environ.get("RAY_ADDRESS") or None
     if not ray.is_initialized():
+        if address not in (None, "auto", "local"):
+            _check_listening(address)
         ray.init(address, **({"include_dashboard": False} if address is None else {}), **kwargs)
+
+
+CONNECT_TIMEOUT_S = 15.0
+
+
+def _check_listening(address: str) -> None:
+    """A cluster address nothing listens on is one line within CONNECT_TIMEOUT_S (ray.init would retry for
+    minutes): a TCP connection to its host and port is tried first."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except ValueError:
+        raise ValueError(f"RAY_ADDRESS {address!r}: expected host:port or ray://host:port") from None
+    except OSError as err:
+        raise ValueError(f"RAY_ADDRESS {address!r}: no Ray cluster answers there within {CONNECT_TIMEOUT_S:g} s "
+                         f"({err.strerror or type(err).__name__}); start it (ray start --head) or unset "
+                         f"RAY_ADDRESS for a local one") from None
 
 
 @dataclass

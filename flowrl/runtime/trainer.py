@@ -102,6 +102,7 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     ray_gpus = cfg.train.executor == "ray" and cfg.train.device == "cuda"  # the GPUs are the cluster's
     if cfg.train.device == "cuda" and not ray_gpus and not torch.cuda.is_available():
         raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
+    distributed.check_rendezvous(cfg.train.rendezvous_timeout_s)
     threads.set_cpu_threads(cfg.train.cpu_threads, tiny_model=cfg.model.path is None)  # before any model loads
     rank, world = distributed.setup("cpu" if ray_gpus else cfg.train.device)
     if cfg.train.executor == "ray" and world > 1:
@@ -123,7 +124,7 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
 
         check_memory(cfg, plan, path, _gpu_bytes(cfg))
     local, tokenizer = _per_rank_config(cfg, world), load_tokenizer(path)
-    fit_prompts(cfg, tokenizer, task)  # data sets: over-long prompts dropped or refused
+    fit_prompts(cfg, tokenizer, task, _context(path))  # data sets: over-long prompts dropped or refused
     evaluation = eval_plan(plan, task, cfg.role_classes(algo.roles), graph=algo.evaluation) \
         if cfg.train.eval_every else None
     factory = make_factory(local, plan, task, path, extra=evaluation.specs if evaluation else None)
@@ -176,6 +177,12 @@ def _cluster_gpus() -> int:
         raise ValueError(f"placement 'auto': train.device is 'cuda', but the Ray cluster has no GPU (it has "
                          f"{ray.cluster_resources()}); start the nodes with GPUs or set train.device=cpu")
     return gpus
+
+
+def _context(path: Path) -> int | None:
+    """The model's context in tokens (its config's max_position_embeddings), None where it gives none."""
+    return getattr(transformers.AutoConfig.from_pretrained(str(path), local_files_only=True),
+                   "max_position_embeddings", None)
 
 
 def _gpu_bytes(cfg: RunConfig) -> int:
