@@ -2,6 +2,7 @@
 
 import gc
 import os
+from pathlib import Path
 
 # Before torch loads, and inherited by every process a test starts (the CLI, torchrun ranks, Ray's nodes and
 # workers): tiny models on one OpenMP thread each (see the one_thread fixture below).
@@ -28,6 +29,27 @@ def frozen_heap():
     if gc.get_freeze_count() == 0:
         gc.collect()
         gc.freeze()
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """Ray, shut down at the session's end (see ray_local)."""
+    ray = pytest.importorskip("ray")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_local(ray_session):
+    """One local Ray cluster (2 CPUs, at 127.0.0.1) for the session: started by the first module that asks, kept
+    for the next; its workers find the tests' helper modules (fakes, ...) on PYTHONPATH. A module that needs a
+    cluster of its own (test_multinode) shuts it down first, and the next module asking starts it again."""
+    ray = ray_session
+    if not ray.is_initialized():
+        path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
+        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 runtime_env={"env_vars": {"PYTHONPATH": path}})
+    return ray
 
 
 @pytest.fixture(scope="session")

@@ -50,6 +50,7 @@ def cluster():
     temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths have a length limit
     env = {**os.environ, "RAY_AUTH_MODE": "disabled",  # two nodes started apart share no auth token
            "PYTHONPATH": os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)}
+    ray.shutdown()  # the session's local cluster (conftest.ray_local), if a module before started it
     gcs, client = _free_port(), _free_port()
     nodes = [_node(["--head", f"--port={gcs}", f"--ray-client-server-port={client}", "--include-dashboard=false",
                     f"--temp-dir={temp}"], {"node_a": 1}, env, temp / "head.log")]

@@ -53,21 +53,15 @@ def torchrun_runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ray_runs(tmp_path_factory):
-    """Both runs on one Ray pool of two ranks, on a local cluster of this module."""
+def ray_runs(tmp_path_factory, ray_local):
+    """Both runs on one Ray pool of two ranks, on the session's local cluster (conftest.ray_local)."""
     folder = tmp_path_factory.mktemp("ray")
-    path = os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH"))))
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": {"PYTHONPATH": path}})
-    try:
-        results = {}
-        for name, overrides in runs_in(folder, "train.executor=ray", POOL).items():
-            try:
-                results[name] = train(load_run_config(None, [*ROLES, *overrides]), progress=False)
-            except ValueError as err:  # a refused run
-                results[name] = str(err)
-    finally:
-        ray.shutdown()
+    results = {}
+    for name, overrides in runs_in(folder, "train.executor=ray", POOL).items():
+        try:
+            results[name] = train(load_run_config(None, [*ROLES, *overrides]), progress=False)
+        except ValueError as err:  # a refused run
+            results[name] = str(err)
     return folder, results
 
 

@@ -2,7 +2,6 @@
 training, and a k = 1 run equals the local executor's (which runs the same schedule one node at a time)."""
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
@@ -23,12 +22,8 @@ SPLIT = fl.Placement(pools=[fl.Pool(name="train", roles=["actor"]), fl.Pool(name
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cluster():
-    """One local Ray cluster for the module; workers find `fakes` on PYTHONPATH."""
-    path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
-    yield
-    ray.shutdown()
+def cluster(ray_local):
+    """The session's local Ray cluster (conftest.ray_local); workers find `fakes` on PYTHONPATH."""
 
 
 def run_steps(executor, k, first, steps):

@@ -3,7 +3,6 @@
 import dataclasses
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -27,12 +26,8 @@ SPLIT = ('placement={"pools": [{"name": "train", "roles": ["actor", "ref"]}, '
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cluster():
-    """One local Ray cluster for the module; workers find `fakes` on PYTHONPATH."""
-    path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
-    yield
-    ray.shutdown()
+def cluster(ray_local):
+    """The session's local Ray cluster (conftest.ray_local); workers find `fakes` on PYTHONPATH."""
 
 
 def config(tmp_path, *overrides):
