@@ -394,6 +394,24 @@ def warn_no_effect(cfg: RunConfig, used_roles: tuple[str, ...]) -> None:
             warnings.warn(f"{section}.* has no effect: the algorithm uses no {section}", stacklevel=2)
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks (vLLM 0.26)
+
+
+def refuse_contradictions(cfg: RunConfig) -> None:
+    """Options of two sections that cannot hold together, refused in one line before anything starts (they
+    failed after the first step, or in vLLM's start-up)."""
+    served = cfg.rollout.model_dump().get("max_lora_rank", 0)  # only engines that serve adapters have it
+    trained = cfg.actor.model_dump().get("lora_rank", 0)
+    if served and served not in VLLM_LORA_RANKS:
+        raise ValueError(f"rollout.max_lora_rank={served}: vLLM takes one of {VLLM_LORA_RANKS}")
+    if served and not trained:
+        raise ValueError(f"rollout.max_lora_rank={served} serves the actor's LoRA adapter, but actor.lora_rank is 0 "
+                         f"(no adapter): set actor.lora_rank, or rollout.max_lora_rank=0 to stream the weights")
+    if served and trained > served:
+        raise ValueError(f"actor.lora_rank={trained} is above rollout.max_lora_rank={served}: vLLM could not load "
+                         f"the adapter; set rollout.max_lora_rank to at least {trained}")
+
+
 def config_lines(model: type[BaseModel], prefix: str = "", values: BaseModel | None = None) -> Iterator[str]:
     """One line per leaf field with its default and description (the one place they are documented);
     `values` (an instance) supplies defaults set by a parent's default_factory."""

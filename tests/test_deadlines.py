@@ -127,3 +127,16 @@ def test_prompts_all_longer_than_the_context_are_refused_at_load(tmp_path):
                                          r"context leaves \(max_position_embeddings less rollout.max_new_tokens=2\)"):
         train(config(tmp_path / "run", "train.steps=1", f"data.train_files={tmp_path / 'long.jsonl'}",
                      "data.reward=exact_match"), progress=False)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["rollout.max_lora_rank=8", "actor.lora_rank=16"], r"^actor.lora_rank=16 is above rollout.max_lora_rank=8"),
+    (["rollout.max_lora_rank=8"], r"^rollout.max_lora_rank=8 serves the actor's LoRA adapter, but actor.lora_rank "
+                                  r"is 0"),
+    (["rollout.max_lora_rank=12", "actor.lora_rank=8"], r"^rollout.max_lora_rank=12: vLLM takes one of \(1, 8, 16"),
+])
+def test_vllm_lora_options_that_contradict_each_other_are_refused_before_vllm_starts(tmp_path, overrides, message):
+    """They failed after the first step (or in vLLM's start-up) before."""
+    with pytest.raises(ValueError, match=message):
+        train(config(tmp_path, "train.steps=1", "rollout.engine=vllm", *overrides), progress=False)
+    assert not (tmp_path / "tiny-model").exists()  # refused before any model was built

@@ -16,7 +16,7 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from flowrl.config import RunConfig, validate, warn_no_effect
+from flowrl.config import RunConfig, refuse_contradictions, validate, warn_no_effect
 from flowrl.data.prompts import PromptStream
 from flowrl.redact import redact
 from flowrl.data.tasks import Task, check_task
@@ -109,6 +109,7 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
         raise ValueError("train.executor: 'ray' starts its own workers from one process; run it without torchrun")
     plan = make_plan(cfg, algo, task, world, gpus=_cluster_gpus() if ray_gpus and cfg.placement == "auto" else None)
     warn_no_effect(cfg, plan.roles)
+    refuse_contradictions(cfg)
     if cfg.rollout.env is not None and not plays_episodes(plan):
         warnings.warn(f"rollout.env has no effect: algorithm {algo.name!r} never calls rollout.interact",
                       stacklevel=2)
