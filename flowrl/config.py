@@ -8,6 +8,7 @@ arithmetic task, on CPU, in a few minutes.
 from __future__ import annotations
 
 import json
+import os
 import math
 import warnings
 from pathlib import Path
@@ -92,7 +93,9 @@ class TrainConfig(Section):
                                               "(needs the `ray` extra).")
     node_timeout_s: float | None = Field(None, gt=0, description="Ray executor: a node whose workers have not "
                                          "finished this many seconds after it started is an error naming the "
-                                         "node, its pool and the ranks still running (None: wait forever).")
+                                         "node, its pool and the ranks still running (None: wait forever); "
+                                         "under torchrun: a collective (FSDP's gathers, the weight sync) some "
+                                         "rank has not joined within it fails (None: torch's 10 minutes).")
     ship_files: bool = Field(True, description="Ray executor: model folders reach the workers through Ray's "
                              "object store, and checkpoints and exports come back to this process's disk, so no "
                              "node needs to see it (False: every node reads and writes the paths as given, e.g. "
@@ -380,7 +383,8 @@ def warn_no_effect(cfg: RunConfig, used_roles: tuple[str, ...]) -> None:
         warnings.warn("train.rollout_share has no effect: it splits the GPUs of placement 'auto' under "
                       "train.executor=ray on train.device=cuda", stacklevel=2)
     if t.executor != "ray":
-        for key in ("ship_files", "placement_timeout_s", "node_timeout_s"):
+        torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1  # node_timeout_s bounds its collectives
+        for key in ("ship_files", "placement_timeout_s", *(() if torchrun else ("node_timeout_s",))):
             if getattr(t, key) != getattr(default.train, key):
                 warnings.warn(f"train.{key} has no effect: train.executor is not 'ray'", stacklevel=2)
         pinned = [p.name for p in getattr(cfg.placement, "pools", ()) if p.resources or p.strategy != "PACK"]

@@ -1,7 +1,10 @@
 """Weight transports (flowrl.engines.weight_transport): buckets, a collective between processes, and the
 streamed in-process sync of torchrun ranks, with the host memory each needs (issue 23)."""
 
+import os
+import shutil
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -27,10 +30,26 @@ def test_buckets_by_hand():
     assert [[n for n, _ in b] for b in buckets(pairs, 1000)] == [["a"], ["b"], ["c", "d"]]
 
 
-def _collective_rank(rank, port, out):
+def _join(rank, size, out, timeout_s=120):
+    """A SyncGroup of `size` processes: rank 0 listens on a free port and names it in a file the others wait for
+    (generous deadlines: a loaded machine may start the processes far apart)."""
+    where = out / "port"
+    if rank == 0:
+        store = SyncGroup.store("127.0.0.1", 0, size, True, timeout_s)
+        (out / "port.tmp").write_text(str(store.port))
+        (out / "port.tmp").rename(where)
+    else:
+        deadline = time.monotonic() + timeout_s
+        while not where.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        store = SyncGroup.store("127.0.0.1", int(where.read_text()), size, False, timeout_s)
+    return SyncGroup(store, rank, size, "cpu", "127.0.0.1", timeout_s), store
+
+
+def _collective_rank(rank, out):
     torch.set_num_threads(1)
-    store = SyncGroup.store("127.0.0.1", port, 3, rank == 0, 30)
-    transport = CollectiveTransport(SyncGroup(store, rank, 3, "cpu", "127.0.0.1", 30), bucket_bytes=4 * MB)
+    group, _store = _join(rank, 3, out)
+    transport = CollectiveTransport(group, bucket_bytes=4 * MB)
     torch.manual_seed(0)
     named = [("w1", torch.randn(700, 1000)), ("w2", torch.randn(3000).to(torch.bfloat16)),
              ("steps", torch.arange(7)), ("w3", torch.randn(2, 2000, 300))]
@@ -45,10 +64,7 @@ def _collective_rank(rank, port, out):
 
 def test_collective_transport_delivers_every_tensor_exactly(tmp_path):
     """Train rank 0 broadcasts buckets over a group of its own; both rollout ranks get every tensor bit for bit."""
-    store = SyncGroup.store("127.0.0.1", 0, 1, True, 5)  # only to find a free port
-    port = store.port
-    del store
-    mp.start_processes(_collective_rank, args=(port, tmp_path), nprocs=3, start_method="spawn")
+    mp.start_processes(_collective_rank, args=(tmp_path,), nprocs=3, start_method="spawn")
     assert torch.load(tmp_path / "rank1.pt") and torch.load(tmp_path / "rank2.pt")
     assert torch.load(tmp_path / "stats.pt")["buckets"] == 2  # w1 (2.8 MB), w2 and steps; w3 (4.8 MB) alone
 
@@ -108,3 +124,71 @@ def test_torchrun_ranks_stream_the_sync_without_a_state_dict(wide_model_path, tm
         # one entry gathered at a time: the gathered tensor and gloo's all-gather staging (3 x the largest, 48 MB)
         assert r["streamed"] < 3 * r["largest"] + 8, r
         assert r["baseline"] > 134, r  # the old path: every entry on the CPU at once (measured 144 MB)
+
+
+def _silent_peer_rank(rank, out):
+    """Rank 2 joins the group and then never takes part: rank 0's broadcast has no answer."""
+    torch.set_num_threads(1)
+    group, _store = _join(rank, 3, out)
+    group.set_timeout(3)
+    transport = CollectiveTransport(group, bucket_bytes=1 * MB)
+    if rank == 2:
+        time.sleep(20)
+        return
+    start = time.perf_counter()
+    try:
+        if rank == 0:
+            transport.send((f"w{i}", torch.randn(512, 512)) for i in range(8))
+        else:
+            list(transport.receive())
+        outcome = "finished"
+    except WeightSyncTimeout as err:
+        outcome = str(err)
+    torch.save((outcome, time.perf_counter() - start), out / f"rank{rank}.pt")
+
+
+def test_a_peer_that_stops_answering_mid_transfer_is_a_named_error_within_the_deadline(tmp_path):
+    mp.start_processes(_silent_peer_rank, args=(tmp_path,), nprocs=3, start_method="spawn", join=False)
+    deadline = time.monotonic() + 180
+    while not all((tmp_path / f"rank{r}.pt").exists() for r in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for rank in (0, 1):
+        outcome, seconds = torch.load(tmp_path / f"rank{rank}.pt")
+        assert outcome.startswith("weight sync: ") and "got no answer within 3 s" in outcome, outcome
+        assert seconds < 15, seconds
+
+
+def _hung_gather_rank(rank, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out / 'rendezvous'}", rank=rank, world_size=2)
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=3))  # what train.node_timeout_s=3 sets, after a
+    try:  # rendezvous that a loaded machine may take longer than 3 s to start both ranks for
+        path = out / "model"
+        train = HFTrainEngine(load_causal_lm(path), kind="actor")
+        rollout = StaticCacheRolloutEngine(load_causal_lm(path), load_tokenizer(path), compile=False)
+        if rank == 1:  # never reaches the sync's gathers
+            time.sleep(20)
+            return
+        start = time.perf_counter()
+        try:
+            StreamedSync()(train, rollout)
+            outcome = "finished"
+        except WeightSyncTimeout as err:
+            outcome = str(err)
+        torch.save((outcome, time.perf_counter() - start), out / "rank0.pt")
+    finally:
+        if rank == 0:
+            os._exit(0)  # rank 1 never comes to destroy the group
+
+
+def test_a_torchrun_rank_that_never_syncs_is_a_named_error_within_the_deadline(tiny_model_path, tmp_path):
+    """Under torchrun the in-process sync's gathers run on the default group: its timeout
+    (train.node_timeout_s, set at rendezvous) ends a sync some rank never joins, with one line."""
+    shutil.copytree(tiny_model_path, tmp_path / "model")
+    mp.start_processes(_hung_gather_rank, args=(tmp_path,), nprocs=2, start_method="spawn", join=False)
+    deadline = time.monotonic() + 180
+    while not (tmp_path / "rank0.pt").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    outcome, seconds = torch.load(tmp_path / "rank0.pt")
+    assert outcome.startswith("weight sync: a gather of the actor's weights got no answer"), outcome
+    assert seconds < 15, seconds

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from flowrl import metrics
 from flowrl.engines.protocols import RolloutEngine, TrainEngine, WeightSync
+from flowrl.engines.weight_transport import WeightSyncTimeout, first_line
 
 
 class SharedModuleSync:
@@ -38,7 +39,14 @@ class StreamedSync:
 
     def __call__(self, train: TrainEngine, rollout: RolloutEngine) -> None:
         start = time.perf_counter()
-        rollout.load_weight_stream(train.named_full_tensors())
+        try:
+            rollout.load_weight_stream(train.named_full_tensors())
+        except RuntimeError as err:  # a rank that never joined a gather: the process group's timeout
+            if not (isinstance(err, dist.DistError) or "timed out" in str(err).lower()):  # gloo's is plain
+                raise
+            raise WeightSyncTimeout(f"weight sync: a gather of the actor's weights got no answer from every rank "
+                                    f"within the process group's timeout (train.node_timeout_s): "
+                                    f"{first_line(err)}") from None
         metrics.log("timing_s/sync", time.perf_counter() - start)
 
 

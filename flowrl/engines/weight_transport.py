@@ -97,7 +97,7 @@ class SyncGroup:
                 self.group = dist.ProcessGroupGloo(prefixed, rank, size, options)
         except (RuntimeError, dist.DistError) as err:
             raise WeightSyncTimeout(f"weight sync group (rank {rank} of {size}) did not form within {timeout_s:g} "
-                                    f"s: {_first_line(err)}") from None
+                                    f"s: {first_line(err)}") from None
 
     @staticmethod
     def store(host: str, port: int, size: int, master: bool, timeout_s: float) -> dist.TCPStore:
@@ -107,7 +107,12 @@ class SyncGroup:
                                  wait_for_workers=False)
         except (RuntimeError, dist.DistError) as err:
             raise WeightSyncTimeout(f"weight sync rendezvous at {host}:{port} did not answer within {timeout_s:g} "
-                                    f"s: {_first_line(err)}") from None
+                                    f"s: {first_line(err)}") from None
+
+    def set_timeout(self, timeout_s: float) -> None:
+        """The deadline of the transfers from now on (the group formed under the one it was made with)."""
+        self.group._set_default_timeout(timedelta(seconds=timeout_s))
+        self.timeout_s = timeout_s
 
     def broadcast(self, tensor: torch.Tensor) -> "dist.Work":
         return self.group.broadcast(tensor, 0)
@@ -117,7 +122,7 @@ class SyncGroup:
             work.wait()
         except (RuntimeError, dist.DistError) as err:
             raise WeightSyncTimeout(f"weight sync: {what} got no answer within {self.timeout_s:g} s "
-                                    f"(train.node_timeout_s): {_first_line(err)}") from None
+                                    f"(train.node_timeout_s): {first_line(err)}") from None
 
     def close(self) -> None:
         self.group.shutdown()
@@ -222,6 +227,6 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0][:300] if text else type(err).__name__

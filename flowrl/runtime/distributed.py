@@ -10,21 +10,24 @@ from __future__ import annotations
 import os
 import socket
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 
-def setup(device: str) -> tuple[int, int]:
-    """Join the process group torchrun describes, if any; returns (rank, world_size)."""
+def setup(device: str, timeout_s: float | None = None) -> tuple[int, int]:
+    """Join the process group torchrun describes, if any; returns (rank, world_size). `timeout_s`
+    (train.node_timeout_s): a collective some rank has not joined within it fails (torch's default: 10 min)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return 0, 1
     if not dist.is_initialized():
         if device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+        timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", **timeout)
     return dist.get_rank(), dist.get_world_size()
 
 

@@ -104,7 +104,7 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
         raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
     distributed.check_rendezvous(cfg.train.rendezvous_timeout_s)
     threads.set_cpu_threads(cfg.train.cpu_threads, tiny_model=cfg.model.path is None)  # before any model loads
-    rank, world = distributed.setup("cpu" if ray_gpus else cfg.train.device)
+    rank, world = distributed.setup("cpu" if ray_gpus else cfg.train.device, cfg.train.node_timeout_s)
     if cfg.train.executor == "ray" and world > 1:
         raise ValueError("train.executor: 'ray' starts its own workers from one process; run it without torchrun")
     plan = make_plan(cfg, algo, task, world, gpus=_cluster_gpus() if ray_gpus and cfg.placement == "auto" else None)
