@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from flowrl import metrics
 from flowrl.config import load_run_config
 from flowrl.data.http_reward import HttpScorer
 from flowrl.data.scoring_pool import Sample, ScoringPool
@@ -40,9 +41,11 @@ def scorers(tmp_path):
 def test_a_scorer_that_never_returns_scores_zero_within_the_timeout_and_its_process_is_killed(scorers, caplog):
     pool = ScoringPool(num_workers=2, timeout_s=1.0)
     began = time.monotonic()
-    assert pool.score([scorers("hang"), scorers("ok"), scorers("hang"), scorers("ok")]) == [0.0, 1.0, 0.0, 1.0]
+    with metrics.collect() as logged:
+        assert pool.score([scorers("hang"), scorers("ok"), scorers("hang"), scorers("ok")]) == [0.0, 1.0, 0.0, 1.0]
     assert time.monotonic() - began < 4  # one round of 1 s per worker, not 1 s per sample in turn
     assert "2 of 4 samples ran past data.reward_timeout_s=1 and scored 0.0" in caplog.text
+    assert logged["reward/timed_out"] == 2.0  # counted in the step's metrics
     assert pool.score([scorers("ok")] * 6) == [1.0] * 6  # the replaced workers score the next batch at once
     pids = [w.process.pid for w in pool._workers]
     pool.close()
@@ -140,3 +143,11 @@ def test_vllm_lora_options_that_contradict_each_other_are_refused_before_vllm_st
     with pytest.raises(ValueError, match=message):
         train(config(tmp_path, "train.steps=1", "rollout.engine=vllm", *overrides), progress=False)
     assert not (tmp_path / "tiny-model").exists()  # refused before any model was built
+
+
+def test_a_reward_function_under_its_deadline_still_logs_into_the_step():
+    from flowrl.data.scoring_pool import call_with_deadline
+
+    with metrics.collect() as logged:
+        assert call_with_deadline(lambda x: metrics.log("judge/calls", x) or x, (3.0,), 5.0, "f") == 3.0
+    assert logged == {"judge/calls": 3.0}

@@ -9,6 +9,7 @@ naming the sample and the scorer.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 import multiprocessing
@@ -22,6 +23,7 @@ from multiprocessing.connection import wait
 from dataclasses import dataclass
 from typing import Any
 
+from flowrl import metrics
 from flowrl.data.scorers import resolve
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,7 @@ class ScoringPool:
                     w.kill()
                     self._workers[n] = _Worker()
                     timed_out += 1
+        metrics.log("reward/timed_out", float(timed_out))
         if timed_out:
             log.warning("reward: %d of %d samples ran past data.reward_timeout_s=%g and scored 0.0 (their "
                         "scoring processes were killed and replaced)", timed_out, len(samples), self.timeout_s)
@@ -179,7 +182,8 @@ def call_with_deadline(fn: Any, args: tuple[Any, ...], timeout_s: float | None, 
         except BaseException as err:  # handed to the caller's thread as it was raised
             box["error"] = err
 
-    thread = threading.Thread(target=run, daemon=True, name="flowrl-reward")
+    context = contextvars.copy_context()  # metrics.log in `fn` reaches this step's metrics
+    thread = threading.Thread(target=context.run, args=(run,), daemon=True, name="flowrl-reward")
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
