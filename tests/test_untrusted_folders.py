@@ -119,3 +119,17 @@ def test_the_key_is_made_once_and_private(tmp_path, monkeypatch):
     assert (tmp_path / "cfg" / "key").stat().st_mode & 0o777 == 0o600
     assert signing.sign(b"manifest") == first and signing.verify(b"manifest", first)
     assert not signing.verify(b"manifest!", first)
+
+
+def test_a_secret_on_the_command_line_stays_out_of_the_wandb_run(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from flowrl.runtime.loggers import WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setattr(sys, "argv", ["flowrl", "train", "--set", "data.reward=http://u:hunter2@127.0.0.1:9/s"])
+    logger = WandbLogger(tmp_path / "wandb", redact({"data": {"reward": "http://u:hunter2@127.0.0.1:9/s"}}))
+    logger.log({"step": 1, "reward/mean": 0.5})
+    logger.close()
+    files = [p for p in (tmp_path / "wandb").rglob("*") if p.is_file()]
+    assert files and not [p for p in files if b"hunter2" in p.read_bytes()]
+    assert any(b"http://***@127.0.0.1:9/s" in p.read_bytes() for p in files)  # the config, masked

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -78,9 +79,14 @@ class WandbLogger:
     def __init__(self, folder: Path, config: dict[str, Any], project: str = "flowrl"):
         import wandb
 
+        from flowrl.redact import redact
+
         folder.mkdir(parents=True, exist_ok=True)
+        # wandb's run metadata records the command line; one holding a secret (--set data.reward=...?token=) is
+        # kept out by recording no metadata for that run
+        secret_args = redact(sys.argv) != sys.argv
         self.run = wandb.init(project=project, dir=str(folder), config=config, mode=wandb_mode(),
-                              reinit="create_new")
+                              reinit="create_new", settings=wandb.Settings(x_disable_meta=secret_args))
 
     def log(self, row: dict[str, float]) -> None:
         self.run.log(_scalars(row), step=int(row["step"]))
