@@ -207,7 +207,8 @@ def load(path: str | Path, engines: dict[str, TrainEngine]) -> dict[str, Any]:
         except (OSError, RuntimeError, CheckpointException) as err:
             raise CheckpointError(f"checkpoint {path}: role {role!r} does not load into this run's engine "
                                   f"({reason(err)}); it was saved under other model or engine settings (LoRA, "
-                                  f"model.*): set them back or use another train.output_dir") from None
+                                  f"model.*, or data files whose characters made the built-in tiny model's "
+                                  f"vocabulary): set them back or use another train.output_dir") from None
     return read_state(path)
 
 
