@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(err, RunFinished):
             return finished(err)
         if isinstance(err, Stopped):  # SIGTERM or SIGINT, at a safe point: where the checkpoint is
-            print(f"flowrl: {err}", file=sys.stderr)
+            if os.environ.get("RANK", "0") == "0":  # every torchrun rank stopped at the same step
+                print(f"flowrl: {err}", file=sys.stderr)
             return err.exit_code
         user = isinstance(err, ValueError)
         if user and os.environ.get("RANK", "0") != "0":

@@ -1,8 +1,9 @@
 """Atomic, verified checkpoints: a step folder appears whole or not at all, and is checked before use.
 
-Layout: <dir>/step_000010/{<role>/, state.json, manifest.json}. A checkpoint is
-written into a hidden temporary folder, its manifest (the size and sha256 of
-every file) written last, and the folder renamed into place; only then does
+Layout: <dir>/step_000010/{<role>/, state.json, manifest.json, manifest.sig}. A
+checkpoint is written into a hidden temporary folder, its manifest (the size
+and sha256 of every file) and the manifest's signature (flowrl.runtime.signing)
+written last, and the folder renamed into place; only then does
 the `latest` pointer (itself replaced atomically) move to it. So a crash at any
 point leaves the previous checkpoint intact. With several ranks every rank
 writes its own shards of each engine's state into the temporary folder
