@@ -63,8 +63,9 @@ class Shutdown:
                 raise KeyboardInterrupt("a second Ctrl-C; the last checkpoint is intact")
             _exit(f"a second {signal.Signals(signum).name}: exiting now; the last checkpoint is intact", signum)
         self.signum = signum
-        print(f"flowrl: {self.name}: stopping after this step with a checkpoint (within "
-              f"train.shutdown_timeout_s={self.timeout_s:g})", file=sys.stderr, flush=True)
+        if os.environ.get("RANK", "0") == "0":  # torchrun signals every rank: one says it
+            print(f"flowrl: {self.name}: stopping after this step with a checkpoint (within "
+                  f"train.shutdown_timeout_s={self.timeout_s:g})", file=sys.stderr, flush=True)
         self._timer = threading.Timer(self.timeout_s, self._expire)
         self._timer.daemon = True
         self._timer.start()
