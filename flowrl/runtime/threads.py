@@ -4,7 +4,7 @@ torch's default is one OpenMP thread per core of the machine. Each torchrun rank
 each Ray worker and any job beside them then competes for the same cores, and an
 OpenMP thread spinning at a barrier while its partner waits for a core costs more
 than the split gives: 10 steps of the quick start on a busy 2-core machine took
-222 s (47 s of CPU) on torch's default of 2 threads and 31-60 s (7-10 s of CPU)
+222 s (47 s of CPU) on torch's default of 2 threads and 31-110 s (7-11 s of CPU)
 on one, the same rewards (docs/benchmarks.md, "CPU threads").
 
 The choice, first that applies: train.cpu_threads when above 0; an explicit
