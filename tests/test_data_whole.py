@@ -148,7 +148,8 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_last_checkpoint_sur
     script = f"mount -t tmpfs -o size=3m tmpfs {disk} && {train_args}; echo rc=$?; ls -a {disk}/run/checkpoints; {check}"
     done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    # the disk is full as an OSError (ENOSPC), or as torch's writer's "unexpected pos" with the free space named
     assert done.stderr.strip().startswith(f"flowrl: error: checkpoint {disk}/run/checkpoints/step_000002: could not "
-                                          f"be written (the disk is full: "), done.stderr
+                                          f"be written (the disk is full"), done.stderr
     assert done.stderr.strip().endswith("the previous checkpoint is intact") and "\n" not in done.stderr.strip()
     assert done.stdout.split() == ["rc=2", ".", "..", "latest", "step_000001", "step_000001"], done.stdout
