@@ -91,3 +91,9 @@ def old_gather(worker):
 
 def old_load(worker, state_dict):
     worker.roles["rollout"].engine.load_weights(state_dict)
+
+
+def actor_state(worker):
+    """The old path's first half: the full state dict on this train rank's CPU (collective), returned through
+    Ray's object store."""
+    return worker.roles["actor"].engine.full_state_dict()
