@@ -223,7 +223,7 @@ def format_warning(message: Warning | str, category: type[Warning], filename: st
     """A warning raised in flowrl's own code as one line, "flowrl: warning: ..."; others as Python shows them.
     Under torchrun only rank 0 says flowrl's (every rank warns alike)."""
     if filename.startswith(_OWN_CODE):
-        from flowrl.redact import redact
+        from flowrl.data.redact import redact
 
         return "" if os.environ.get("RANK", "0") != "0" else f"flowrl: warning: {redact(str(message))}\n"
     return _format_warning(message, category, filename, lineno, line)
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         if user and os.environ.get("RANK", "0") != "0":
             return EXIT_USER_ERROR  # every rank of a torchrun job refuses a config alike: rank 0 says it once
         what = "error" if user else f"error: {type(err).__name__}"
-        from flowrl.redact import redact
+        from flowrl.data.redact import redact
 
         print(f"flowrl: {what}: {redact(' '.join(str(err).split())) or type(err).__name__}"
               f"{'' if user else ' (rerun with --debug for the traceback)'}", file=sys.stderr)

@@ -11,7 +11,7 @@ import pytest
 from flowrl.config import load_run_config
 from flowrl.data.http_reward import HttpScorer
 from flowrl.data.scoring_pool import Sample
-from flowrl.redact import redact
+from flowrl.data.redact import redact
 from flowrl.runtime import checkpoint, signing
 from flowrl.runtime.buffering import Pipeline
 from flowrl.runtime.export import export

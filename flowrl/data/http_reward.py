@@ -8,7 +8,7 @@ every attempt fails, or the answer is malformed, the run stops with one line
 naming the URL and the first row of the batch. Each attempt ends within
 data.reward_timeout_s in all (a server trickling bytes included), and a
 redirect is refused, never followed. Errors show the URL without its
-password or token (flowrl.redact).
+password or token (flowrl.data.redact).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from flowrl.data.scoring_pool import Sample, check_reward
-from flowrl.redact import redact
+from flowrl.data.redact import redact
 
 
 def is_url(spec: str) -> bool:

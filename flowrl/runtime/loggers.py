@@ -79,7 +79,7 @@ class WandbLogger:
     def __init__(self, folder: Path, config: dict[str, Any], project: str = "flowrl"):
         import wandb
 
-        from flowrl.redact import redact
+        from flowrl.data.redact import redact
 
         folder.mkdir(parents=True, exist_ok=True)
         # wandb's run metadata records the command line; one holding a secret (--set data.reward=...?token=) is

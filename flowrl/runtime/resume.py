@@ -15,7 +15,7 @@ from typing import Any
 
 from flowrl.config import RunConfig
 from flowrl.data.prompts import PromptStream
-from flowrl.redact import redact
+from flowrl.data.redact import redact
 from flowrl.runtime import checkpoint
 from flowrl.runtime.executor import Executor
 

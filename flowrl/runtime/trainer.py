@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from flowrl.config import RunConfig, refuse_contradictions, validate, warn_no_effect
 from flowrl.data.prompts import PromptStream
-from flowrl.redact import redact
+from flowrl.data.redact import redact
 from flowrl.data.tasks import Task, check_task
 from flowrl.engines.hf_models import load_tokenizer
 from flowrl.graph.algorithm import ALGORITHMS, Algorithm
