@@ -4,14 +4,26 @@ naming what did not answer, or scores 0 and is counted."""
 import json
 import os
 import socket
+import string
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 
 import pytest
+import torch
+from tensordict import TensorDict
 
 from flowrl import metrics
 from flowrl.config import load_run_config
+from flowrl.data import bwrap
+from flowrl.data.calculator import PythonEnv
+from flowrl.data.envs import EnvStep
 from flowrl.data.http_reward import HttpScorer
 from flowrl.data.scoring_pool import Sample, ScoringPool
+from flowrl.engines.agent_loop import run_episodes
+from flowrl.engines.protocols import FinishReason, SamplingParams
+from flowrl.engines.tiny_model import build_char_tokenizer
 from flowrl.runtime import distributed
 from flowrl.runtime.trainer import train
 from reward_servers import serve
@@ -151,3 +163,98 @@ def test_a_reward_function_under_its_deadline_still_logs_into_the_step():
     with metrics.collect() as logged:
         assert call_with_deadline(lambda x: metrics.log("judge/calls", x) or x, (3.0,), 5.0, "f") == 3.0
     assert logged == {"judge/calls": 3.0}
+
+
+def test_a_vllm_start_up_that_hangs_stops_the_run_in_one_line_within_the_timeout(tmp_path, monkeypatch):
+    vllm_rollout = pytest.importorskip("flowrl.engines.vllm_rollout")
+    started = []
+
+    def hang(**_):  # a start-up that never ends (a stuck device, a lock held by a dead process, ...)
+        started.append(time.monotonic())
+        time.sleep(3600)
+
+    monkeypatch.setattr(vllm_rollout.vllm, "LLM", hang)
+    with pytest.raises(TimeoutError, match=r"^vLLM did not start within 1 s \(rollout.start_timeout_s\); the run "
+                                           r"stops here"):
+        train(config(tmp_path, "train.steps=1", "rollout.engine=vllm", "model.tiny_hidden_size=128",
+                     "rollout.start_timeout_s=1"), progress=False)
+    assert len(started) == 1 and time.monotonic() - started[0] < 3  # within the timeout (+2 s)
+    assert not (tmp_path / "checkpoints").exists()  # nothing to resume from was written: a rerun starts afresh
+
+
+class ScriptedEngine:
+    """Row i of the k-th call answers turns[k][i] (the rows still playing, in order); logprobs -0.5."""
+
+    def __init__(self, turns):
+        self.turns, self.calls = turns, 0
+
+    def generate(self, prompt_ids_BP, prompt_mask_BP, params, *, seed=None):
+        rows = self.turns[self.calls][:len(prompt_ids_BP)]
+        self.calls += 1
+        width = max(map(len, rows))
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+        return TensorDict(response_ids=ids, response_mask=mask, rollout_logprobs=-0.5 * mask.float(),
+                          finish_reason=torch.zeros(len(rows), dtype=torch.long), batch_size=[len(rows)])
+
+
+class HangsOnItsSecondStep:
+    """Observes [50] after the first turn; its second step never returns (unless told to stop hanging)."""
+
+    release = None  # a threading.Event the test sets at its end, so the abandoned thread ends too
+
+    def __init__(self):
+        self.steps = 0
+
+    def reset(self, prompt_ids, meta):
+        pass
+
+    def step(self, turn_ids):
+        self.steps += 1
+        if self.steps == 2:
+            self.release.wait()
+        return EnvStep(observation_ids=[50], reward=0.5)
+
+
+@pytest.mark.parametrize("workers", [2, 0])
+def test_an_environment_step_that_never_returns_ends_its_episode_with_reward_zero_and_the_batch_goes_on(workers):
+    """Rows 0 and 2 hang on their second step; rows 1 and 3 (0.5 a step) play all 3 turns."""
+    HangsOnItsSecondStep.release = threading.Event()
+
+    class Steady(HangsOnItsSecondStep):
+        def step(self, turn_ids):
+            self.steps += 1
+            return EnvStep(observation_ids=[50], reward=0.5)
+
+    envs = [HangsOnItsSecondStep(), Steady(), HangsOnItsSecondStep(), Steady()]
+    engine = ScriptedEngine([[[5]] * 4, [[6]] * 4, [[7]] * 2])
+    began = time.monotonic()
+    with metrics.collect() as logged, ThreadPoolExecutor(workers) if workers else nullcontext() as pool:
+        out, stats = run_episodes(engine, envs, [[2]] * 4, SamplingParams(max_new_tokens=1), max_turns=3,
+                                  max_total_tokens=8, pad_id=0, pool=pool, step_timeout_s=0.5)
+    took = time.monotonic() - began
+    HangsOnItsSecondStep.release.set()
+    assert 0.5 <= took < (0.5 if workers else 1.0) + 1.5  # two hung steps at once, or (no pool) one after the other
+    assert stats["tool_error"] == ["environment step timed out after 0.5 s", "", "environment step timed out after "
+                                   "0.5 s", ""]
+    assert out["scores"].tolist() == [0.0, 1.5, 0.0, 1.5]  # the hung episodes' first 0.5 is not kept
+    assert out["num_turns"].tolist() == [2, 3, 2, 3]
+    assert out["response_ids"][0].tolist()[:3] == [5, 50, 6] and out["response_mask"][0].sum() == 3
+    assert out["finish_reason"].tolist() == [FinishReason.STOP, FinishReason.MAX_TURNS] * 2
+    assert logged["env/timed_out"] == 2.0
+    assert [e.steps for e in envs] == [2, 3, 2, 3]  # a timed-out environment is never stepped again
+
+
+def test_a_python_tool_call_that_spins_for_ever_ends_within_its_timeout_and_scores_zero():
+    if bwrap.problem():
+        pytest.skip(f"the tool's sandbox cannot start here: it needs {bwrap.problem()}")
+    tokenizer = build_char_tokenizer(string.printable.replace("\x0b", "").replace("\x0c", ""))
+    env = PythonEnv(tokenizer, timeout_s=1.0)
+    env.reset(tokenizer.encode("6*7?"), {"answer": "42"})
+    turn = tokenizer.encode("```python\nwhile True: pass\n```") + [tokenizer.eos_token_id]
+    engine = ScriptedEngine([[turn]])
+    began = time.monotonic()
+    out, stats = run_episodes(engine, [env], [tokenizer.encode("6*7?")], SamplingParams(max_new_tokens=64),
+                              max_turns=1, max_total_tokens=200, pad_id=tokenizer.pad_token_id, step_timeout_s=60)
+    assert time.monotonic() - began < 1.0 + 2  # the sandbox's wall clock, not the step deadline (60 s)
+    assert stats["tool_error"] == ["timeout after 1.0s"] and out["scores"].tolist() == [0.0]

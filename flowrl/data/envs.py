@@ -60,6 +60,7 @@ class EnvSpec:
     max_turns: int = 4
     max_total_tokens: int = 32
     num_workers: int = 8  # threads stepping a turn's environments at once
+    step_timeout_s: float | None = 60.0  # a step past it ends its episode (flowrl.engines.agent_loop)
 
     def __post_init__(self) -> None:
         """A sandboxed tool without bubblewrap refuses here, before any model loads (one line naming the install),

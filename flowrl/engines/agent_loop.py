@@ -16,10 +16,21 @@ tokens, and `rollout_logprobs` holds the sampler's logprob of each turn token
 (FinishReason.STOP), after `max_turns` turns (MAX_TURNS) or when the response
 reaches `max_total_tokens` (MAX_TOKENS): a turn is cut to the budget left and
 not sent to the environment, an observation is cut to it.
+
+A step has a deadline, `step_timeout_s` (`rollout.env_step_timeout_s`): it
+runs in a daemon thread of its own, waited for that long. A step past it ends
+its episode (FinishReason.STOP) with the reward 0 and the tool error
+"environment step timed out after N s", counted in `env/timed_out` (and in
+`env/tool_error_rate`); the other episodes go on. A Python thread cannot be
+killed, so the hung step's thread is abandoned (a daemon: it does not keep
+the process alive) and its environment is never stepped again. A turn's
+steps share `env_workers` threads, so a turn ends within ceil(hung steps /
+workers) x the deadline.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -28,6 +39,7 @@ from typing import Any, Sequence
 import torch
 from tensordict import TensorDict
 
+from flowrl import metrics
 from flowrl.data.batch import left_pad
 from flowrl.data.envs import Environment, EnvStep
 from flowrl.engines.protocols import FinishReason, RolloutEngine, SamplingParams
@@ -43,7 +55,8 @@ class Episode:
     reward: float = 0.0
     turns: int = 0
     tool_calls: int = 0  # steps that returned an observation
-    error: str = ""  # the first tool error
+    error: str = ""  # the first tool error (or the step's timeout, which ended the episode)
+    timed_out: bool = False  # a step ran past step_timeout_s
     finish: FinishReason | None = None
 
     def add(self, ids: Sequence[int], loss: int, logprobs: Sequence[float] | None = None) -> None:
@@ -54,10 +67,12 @@ class Episode:
 
 def run_episodes(engine: RolloutEngine, envs: Sequence[Environment], prompts: Sequence[Sequence[int]],
                  params: SamplingParams, *, max_turns: int, max_total_tokens: int, pad_id: int,
-                 seed: int | None = None, pool: ThreadPoolExecutor | None = None) -> tuple[TensorDict, dict[str, Any]]:
+                 seed: int | None = None, pool: ThreadPoolExecutor | None = None,
+                 step_timeout_s: float | None = None) -> tuple[TensorDict, dict[str, Any]]:
     """Runs one episode per (reset) environment; returns the rows' response fields (and `scores`, the summed
     rewards, `num_turns`) and per-row tool errors, tool calls and timings. With `pool` the environments of a
-    turn step in its threads (tools wait on subprocesses)."""
+    turn step in its threads (tools wait on subprocesses); a step past `step_timeout_s` (None: no deadline)
+    ends its episode with reward 0."""
     episodes = [Episode(env, list(prompt)) for env, prompt in zip(envs, prompts)]
     timing = {"generate": 0.0, "env": 0.0}
     for turn in range(max_turns):
@@ -82,14 +97,47 @@ def run_episodes(engine: RolloutEngine, envs: Sequence[Environment], prompts: Se
                 episode.finish = FinishReason.MAX_TOKENS
             else:
                 sent.append((episode, turn_ids))
-        steps = pool.map(lambda item: item[0].env.step(item[1]), sent) if pool else \
-            [episode.env.step(turn_ids) for episode, turn_ids in sent]
+        steps = pool.map(lambda item: _step_within(item[0].env, item[1], step_timeout_s), sent) if pool else \
+            [_step_within(episode.env, turn_ids, step_timeout_s) for episode, turn_ids in sent]
         for (episode, _), step in zip(sent, steps):
-            _observe(episode, step, max_total_tokens)
+            if step is None:
+                _time_out(episode, step_timeout_s)
+            else:
+                _observe(episode, step, max_total_tokens)
         timing["env"] += time.perf_counter() - start
     for episode in episodes:
         episode.finish = episode.finish if episode.finish is not None else FinishReason.MAX_TURNS
+    metrics.log("env/timed_out", sum(e.timed_out for e in episodes))
     return _rows(episodes, pad_id), _stats(episodes, timing)
+
+
+def _step_within(env: Environment, turn_ids: list[int], timeout_s: float | None) -> EnvStep | None:
+    """env.step(turn_ids), or None when it did not return within `timeout_s`: the step runs in a daemon thread,
+    abandoned if it hangs (a thread cannot be killed). What the step raises is raised here."""
+    if timeout_s is None:
+        return env.step(turn_ids)
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["step"] = env.step(turn_ids)
+        except BaseException as err:  # handed to the caller's thread as it was raised
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True, name="flowrl-env-step")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return None
+    if "error" in box:
+        raise box["error"]
+    return box["step"]
+
+
+def _time_out(episode: Episode, timeout_s: float | None) -> None:
+    """Ends an episode whose step hung: reward 0, the timeout as its tool error; its environment is never stepped again."""
+    episode.reward, episode.timed_out, episode.finish = 0.0, True, FinishReason.STOP
+    episode.error = f"environment step timed out after {timeout_s:g} s"
 
 
 def _observe(episode: Episode, step: EnvStep, max_total_tokens: int) -> None:

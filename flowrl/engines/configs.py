@@ -81,6 +81,9 @@ class RolloutEngineConfig(EngineConfig):
                                                         "together (finish_reason MAX_TOKENS).")
     env_workers: int = Field(8, ge=0, description="Threads stepping a turn's environments at once (tools wait on "
                                                   "subprocesses); 0 steps them one by one.")
+    env_step_timeout_s: float | None = Field(60.0, gt=0, description="Deadline of one environment step: a step "
+                                             "past it ends its episode with reward 0 and a tool_error, counted in "
+                                             "env/timed_out (its thread is abandoned); None waits for ever.")
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -97,7 +100,8 @@ class RolloutEngineConfig(EngineConfig):
         """How `rollout.interact` makes and bounds episodes; None without `env`."""
         if self.env is None:
             return None
-        return EnvSpec(self.env, dict(self.env_options), self.max_turns, self.max_total_tokens, self.env_workers)
+        return EnvSpec(self.env, dict(self.env_options), self.max_turns, self.max_total_tokens, self.env_workers,
+                       self.env_step_timeout_s)
 
     def build(self, source: ModelSource, *, tokenizer: Any, device: str,
               share: TrainEngine | None = None) -> RolloutEngine:

@@ -26,10 +26,12 @@ weights too). Each sleep logs the device memory it freed and how long it took.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from typing import Any, Iterable, Iterator, Literal
 
@@ -105,6 +107,9 @@ class VLLMRolloutConfig(RolloutEngineConfig):
     max_lora_rank: int = Field(0, ge=0, description="With a LoRA actor (actor.lora_rank at most this; vLLM takes "
                                                     "8, 16, 32, 64, ...): each sync sends the adapter only, served "
                                                     "as a vLLM LoRA request. 0: merged weights are streamed.")
+    start_timeout_s: float = Field(600.0, gt=0, description="Deadline of vLLM's start-up (loading the model, "
+                                   "profiling, the KV cache): past it the run stops with one line, before "
+                                   "anything of it is written.")
 
     def build(self, source: ModelSource, *, tokenizer: Any, device: str,
               share: TrainEngine | None = None) -> "VLLMRolloutEngine":
@@ -116,6 +121,14 @@ class VLLMRolloutConfig(RolloutEngineConfig):
             raise ValueError("rollout.free_cache_engine=2 frees the base weights a LoRA adapter runs on "
                              "(rollout.max_lora_rank > 0); use 1")
         return VLLMRolloutEngine(source, tokenizer, device=device, config=self)
+
+
+def _into(box: dict[str, Any], fn: Any) -> None:
+    """box["value"] = fn(), or box["error"] what it raised (for the thread that waits on it)."""
+    try:
+        box["value"] = fn()
+    except BaseException as err:
+        box["error"] = err
 
 
 class VLLMRolloutEngine:
@@ -133,8 +146,8 @@ class VLLMRolloutEngine:
         self.tp_ranks = _tensor_parallel_ranks(config.tensor_parallel_size)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: the weight sync passes tensors by reference
         kv_gb = config.kv_cache_gb or (None if self.cuda else 1.0)
-        self.llm = vllm.LLM(
-            model=str(source.path), dtype=source.dtype, seed=0, generation_config="vllm",
+        start = functools.partial(
+            vllm.LLM, model=str(source.path), dtype=source.dtype, seed=0, generation_config="vllm",
             logprobs_mode="processed_logprobs", enforce_eager=config.enforce_eager,
             tensor_parallel_size=config.tensor_parallel_size, gpu_memory_utilization=config.gpu_memory_utilization,
             kv_cache_memory_bytes=None if kv_gb is None else int(kv_gb * GIB), block_size=config.block_size,
@@ -142,6 +155,17 @@ class VLLMRolloutEngine:
             distributed_executor_backend="external_launcher" if config.tensor_parallel_size > 1 else None,
             **(dict(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=1) if config.max_lora_rank
                else {}))
+        # vLLM starts in a daemon thread, abandoned past the deadline (vLLM runs in this process: nothing to kill)
+        started: dict[str, Any] = {}
+        thread = threading.Thread(target=_into, args=(started, start), daemon=True, name="flowrl-vllm-start")
+        thread.start()
+        thread.join(config.start_timeout_s)
+        if thread.is_alive():
+            raise TimeoutError(f"vLLM did not start within {config.start_timeout_s:g} s (rollout.start_timeout_s); "
+                               f"the run stops here (rerun the same command to resume)")
+        if "error" in started:
+            raise started["error"]
+        self.llm = started["value"]
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
                  *, seed: int | None = None) -> TensorDict:

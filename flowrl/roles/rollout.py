@@ -98,7 +98,8 @@ class Rollout:
         with ThreadPoolExecutor(self.env.num_workers) if self.env.num_workers else nullcontext() as pool:
             out, stats = run_episodes(self.engine, envs, prompts, params, max_turns=self.env.max_turns,
                                       max_total_tokens=self.env.max_total_tokens,
-                                      pad_id=self.tokenizer.pad_token_id, seed=seed, pool=pool)
+                                      pad_id=self.tokenizer.pad_token_id, seed=seed, pool=pool,
+                                      step_timeout_s=self.env.step_timeout_s)
         rows = self._finish(rows, out, params)
         rows[key], rows["num_turns"] = out["scores"], out["num_turns"]
         rows["tool_error"] = NonTensorStack(*stats["tool_error"])
