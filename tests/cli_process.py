@@ -7,7 +7,8 @@ forkserver); in all else it is a fresh process: its own stdout and stderr, exit
 status, working folder and environment, and SIGKILL ends it as it would the CLI.
 Import-time output is not seen here: tests that run the real `python -m flowrl`
 (test_reliability's finished-run check, test_spmd, test_train_e2e's train call)
-keep that covered.
+keep that covered. START_METHOD gives torch.multiprocessing's ranks the same
+server (test_engine_fsdp2.spawn_and_join).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import tempfile
 import traceback
 from pathlib import Path
 
-_CONTEXT = multiprocessing.get_context("forkserver")
+START_METHOD = "forkserver"
+_CONTEXT = multiprocessing.get_context(START_METHOD)
 _CONTEXT.set_forkserver_preload(["flowrl.cli", "flowrl.runtime.trainer"])
 
 

@@ -16,6 +16,7 @@ from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.weight_sync import StreamedSync
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from fakes import TokenMeanNLL, TokenSumNLL
+import cli_process
 
 WORLD = 2
 ROWS = [([3, 12, 4, 15], [5, 1]), ([7, 8], [9, 10, 11, 1]), ([2, 13, 2, 15, 4, 4], [6]),
@@ -76,7 +77,8 @@ def _worker(rank, world, model_path, out_dir):
 
 def spawn_and_join(fn, args, timeout_s):
     """Runs fn on WORLD spawned ranks; a rank's error re-raises here, a hang fails instead of blocking."""
-    context = mp.start_processes(fn, args=args, nprocs=WORLD, start_method="spawn", join=False)
+    # forked from the server that imported flowrl once (tests/cli_process.py), not spawned: 7 s of CPU less a rank
+    context = mp.start_processes(fn, args=args, nprocs=WORLD, start_method=cli_process.START_METHOD, join=False)
     deadline = time.monotonic() + timeout_s
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
