@@ -7,6 +7,10 @@ from pathlib import Path
 # Before torch loads, and inherited by every process a test starts (the CLI, torchrun ranks, Ray's nodes and
 # workers): tiny models on one OpenMP thread each (see the one_thread fixture below).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Before anything imports Ray (it reads the variable at import), for this process and the nodes and drivers
+# it starts: every local cluster of the session registers its nodes at 127.0.0.1 and listens there only
+# (flowrl.runtime.ray_loopback; test_ray_loopback checks the nodes' addresses).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

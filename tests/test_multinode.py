@@ -1,6 +1,6 @@
-"""A two-node Ray cluster on this machine, started and stopped by the test through the `ray start` processes it
-starts: a pool spread over both nodes trains like the local executor from model folders shipped to them, and
-the remote-cluster notebook drives the cluster through Ray Client from a separate process."""
+"""A two-node Ray cluster on this machine (ray.cluster_utils.Cluster, both nodes at 127.0.0.1): a pool spread over
+both nodes trains like the local executor from model folders shipped to them, and the remote-cluster notebook
+drives the cluster through Ray Client from a separate process."""
 
 import json
 import os
@@ -23,11 +23,10 @@ from fakes import ParityTask
 ray = pytest.importorskip("ray")
 pytest.importorskip("grpc")  # Ray Client: the `ray` extra's ray[client]
 from flowrl.runtime import ray_cluster  # noqa: E402  (needs ray)
+from ray.cluster_utils import Cluster  # noqa: E402
 
 NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "remote_cluster.ipynb"
 TESTS = str(Path(__file__).parent)
-PORT_FLAGS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
-              "--metrics-export-port", "--node-manager-port", "--object-manager-port")
 
 
 def _free_port() -> int:
@@ -36,44 +35,34 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _node(args: list[str], resources: dict, env: dict, log: Path) -> subprocess.Popen:
-    """One Ray node as a `ray start --block` process (its own ports; ending the process stops the node)."""
-    cmd = [shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray", "start", "--block", "--num-cpus=1",
-           f"--resources={json.dumps(resources)}", "--object-store-memory=100000000", "--disable-usage-stats",
-           *[f"{flag}={_free_port()}" for flag in PORT_FLAGS], *args]
-    return subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    """A head (resource node_a) and a second node (node_b), with Ray Client; this process connects through it."""
+    """A head (resource node_a) and a second node (node_b) of one ray.cluster_utils.Cluster, both registered at
+    127.0.0.1 (conftest's loopback env, under which `ray start --address` refuses a second node), with Ray
+    Client; this process connects through it."""
     temp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths have a length limit
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled",  # two nodes started apart share no auth token
-           "PYTHONPATH": os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)}
+    path = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": path}  # the notebook's driver
     ray.shutdown()  # the session's local cluster (conftest.ray_local), if a module before started it
-    gcs, client = _free_port(), _free_port()
-    nodes = [_node(["--head", f"--port={gcs}", f"--ray-client-server-port={client}", "--include-dashboard=false",
-                    f"--temp-dir={temp}"], {"node_a": 1}, env, temp / "head.log")]
-    saved = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    try:
-        _wait(lambda: socket.create_connection(("127.0.0.1", client), timeout=1).close() or True, "the head")
-        nodes.append(_node([f"--address=127.0.0.1:{gcs}"], {"node_b": 1}, env, temp / "second.log"))
-        address = f"ray://127.0.0.1:{client}"
-        _connect(address)
-        _wait(lambda: sum(n["Alive"] for n in ray.nodes()) == 2, "the second node")
-        yield {"address": address, "gcs": f"127.0.0.1:{gcs}", "env": env}
-    finally:
-        ray.shutdown()
-        for node in nodes:
-            node.terminate()
-        for node in nodes:
-            node.wait(60)
-        shutil.rmtree(temp, ignore_errors=True)
-        if saved is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = saved
+    client = _free_port()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_AUTH_MODE", "disabled")
+        patch.setenv("PYTHONPATH", path)  # inherited by the nodes' workers: they find `fakes`
+        nodes = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "resources": {"node_a": 1}, "object_store_memory": 100_000_000,
+            "ray_client_server_port": client, "include_dashboard": False, "temp_dir": str(temp)})
+        try:
+            nodes.add_node(num_cpus=1, resources={"node_b": 1}, object_store_memory=100_000_000)
+            _wait(lambda: socket.create_connection(("127.0.0.1", client), timeout=1).close() or True, "Ray Client")
+            address = f"ray://127.0.0.1:{client}"
+            _connect(address)
+            _wait(lambda: sum(n["Alive"] for n in ray.nodes()) == 2, "the second node")
+            assert [n["NodeManagerAddress"] for n in ray.nodes()] == ["127.0.0.1", "127.0.0.1"], ray.nodes()
+            yield {"address": address, "gcs": nodes.address, "env": env}
+        finally:
+            ray.shutdown()
+            nodes.shutdown()
+            shutil.rmtree(temp, ignore_errors=True)
 
 
 def _connect(address: str, attempts: int = 3) -> None:

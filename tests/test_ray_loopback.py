@@ -1,6 +1,8 @@
-"""A local Ray cluster started with ray_cluster.LOOPBACK_ENV registers every node at 127.0.0.1 and listens on
+"""A local Ray cluster started with ray_loopback.LOOPBACK_ENV registers every node at 127.0.0.1 and listens on
 loopback only, a second node on the same machine (ray.cluster_utils.Cluster) too; without it the same
-cluster registers under the machine's interface address and listens on all interfaces."""
+cluster registers under the machine's interface address and listens on all interfaces. The session's local
+cluster (conftest sets the variable) and one flowrl starts for a user (ray_executor.init_ray) are at 127.0.0.1;
+a process that joins a cluster by RAY_ADDRESS is left as it was."""
 
 import json
 import os
@@ -11,7 +13,7 @@ import pytest
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
-from flowrl.runtime.ray_cluster import LOOPBACK_ENV  # noqa: E402  (needs ray)
+from flowrl.runtime.ray_loopback import LOOPBACK_ENV  # noqa: E402
 
 CLUSTER = """
 import json, psutil, ray
@@ -45,3 +47,38 @@ def test_a_two_node_local_cluster_with_the_loopback_env_registers_every_node_at_
     seen = _cluster(LOOPBACK_ENV)
     assert seen["nodes"] == ["127.0.0.1", "127.0.0.1"] and seen["worker"] == "127.0.0.1"
     assert seen["listening"] and set(seen["listening"]) <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, seen
+
+
+def test_every_node_of_the_sessions_local_cluster_is_at_127_0_0_1(ray_local):
+    assert [n["NodeManagerAddress"] for n in ray_local.nodes()] == ["127.0.0.1"]
+
+
+USER = """
+import json, os
+from flowrl.runtime.ray_executor import init_ray
+import ray
+init_ray(num_cpus=1)
+print(json.dumps({"set": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"),
+                  "nodes": [n["NodeManagerAddress"] for n in ray.nodes()]}))
+ray.shutdown()
+"""
+
+JOIN = """
+import os
+os.environ["RAY_ADDRESS"] = "10.0.0.1:6379"
+from flowrl.runtime import ray_loopback
+print(ray_loopback.use_for_a_local_cluster(), os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"))
+"""
+
+
+def test_flowrl_starts_a_users_local_cluster_at_127_0_0_1_and_leaves_a_joining_process_alone():
+    """A user's process without the variable (the session's is removed), as the trainer does it: importing
+    ray_executor sets it before Ray is imported, and init_ray with no address starts the cluster; with
+    RAY_ADDRESS set (a cluster to join) it stays unset."""
+    env = {k: v for k, v in os.environ.items() if k not in LOOPBACK_ENV}
+    done = subprocess.run([sys.executable, "-c", USER], capture_output=True, text=True, timeout=300,
+                          env={**env, "RAY_ADDRESS": ""})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"set": "0", "nodes": ["127.0.0.1"]}
+    joined = subprocess.run([sys.executable, "-c", JOIN], capture_output=True, text=True, timeout=120, env=env)
+    assert joined.returncode == 0 and joined.stdout.split() == ["False", "None"], joined.stderr[-2000:]

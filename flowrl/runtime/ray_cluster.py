@@ -11,6 +11,7 @@
 - With train.ship_files, model folders travel through the object store (`ShippedFolder`: each node unpacks
   one copy under its temp folder), and checkpoints and exports come back as files the driver writes where
   the run config says: no node needs to see the driver's disk.
+- A local cluster flowrl starts stays at 127.0.0.1 (flowrl.runtime.ray_loopback, set before Ray is imported).
 """
 
 from __future__ import annotations
@@ -32,14 +33,6 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from flowrl.errors import PlanError
 from flowrl.plan.placement import Pool
 
-LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-"""In the environment before `import ray`, in the process that starts a local cluster (ray.init() with no
-address): Ray then registers the node at 127.0.0.1 and its servers (GCS, raylet, object manager, workers)
-listen on 127.0.0.1 only. Without it Ray turns 127.0.0.1, wherever it is given (ray.init(_node_ip_address=),
-`ray start --node-ip-address`, `--address=127.0.0.1:port`: services.resolve_ip_for_localhost), into the
-machine's interface address and listens on all interfaces. It also makes `ray start --address` refuse to
-start a second node (ray.cluster_utils.Cluster's add_node still starts one, at 127.0.0.1); and a driver
-started with it reports 127.0.0.1 to a cluster it joins by GCS address, so set it only for local clusters."""
 BUNDLE_NUM_CPUS = 0.01  # per rank: Ray refuses empty bundles; torch still uses OMP_NUM_THREADS (Ray sets 1)
 SHIPPED_DIR = "flowrl-shipped"  # under each node's temp folder
 Files = dict[str, bytes]  # a folder's files by relative path

@@ -33,8 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from flowrl.runtime import ray_loopback
+
+ray_loopback.use_for_a_local_cluster()  # before Ray reads its constants (at import): a local cluster at 127.0.0.1
+import ray  # noqa: E402
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError  # noqa: E402
 from tensordict import TensorDict
 
 from flowrl import metrics
@@ -59,7 +62,8 @@ _EMPTY = TensorDict({}, batch_size=[0])
 
 def init_ray(address: str | None = None, **kwargs: Any) -> None:
     """Start (or join: `address`, or RAY_ADDRESS; ray://host:port through Ray Client) a Ray cluster unless this
-    process already did."""
+    process already did. A local one registers its node at 127.0.0.1 and listens there only, when this module
+    was imported before Ray (ray_loopback.use_for_a_local_cluster, at the top)."""
     address = address or os.environ.get("RAY_ADDRESS") or None
     if not ray.is_initialized():
         if address not in (None, "auto", "local"):

@@ -168,9 +168,9 @@ def _executor(cfg: RunConfig, plan: Plan, factory: RoleFactory, world: int, eval
 
 def _cluster_gpus() -> int:
     """The Ray cluster's GPUs (placement 'auto' with train.executor=ray on CUDA); none is a one-line error."""
-    import ray
+    from flowrl.runtime.ray_executor import init_ray  # first: it imports Ray for a local cluster at 127.0.0.1
 
-    from flowrl.runtime.ray_executor import init_ray
+    import ray
 
     init_ray()
     gpus = int(ray.cluster_resources().get("GPU", 0))
