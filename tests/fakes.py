@@ -45,6 +45,9 @@ class FakeTrainEngine:
     def full_state_dict(self):
         return {}
 
+    def named_full_tensors(self):
+        return iter(())
+
     def save(self, path):
         self.saved.append(path)
         import os
@@ -71,6 +74,9 @@ class FakeRolloutEngine:
 
     def load_weights(self, state_dict):
         pass
+
+    def load_weight_stream(self, named_tensors):
+        return sum(1 for _ in named_tensors)
 
     def weight_sync(self, train):
         return lambda train, rollout: None
