@@ -365,7 +365,8 @@ def read_config_file(path: str) -> dict[str, Any]:
     return values
 
 
-def warn_no_effect(cfg: RunConfig, used_roles: tuple[str, ...]) -> None:
+def warn_no_effect(cfg: RunConfig, used_sections: set[str]) -> None:
+    """`used_sections`: the engine sections (actor, critic, rollout) the run's roles build from."""
     """Warn for each value set away from its default that this run ignores."""
     default = RunConfig()
     if cfg.model.path is not None:
@@ -393,9 +394,9 @@ def warn_no_effect(cfg: RunConfig, used_roles: tuple[str, ...]) -> None:
                           f"is not 'ray'", stacklevel=2)
     if t.memory_check is not default.train.memory_check and t.device != "cuda":
         warnings.warn("train.memory_check has no effect: train.device is not 'cuda'", stacklevel=2)
-    for section in ("critic", "actor", "rollout"):  # config sections named after the roles that use them
-        if section not in used_roles and getattr(cfg, section) != getattr(default, section):
-            warnings.warn(f"{section}.* has no effect: the algorithm uses no {section}", stacklevel=2)
+    for section in ("critic", "actor", "rollout"):
+        if section not in used_sections and getattr(cfg, section) != getattr(default, section):
+            warnings.warn(f"{section}.* has no effect: no role of the algorithm builds on it", stacklevel=2)
 
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks (vLLM 0.26)

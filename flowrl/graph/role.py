@@ -17,6 +17,8 @@ compares role names:
   share one module (the hybrid engine);
 - base_of: the role whose starting weights it holds, frozen (the reference holds the actor's); it is
   built after that role, and under LoRA it reads them from that role's module with the adapters off;
+- engines: the run config's engine sections its build reads (the reference builds on `actor.*`), so a
+  section no role of the run reads is reported as having no effect;
 - a graph method's `defer_to` and `updates_weights` (see trace.Spec).
 
 Instances are built by `cls.build(ctx)` when the class defines `build` (the
@@ -46,6 +48,7 @@ class RoleSpec:
     on_driver: bool = False
     weights_from: str | None = None
     base_of: str | None = None
+    engines: tuple[str, ...] = ()
 
     def methods(self) -> dict[str, Spec]:
         return graph_methods(self.cls)
@@ -79,13 +82,14 @@ for _name, _where in (("actor", "actor:Actor"), ("ref", "actor:Ref"), ("critic",
 
 
 def role(name: str | type | None = None, *, trainable: bool = False, exported: bool = False,
-         on_driver: bool = False, weights_from: str | None = None, base_of: str | None = None) -> Any:
+         on_driver: bool = False, weights_from: str | None = None, base_of: str | None = None,
+         engines: tuple[str, ...] = ()) -> Any:
     """Register a role class; bare (`@flowrl.role`, named after the class in snake_case) or with arguments."""
 
     def register(cls: type) -> type:
         role_name = name if isinstance(name, str) else _snake(cls.__name__)
         spec = RoleSpec(role_name, cls, trainable=trainable, exported=exported, on_driver=on_driver,
-                        weights_from=weights_from, base_of=base_of)
+                        weights_from=weights_from, base_of=base_of, engines=tuple(engines))
         methods = graph_methods(cls)
         if not methods:
             raise GraphError(f"role {role_name!r} ({cls.__name__}) has no @flowrl.graph_method")

@@ -43,7 +43,7 @@ def _update(engine: TrainEngine, s: UpdateSettings, batch: TensorDict, loss: Los
     metrics.log_dict(prefix, result)
 
 
-@role("actor", trainable=True, exported=True)
+@role("actor", trainable=True, exported=True, engines=("actor",))
 @dataclass
 class Actor:
     engine: TrainEngine
@@ -83,7 +83,7 @@ class Actor:
         return self.settings.epochs == 1 and batch.batch_size[0] <= self.settings.mini_batch_size
 
 
-@role("ref", base_of="actor")
+@role("ref", base_of="actor", engines=("actor",))
 @dataclass
 class Ref:
     engine: TrainEngine
@@ -104,7 +104,7 @@ class Ref:
         return batch
 
 
-@role("critic", trainable=True)
+@role("critic", trainable=True, engines=("critic",))
 @dataclass
 class Critic:
     engine: TrainEngine

@@ -109,7 +109,7 @@ def _update_reads(loss: LossFn, **_: Any) -> tuple[str, ...]:
     return MODEL_INPUT + tuple(loss.reads)
 
 
-@role("learned_reward", trainable=True, exported=True)
+@role("learned_reward", trainable=True, exported=True, engines=("actor",))
 @dataclass
 class LearnedReward:
     """A scalar head over the model (the reward model's layout: flowrl.roles.reward.RewardModel reads what

@@ -66,7 +66,7 @@ def _scores_key(key: str = "scores", **_: Any) -> tuple[str, ...]:
     return (key,)
 
 
-@role("llm_judge")
+@role("llm_judge", engines=("rollout",))
 @dataclass
 class Judge:
     engine: RolloutEngine

@@ -61,7 +61,7 @@ class Reward:
         return batch
 
 
-@role("reward_model")
+@role("reward_model", engines=("actor",))
 @dataclass
 class RewardModel:
     """A learned reward (verl's reward model): a scalar-head model's output at each response's last token.

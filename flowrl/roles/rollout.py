@@ -44,7 +44,7 @@ def _check_episode(n: int = 1, key: str = "scores", metric: str = "reward", **sa
     _check_sampling(n, **sampling)
 
 
-@role("rollout", weights_from="actor")
+@role("rollout", weights_from="actor", engines=("rollout",))
 @dataclass
 class Rollout:
     engine: RolloutEngine

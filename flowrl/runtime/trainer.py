@@ -108,7 +108,7 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     if cfg.train.executor == "ray" and world > 1:
         raise ValueError("train.executor: 'ray' starts its own workers from one process; run it without torchrun")
     plan = make_plan(cfg, algo, task, world, gpus=_cluster_gpus() if ray_gpus and cfg.placement == "auto" else None)
-    warn_no_effect(cfg, plan.roles)
+    warn_no_effect(cfg, {section for role in plan.roles for section in plan.specs[role].engines})
     refuse_contradictions(cfg)
     if cfg.rollout.env is not None and not plays_episodes(plan):
         warnings.warn(f"rollout.env has no effect: algorithm {algo.name!r} never calls rollout.interact",
