@@ -7,3 +7,11 @@ class GraphError(ValueError):
 
 class PlanError(ValueError):
     """A placement cannot host the graph: a role placed twice or not at all, a bad pool."""
+
+
+class MissingField(GraphError):
+    """A node reads a field that neither an earlier node nor the data gives (`field` names it)."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field

@@ -138,6 +138,18 @@ def test_a_run_task_of_sft_rows_is_a_conversation_task(tmp_path):
     assert task.meta_keys == ("conversation",)
 
 
+def test_sft_without_sft_data_names_data_train_files(tmp_path):
+    """The built-in arithmetic task gives prompts, not conversations: one line says where they come from."""
+    from flowrl.errors import MissingField
+    from flowrl.graph.algorithm import ALGORITHMS
+    from flowrl.runtime.trainer import make_plan
+    from flowrl.data.arithmetic import ArithmeticTask
+
+    with pytest.raises(MissingField, match=r"reads 'conversation', which no earlier node writes; .*; if the data "
+                                           r"should give it, set data.train_files to a data set"):
+        make_plan(load_run_config(None, [f"train.output_dir={tmp_path}"]), ALGORITHMS.get("sft"), ArithmeticTask(4))
+
+
 def test_fsdp2_on_two_gloo_ranks_trains_the_weights_one_process_does(tmp_path):
     common = ["train", "sft", "--no-progress", "--steps", "2", *sft_config(tmp_path), "--set", "train.eval_every=0"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "flowrl", *common,

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import networkx as nx
 
-from flowrl.errors import GraphError
+from flowrl.errors import GraphError, MissingField
 
 SOURCE = "input"
 
@@ -92,8 +92,8 @@ class Tracer:
         reads, writes = spec.resolve(kwargs)
         missing = sorted(reads - batch.fields)
         if missing:
-            raise GraphError(f"{base} reads {missing[0]!r}, which no earlier node writes; "
-                             f"available fields: {sorted(batch.fields)}")
+            raise MissingField(f"{base} reads {missing[0]!r}, which no earlier node writes; "
+                               f"available fields: {sorted(batch.fields)}", missing[0])
         name = self._unique(base)
         node = Node(name=name, kind=spec.kind, reads=reads, writes=writes, kwargs=dict(kwargs), **node_attrs)
         self.graph.add_node(name, node=node)

@@ -21,6 +21,7 @@ from flowrl.data.prompts import PromptStream
 from flowrl.data.redact import redact
 from flowrl.data.tasks import Task, check_task
 from flowrl.engines.hf_models import load_tokenizer
+from flowrl.errors import MissingField
 from flowrl.graph.algorithm import ALGORITHMS, Algorithm
 from flowrl.plan.placement import Placement
 from flowrl.graph.role import role_spec
@@ -55,7 +56,17 @@ def resolve_algorithm(name: str) -> Algorithm:
 
 def make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int = 1, gpus: int | None = None) -> Plan:
     """Validate the algorithm's options and compile its graph; loads no model. Placement 'auto' colocates the
-    model roles on `world_size` ranks, or on `gpus` CUDA ranks (a Ray cluster's) split by train.rollout_share."""
+    model roles on `world_size` ranks, or on `gpus` CUDA ranks (a Ray cluster's) split by train.rollout_share.
+    A field no node writes says where else it may come from: the data."""
+    try:
+        return _make_plan(cfg, algo, task, world_size, gpus)
+    except MissingField as err:
+        raise MissingField(f"{err}; if the data should give it, set data.train_files to a data set whose rows "
+                           f"give {err.field!r} (flowrl.data.dataset: prompts, SFT messages, preference pairs)",
+                           err.field) from None
+
+
+def _make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int, gpus: int | None) -> Plan:
     values = dict(cfg.algo)
     if "max_response_len" in algo.config_cls.model_fields:
         values.setdefault("max_response_len", cfg.rollout.max_new_tokens)
