@@ -96,8 +96,8 @@ def test_a_dropped_pool_leaves_no_workers(tmp_path):
 
     pool = ScoringPool(2)
     assert pool.score(samples("exact_match", ["x"])) == [0.0]
-    workers = list(pool._pool._pool)
-    assert all(w.is_alive() for w in workers)
+    workers = [w.process for w in pool._workers]
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)
     del pool
     gc.collect()
     for w in workers:
