@@ -79,6 +79,7 @@ class ScoringPool:
             self._workers = [_Worker() for _ in range(self.num_workers)]
             weakref.finalize(self, _kill_all, self._workers)  # a task dropped without close() leaves none behind
         scores, todo, timed_out = [0.0] * len(samples), deque(range(len(samples))), 0
+        results: dict[int, tuple[bool, float | str]] = {}
         while todo or any(w.index is not None for w in self._workers):
             for w in self._workers:
                 if w.index is None and todo:
@@ -89,12 +90,14 @@ class ScoringPool:
                 if w.index is None:
                     continue
                 if w.conn.poll():
-                    i, result = w.index, w.result()
-                    scores[i] = self._check(samples[i], result)
+                    i = w.index
+                    results[i] = w.result()
                 elif time.monotonic() >= w.deadline:
                     w.kill()
                     self._workers[n] = _Worker()
                     timed_out += 1
+        for i in sorted(results):  # checked in row order: the first bad row is the one named, whichever worker
+            scores[i] = self._check(samples[i], results[i])  # finished first
         metrics.log("reward/timed_out", float(timed_out))
         if timed_out:
             log.warning("reward: %d of %d samples ran past data.reward_timeout_s=%g and scored 0.0 (their "
