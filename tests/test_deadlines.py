@@ -171,7 +171,7 @@ def test_a_vllm_start_up_that_hangs_stops_the_run_in_one_line_within_the_timeout
 
     def hang(**_):  # a start-up that never ends (a stuck device, a lock held by a dead process, ...)
         started.append(time.monotonic())
-        time.sleep(3600)
+        time.sleep(30)  # without the deadline the test fails after 30 s rather than hanging
 
     monkeypatch.setattr(vllm_rollout.vllm, "LLM", hang)
     with pytest.raises(TimeoutError, match=r"^vLLM did not start within 1 s \(rollout.start_timeout_s\); the run "
@@ -212,7 +212,7 @@ class HangsOnItsSecondStep:
     def step(self, turn_ids):
         self.steps += 1
         if self.steps == 2:
-            self.release.wait()
+            self.release.wait(30)  # without the deadline the test fails after 30 s rather than hanging
         return EnvStep(observation_ids=[50], reward=0.5)
 
 
