@@ -18,6 +18,7 @@ from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.weight_sync import StreamedSync
 from flowrl.engines.weight_transport import CollectiveTransport, SyncGroup, WeightSyncTimeout, buckets
+from cli_process import START_METHOD  # ranks forked from a server that imported flowrl once
 from host_memory import MB, build_wide_model, fix_mmap_threshold, peak_during
 
 GREEDY = SamplingParams(max_new_tokens=4, greedy=True)
@@ -64,7 +65,7 @@ def _collective_rank(rank, out):
 
 def test_collective_transport_delivers_every_tensor_exactly(tmp_path):
     """Train rank 0 broadcasts buckets over a group of its own; both rollout ranks get every tensor bit for bit."""
-    mp.start_processes(_collective_rank, args=(tmp_path,), nprocs=3, start_method="spawn")
+    mp.start_processes(_collective_rank, args=(tmp_path,), nprocs=3, start_method=START_METHOD)
     assert torch.load(tmp_path / "rank1.pt") and torch.load(tmp_path / "rank2.pt")
     assert torch.load(tmp_path / "stats.pt")["buckets"] == 2  # w1 (2.8 MB), w2 and steps; w3 (4.8 MB) alone
 
@@ -117,7 +118,7 @@ def test_torchrun_ranks_stream_the_sync_without_a_state_dict(wide_model_path, tm
     """2 gloo ranks, FSDP2-sharded actor, each rank's own hf_static rollout copy: after the sync the rollout's
     weights equal the trainer's (to 0) and so does greedy output; the sync's peak host memory stays below three
     of the largest tensors, where the full-state-dict path it replaces needed the whole model (134 MB) on top."""
-    mp.start_processes(_sync_rank, args=(2, wide_model_path, tmp_path), nprocs=2, start_method="spawn")
+    mp.start_processes(_sync_rank, args=(2, wide_model_path, tmp_path), nprocs=2, start_method=START_METHOD)
     for rank in range(2):
         r = torch.load(tmp_path / f"rank{rank}.pt")
         assert r["equal"] and r["greedy_same"], r
@@ -148,7 +149,7 @@ def _silent_peer_rank(rank, out):
 
 
 def test_a_peer_that_stops_answering_mid_transfer_is_a_named_error_within_the_deadline(tmp_path):
-    mp.start_processes(_silent_peer_rank, args=(tmp_path,), nprocs=3, start_method="spawn", join=False)
+    mp.start_processes(_silent_peer_rank, args=(tmp_path,), nprocs=3, start_method=START_METHOD, join=False)
     deadline = time.monotonic() + 180
     while not all((tmp_path / f"rank{r}.pt").exists() for r in (0, 1)) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -185,7 +186,7 @@ def test_a_torchrun_rank_that_never_syncs_is_a_named_error_within_the_deadline(t
     """Under torchrun the in-process sync's gathers run on the default group: its timeout
     (train.node_timeout_s, set at rendezvous) ends a sync some rank never joins, with one line."""
     shutil.copytree(tiny_model_path, tmp_path / "model")
-    mp.start_processes(_hung_gather_rank, args=(tmp_path,), nprocs=2, start_method="spawn", join=False)
+    mp.start_processes(_hung_gather_rank, args=(tmp_path,), nprocs=2, start_method=START_METHOD, join=False)
     deadline = time.monotonic() + 180
     while not (tmp_path / "rank0.pt").exists() and time.monotonic() < deadline:
         time.sleep(0.5)
