@@ -123,12 +123,34 @@ class VLLMRolloutConfig(RolloutEngineConfig):
         return VLLMRolloutEngine(source, tokenizer, device=device, config=self)
 
 
-def _into(box: dict[str, Any], fn: Any) -> None:
-    """box["value"] = fn(), or box["error"] what it raised (for the thread that waits on it)."""
-    try:
-        box["value"] = fn()
-    except BaseException as err:
-        box["error"] = err
+def _start_within(start: Any, timeout_s: float, cuda: bool) -> Any:
+    """start() (vLLM's constructor) in a daemon thread, waited for `timeout_s`: a hung start-up stops the run in one
+    line. vLLM runs in this process, so there is nothing to kill: the thread is abandoned and ends with the process.
+    The thread starts on the caller's CUDA device (the current device is per thread), and the device vLLM's worker
+    left current there is made current here, as when vLLM started in this thread."""
+    box: dict[str, Any] = {}
+    device = torch.cuda.current_device() if cuda else None
+
+    def run() -> None:
+        try:
+            if device is not None:
+                torch.cuda.set_device(device)
+            box["value"] = start()
+            box["device"] = torch.cuda.current_device() if device is not None else None
+        except BaseException as err:  # raised again in the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True, name="flowrl-vllm-start")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"vLLM did not start within {timeout_s:g} s (rollout.start_timeout_s); the run stops "
+                           f"here (rerun the same command to resume)")
+    if "error" in box:
+        raise box["error"]
+    if box["device"] is not None:
+        torch.cuda.set_device(box["device"])
+    return box["value"]
 
 
 class VLLMRolloutEngine:
@@ -155,17 +177,7 @@ class VLLMRolloutEngine:
             distributed_executor_backend="external_launcher" if config.tensor_parallel_size > 1 else None,
             **(dict(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=1) if config.max_lora_rank
                else {}))
-        # vLLM starts in a daemon thread, abandoned past the deadline (vLLM runs in this process: nothing to kill)
-        started: dict[str, Any] = {}
-        thread = threading.Thread(target=_into, args=(started, start), daemon=True, name="flowrl-vllm-start")
-        thread.start()
-        thread.join(config.start_timeout_s)
-        if thread.is_alive():
-            raise TimeoutError(f"vLLM did not start within {config.start_timeout_s:g} s (rollout.start_timeout_s); "
-                               f"the run stops here (rerun the same command to resume)")
-        if "error" in started:
-            raise started["error"]
-        self.llm = started["value"]
+        self.llm = _start_within(start, config.start_timeout_s, self.cuda)
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
                  *, seed: int | None = None) -> TensorDict:
