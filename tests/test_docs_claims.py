@@ -118,3 +118,11 @@ def test_defaults_quoted_in_the_docs_are_the_codes():
     assert float(said) == cli.parse(["plan"]).gpu_memory_gib
     said = one(r"with\s+`algo.max_staleness` \(default (\d+)\)", (DOCS / "async.md").read_text())[1]
     assert int(said) == ALGORITHMS.get("grpo_async").config_cls().max_staleness
+
+
+def test_ci_runs_exactly_the_readmes_test_lines():
+    """The README's test block (its second bash block) is what .ci/run runs, line for line."""
+    blocks = re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line and not line.startswith(("#", "set ", "cd "))]
+    assert blocks[1].strip().splitlines() == ci
