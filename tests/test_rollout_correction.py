@@ -141,9 +141,16 @@ def test_config_builds_the_loss_option():
 
 
 OFF_POLICY = {"grpo_async"}
+# every algorithm that samples has a policy loss and the option; sft and rm sample nothing
+SAMPLING = sorted(name for name in REGISTRY if "rollout" in REGISTRY[name].roles)
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_only_the_algorithms_that_sample_nothing_lack_the_option():
+    lacking = {name for name in REGISTRY if "rollout_correction" not in REGISTRY[name].config_cls.model_fields}
+    assert lacking == set(REGISTRY) - set(SAMPLING) == {"sft", "rm"}
+
+
+@pytest.mark.parametrize("name", SAMPLING)
 def test_every_algorithm_passes_the_option_to_its_policy_loss(name):
     inputs = {"prompt_ids", "prompt_mask", "uid", "answer"}
     option = {"rollout_correction": {"is_level": "token", "rs_level": "geometric", "rs_threshold": 1.5}}

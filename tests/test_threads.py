@@ -1,5 +1,6 @@
 """train.cpu_threads: the thread count of torch's CPU ops, from the config, OMP_NUM_THREADS or the machine."""
 
+import multiprocessing
 import os
 
 import pytest
@@ -34,16 +35,23 @@ def test_the_tiny_model_gets_one_thread_and_explicit_values_win(no_omp):
     assert threads.cpu_threads() == 8
 
 
-def test_training_sets_torch_threads_from_the_config_or_the_model(tmp_path, no_omp):
-    cfg = load_run_config(None, [f"train.output_dir={tmp_path}", "train.cpu_threads=2", "train.eval_every=0"])
-    try:
-        session = trainer.setup(cfg)
-        session.executor.close()
-        assert torch.get_num_threads() == 2
-        trainer.setup(load_run_config(None, [f"train.output_dir={tmp_path}", "train.eval_every=0"])).executor.close()
-        assert torch.get_num_threads() == 1  # auto, the built-in tiny model
-    finally:
-        torch.set_num_threads(1)
+def _threads_after_setup(overrides, out):
+    """In a fresh process: vLLM's CPU backend, once started in a process, turns torch.set_num_threads into a
+    no-op there (a test process may have run it)."""
+    os.environ.pop("OMP_NUM_THREADS", None)
+    trainer.setup(load_run_config(None, overrides)).executor.close()
+    out.put(torch.get_num_threads())
+
+
+def test_training_sets_torch_threads_from_the_config_or_the_model(tmp_path):
+    context = multiprocessing.get_context("spawn")
+    for extra, expected in ((["train.cpu_threads=2"], 2), ([], 1)):  # auto: 1 for the built-in tiny model
+        out = context.Queue()
+        process = context.Process(target=_threads_after_setup,
+                                  args=([f"train.output_dir={tmp_path}", "train.eval_every=0", *extra], out))
+        process.start()
+        assert out.get(timeout=300) == expected, extra
+        process.join(timeout=60)
 
 
 def test_a_negative_count_is_refused_naming_the_field():
