@@ -172,9 +172,11 @@ def _kill_all(workers: list[_Worker]) -> None:
         w.kill()
 
 
-def call_with_deadline(fn: Any, args: tuple[Any, ...], timeout_s: float | None, what: str) -> Any:
+def call_with_deadline(fn: Any, args: tuple[Any, ...], timeout_s: float | None, what: str,
+                       timed_out: str | None = None) -> Any:
     """fn(*args) in a daemon thread, waited for at most `timeout_s` (None: for ever): a function that never
-    returns stops the run with a TimeoutError naming `what`, instead of hanging it (the thread is abandoned)."""
+    returns stops the run with a TimeoutError naming `what` (or saying `timed_out`), instead of hanging it (the
+    thread is abandoned)."""
     if timeout_s is None:
         return fn(*args)
     box: dict[str, Any] = {}
@@ -190,8 +192,8 @@ def call_with_deadline(fn: Any, args: tuple[Any, ...], timeout_s: float | None, 
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        raise TimeoutError(f"{what} did not return within {timeout_s:g} s; the run stops here (rerun the same "
-                           f"command to resume from the last checkpoint)")
+        raise TimeoutError(timed_out or f"{what} did not return within {timeout_s:g} s; the run stops here (rerun "
+                           f"the same command to resume from the last checkpoint)")
     if "error" in box:
         raise box["error"]
     return box["value"]

@@ -31,7 +31,6 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
 from typing import Any, Iterable, Iterator, Literal
 
@@ -44,6 +43,7 @@ from transformers import AutoConfig
 from flowrl import metrics
 from flowrl.engines.configs import ModelSource, RolloutEngineConfig
 from flowrl.engines.hf_rollout import _check_params, _right_pad_cat, responses
+from flowrl.data.scoring_pool import call_with_deadline
 from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
 from flowrl.engines.weight_transport import buckets
 
@@ -125,33 +125,24 @@ class VLLMRolloutConfig(RolloutEngineConfig):
 
 
 def _start_within(start: Any, timeout_s: float, cuda: bool) -> Any:
-    """start() (vLLM's constructor) in a daemon thread, waited for `timeout_s`: a hung start-up stops the run in one
-    line. vLLM runs in this process, so there is nothing to kill: the thread is abandoned and ends with the process.
-    The thread starts on the caller's CUDA device (the current device is per thread), and the device vLLM's worker
-    left current there is made current here, as when vLLM started in this thread."""
-    box: dict[str, Any] = {}
+    """start() (vLLM's constructor) under a deadline (flowrl.data.scoring_pool.call_with_deadline): a hung
+    start-up stops the run in one line. vLLM runs in this process, so there is nothing to kill: the thread is
+    abandoned and ends with the process. The thread starts on the caller's CUDA device (the current device is per
+    thread), and the device vLLM's worker left current there is made current here, as when vLLM started in this
+    thread."""
     device = torch.cuda.current_device() if cuda else None
 
-    def run() -> None:
-        try:
-            if device is not None:
-                torch.cuda.set_device(device)
-            box["value"] = start()
-            box["device"] = torch.cuda.current_device() if device is not None else None
-        except BaseException as err:  # raised again in the caller's thread
-            box["error"] = err
+    def on_device() -> tuple[Any, int | None]:
+        if device is not None:
+            torch.cuda.set_device(device)
+        return start(), (torch.cuda.current_device() if device is not None else None)
 
-    thread = threading.Thread(target=run, daemon=True, name="flowrl-vllm-start")
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise TimeoutError(f"vLLM did not start within {timeout_s:g} s (rollout.start_timeout_s); the run stops "
-                           f"here (rerun the same command to resume)")
-    if "error" in box:
-        raise box["error"]
-    if box["device"] is not None:
-        torch.cuda.set_device(box["device"])
-    return box["value"]
+    llm, left = call_with_deadline(on_device, (), timeout_s, "vLLM's start-up", timed_out=(
+        f"vLLM did not start within {timeout_s:g} s (rollout.start_timeout_s); the run stops here (rerun the "
+        f"same command to resume)"))
+    if left is not None:
+        torch.cuda.set_device(left)
+    return llm
 
 
 class VLLMRolloutEngine:
