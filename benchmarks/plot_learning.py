@@ -3,8 +3,10 @@
     python benchmarks/plot_learning.py runs/smollm2_grpo [runs/smollm2_rloo ...] --output docs/real_model_learning.png
 
 Each RUN is a run's output folder (or its metrics.jsonl); it is labelled by its folder name unless --labels
-names it. The x axis is the step, or with --x wall the seconds since the run's start, from the
-wall_clock.jsonl that benchmarks/real_model_learning.py writes next to metrics.jsonl. Needs matplotlib
+names it. The x axis is the step, or with --x wall the seconds since the run's start, or with --x train the
+steps' own seconds (start-up and evaluation left out), from the wall_clock.jsonl that
+benchmarks/real_model_learning.py writes next to metrics.jsonl, or from the metrics rows of
+benchmarks/real_model_trl.py. Needs matplotlib
 (pip install -e '.[real-model]').
 """
 
@@ -22,19 +24,27 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def clock(folder: Path, rows: list[dict], x: str) -> dict[int, float]:
+    """{step: seconds} for --x wall or train: from wall_clock.jsonl (benchmarks/real_model_learning.py) or,
+    for a run that has none, from the metrics rows themselves (benchmarks/real_model_trl.py writes them)."""
+    key = f"{x}_s"
+    path = folder / "wall_clock.jsonl"
+    source = read_jsonl(path) if path.is_file() else rows
+    marks = {r["step"]: r[key] for r in source if key in r}
+    if not marks:
+        raise ValueError(f"{folder}: --x {x} needs '{key}' in {path.name} or metrics.jsonl (written by "
+                         f"benchmarks/real_model_learning.py and real_model_trl.py)")
+    return marks
+
+
 def curves(run: Path, x: str) -> dict[str, tuple[list[float], list[float]]]:
-    """{metric: (xs, ys)} for the accuracy and the reward of one run; x is "step" or "wall"."""
+    """{metric: (xs, ys)} for the accuracy and the reward of one run; x is "step", "wall" or "train"."""
     folder = run.parent if run.is_file() else run
     rows = read_jsonl(folder / "metrics.jsonl")
-    wall = {}
-    if x == "wall":
-        clock = folder / "wall_clock.jsonl"
-        if not clock.is_file():
-            raise ValueError(f"{folder}: --x wall needs {clock.name} (written by benchmarks/real_model_learning.py)")
-        wall = {r["step"]: r["wall_s"] for r in read_jsonl(clock)}
+    marks = clock(folder, rows, x) if x != "step" else {r["step"]: r["step"] for r in rows}
     out = {}
     for key in (ACCURACY, REWARD):
-        points = [(wall.get(r["step"]) if x == "wall" else r["step"], r[key]) for r in rows if key in r]
+        points = [(marks.get(r["step"]), r[key]) for r in rows if key in r]
         points = [(a, b) for a, b in points if a is not None]
         out[key] = ([a for a, _ in points], [b for _, b in points])
     return out
@@ -53,7 +63,8 @@ def plot(runs: list[Path], labels: list[str], output: Path, x: str = "step", tit
         data = curves(run, x)
         acc.plot(*data[ACCURACY], marker="o", label=label)
         rew.plot(*data[REWARD], label=label)
-    xlabel = "seconds since the start" if x == "wall" else "step"
+    xlabel = {"wall": "seconds since the start", "train": "training seconds (start-up and evaluation left out)",
+              "step": "step"}[x]
     for ax, name in ((acc, "greedy test accuracy (strict #### n)"), (rew, "reward/mean (training samples)")):
         ax.set_xlabel(xlabel)
         ax.set_title(name)
@@ -74,7 +85,7 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="run output folders (or their metrics.jsonl)")
     parser.add_argument("--output", required=True, type=Path, help="the .png to write")
     parser.add_argument("--labels", nargs="*", help="one label per run (default: the folder names)")
-    parser.add_argument("--x", choices=("step", "wall"), default="step")
+    parser.add_argument("--x", choices=("step", "wall", "train"), default="step")
     parser.add_argument("--title")
     args = parser.parse_args()
     labels = args.labels or [(r.parent if r.is_file() else r).name for r in args.runs]

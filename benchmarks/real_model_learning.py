@@ -11,7 +11,8 @@ The run is `flowrl train` with the options below (each a `--set` the docs can re
 through the model's chat template, the reward is the strict gsm8k scorer (the last `#### n`), and the
 first --eval-prompts test rows are decoded greedily at step 0 and every --eval-every steps
 (`eval/openai/gsm8k/greedy` in OUTPUT/metrics.jsonl). OUTPUT/wall_clock.jsonl holds each step's seconds
-since the start; at the end the exported model (OUTPUT/final) is re-scored strict and flexible by
+since the start (wall_s) and the steps' own seconds so far (train_s: start-up, evaluation and saving left out,
+as benchmarks/real_model_trl.py counts TRL's); at the end the exported model (OUTPUT/final) is re-scored strict and flexible by
 benchmarks/real_model_eval.py (OUTPUT/final_score.json), and a table of the run is printed.
 `--device cpu --steps 2 --tiny` (a 2-layer random Llama with the model's tokenizer and chat template in
 place of its weights) and small batches are a smoke test of the same path in a minute.
@@ -112,12 +113,15 @@ def main() -> None:
     if args.tiny:
         args.model = str(tiny_copy(args.model, output / "tiny_model"))
     cfg = load_run_config(None, run_options(args))
-    (output / "wall_clock.jsonl").write_text(json.dumps({"step": 0, "wall_s": 0.0}) + "\n")
+    (output / "wall_clock.jsonl").write_text(json.dumps({"step": 0, "wall_s": 0.0, "train_s": 0.0}) + "\n")
     start = time.perf_counter()
+    train_s = [0.0]  # the steps' own seconds (timing_s/step): start-up, evaluation and saving left out
 
     def on_step(step: int, logged: dict) -> None:
+        train_s[0] += logged.get("timing_s/step", 0.0)
         with open(output / "wall_clock.jsonl", "a") as f:
-            f.write(json.dumps({"step": step, "wall_s": round(time.perf_counter() - start, 2)}) + "\n")
+            f.write(json.dumps({"step": step, "wall_s": round(time.perf_counter() - start, 2),
+                                "train_s": round(train_s[0], 2)}) + "\n")
 
     train(cfg, progress=True, on_step=on_step)
     print(table(output))
