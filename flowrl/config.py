@@ -8,7 +8,6 @@ arithmetic task, on CPU, in a few minutes.
 from __future__ import annotations
 
 import json
-import os
 import math
 import warnings
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Iterator, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator
 
 from flowrl.engines.configs import RolloutEngineConfig, TrainEngineConfig
+from flowrl.engines.transports import TransportConfig
 from flowrl.graph.role import ROLES
 from flowrl.plan.placement import Placement
 
@@ -87,10 +87,10 @@ class TrainConfig(Section):
                              "Ray worker); 0: OMP_NUM_THREADS if set, else 1 for the built-in tiny model, else "
                              "the cores of the process's CPU affinity shared among the ranks on its node "
                              "(see flowrl.runtime.threads).")
-    executor: Literal["local", "ray"] = Field("local", description="'local': every role in this process (one "
-                                              "rank, or one per torchrun rank); 'ray': one Ray actor per rank "
-                                              "of each placement pool, started from this one process "
-                                              "(needs the `ray` extra).")
+    executor: str = Field("local", description="A registered name (flowrl.runtime.executors.EXECUTORS): "
+                          "'local': every role in this process (one rank, or one per torchrun rank); 'ray': one "
+                          "Ray actor per rank of each placement pool, started from this one process (needs the "
+                          "`ray` extra).")
     node_timeout_s: float | None = Field(None, gt=0, description="Ray executor: a node whose workers have not "
                                          "finished this many seconds after it started is an error naming the "
                                          "node, its pool and the ranks still running (None: wait forever); "
@@ -201,17 +201,7 @@ class DataConfig(Section):
         return JudgeSettings(self.judge_template or TEMPLATE, self.judge_max_score, self.judge_max_new_tokens)
 
 
-class SyncConfig(Section):
-    transport: Literal["auto", "in_process", "collective"] = Field(
-        "auto", description="How the actor's weights reach the rollout (flowrl.engines.weight_transport): "
-        "'in_process' streams them by reference where both share a process (the hybrid engine, each torchrun "
-        "rank's rollout copy); 'collective' broadcasts buckets from train rank 0 over a group of its own with the "
-        "rollout ranks (split Ray pools, NCCL on CUDA, gloo on CPU); 'auto': whichever the placement needs. "
-        "Neither builds a full state dict.")
-    bucket_mb: int = Field(256, ge=1, description="Collective transport: MB per broadcast bucket (two are in "
-                                                  "flight at most).")
-    timeout_s: float = Field(600.0, gt=0, description="A weight transfer whose peer has not answered within this "
-                             "many seconds is an error naming it (train.node_timeout_s bounds it too, if shorter).")
+SyncConfig = TransportConfig  # the `sync` section: a registered weight transport's config
 
 
 class RunConfig(Section):
@@ -230,7 +220,9 @@ class RunConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     data: DataConfig = Field(default_factory=DataConfig)
-    sync: SyncConfig = Field(default_factory=SyncConfig)
+    sync: SerializeAsAny[TransportConfig] = Field(
+        default_factory=lambda: TransportConfig.model_validate({}), description="The weight transport "
+        "(`sync.transport`, a name in flowrl.engines.transports.TRANSPORTS) and its options.")
     placement: Placement | Literal["auto"] = Field("auto", description="Resource pools, or 'auto': every model "
                                                    "role on one pool (the hybrid engine) of one rank per torchrun "
                                                    "rank, or with train.executor=ray on CUDA, of every GPU of the "
@@ -380,18 +372,6 @@ def warn_no_effect(cfg: RunConfig, used_sections: set[str]) -> None:
     if cfg.task.name not in ("arithmetic", "calculator") and cfg.task.max_operand != default.task.max_operand:
         warnings.warn("task.max_operand has no effect: task.name is neither 'arithmetic' nor 'calculator'",
                       stacklevel=2)
-    if t.rollout_share is not None and not (cfg.placement == "auto" and t.executor == "ray" and t.device == "cuda"):
-        warnings.warn("train.rollout_share has no effect: it splits the GPUs of placement 'auto' under "
-                      "train.executor=ray on train.device=cuda", stacklevel=2)
-    if t.executor != "ray":
-        torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1  # node_timeout_s bounds its collectives
-        for key in ("ship_files", "placement_timeout_s", *(() if torchrun else ("node_timeout_s",))):
-            if getattr(t, key) != getattr(default.train, key):
-                warnings.warn(f"train.{key} has no effect: train.executor is not 'ray'", stacklevel=2)
-        pinned = [p.name for p in getattr(cfg.placement, "pools", ()) if p.resources or p.strategy != "PACK"]
-        if pinned:
-            warnings.warn(f"placement: pool {pinned[0]!r}'s strategy and resources have no effect: train.executor "
-                          f"is not 'ray'", stacklevel=2)
     if t.memory_check is not default.train.memory_check and t.device != "cuda":
         warnings.warn("train.memory_check has no effect: train.device is not 'cuda'", stacklevel=2)
     for section in ("critic", "actor", "rollout"):

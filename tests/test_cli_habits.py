@@ -97,11 +97,16 @@ def test_wandb_goes_online_when_wandb_mode_says_so(tmp_path, monkeypatch):
 
 
 def test_node_timeout_under_the_local_executor_warns():
+    from flowrl.runtime.executors import executor_config
+
+    local = load_run_config(None, ["train.node_timeout_s=30"])
     with pytest.warns(UserWarning, match="train.node_timeout_s has no effect: train.executor is not 'ray'"):
-        warn_no_effect(load_run_config(None, ["train.node_timeout_s=30"]), ("actor", "rollout"))
+        executor_config(local).warn_no_effect(local)
+    ray = load_run_config(None, ["train.node_timeout_s=30", "train.executor=ray"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        warn_no_effect(load_run_config(None, ["train.node_timeout_s=30", "train.executor=ray"]), ("actor", "rollout"))
+        warn_no_effect(ray, ("actor", "rollout"))
+        executor_config(ray).warn_no_effect(ray)
 
 
 def test_the_tiny_models_tokenizer_has_the_models_vocabulary_size(tiny_model_path, tmp_path):

@@ -91,8 +91,10 @@ def test_chat_template_wraps_prompts(tiny_model_path):
 
 
 def test_executor_is_validated_and_ray_stays_optional():
-    with pytest.raises(ValueError, match=r"train\.executor: Input should be 'local' or 'ray'"):
-        load_run_config(None, ["train.executor=dask"])
+    from flowrl.runtime.executors import executor_config
+
+    with pytest.raises(ValueError, match=r"train\.executor: unknown 'dask'; registered: \['local', 'ray'\]"):
+        executor_config(load_run_config(None, ["train.executor=dask"]))
     code = "import sys, flowrl.runtime.trainer, flowrl.cli; assert 'ray' not in sys.modules, 'ray imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

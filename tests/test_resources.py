@@ -71,12 +71,14 @@ def test_placement_auto_builds_the_pools_from_the_cluster_gpus():
                       grpo, ParityTask(), gpus=4)
     assert {r: (p.name, p.world_size) for r, p in split.pools.items()} == {
         "actor": ("train", 3), "ref": ("train", 3), "rollout": ("generate", 1)}
-    with pytest.warns(UserWarning, match="train.rollout_share has no effect"):
-        from flowrl.config import warn_no_effect
+    from flowrl.runtime.executors import executor_config
 
-        warn_no_effect(load_run_config(None, ["train.rollout_share=0.5"]), ())
+    with pytest.warns(UserWarning, match="train.rollout_share has no effect"):
+        local = load_run_config(None, ["train.rollout_share=0.5"])
+        executor_config(local).warn_no_effect(local)
     with pytest.warns(UserWarning, match="train.ship_files has no effect: train.executor is not 'ray'"):
-        warn_no_effect(load_run_config(None, ["train.ship_files=false"]), ())
+        local = load_run_config(None, ["train.ship_files=false"])
+        executor_config(local).warn_no_effect(local)
 
 
 def test_train_checks_its_plan_against_the_memory_of_a_gpu(tmp_path):

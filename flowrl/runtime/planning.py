@@ -15,13 +15,14 @@ from typing import Any
 
 import transformers
 
-from flowrl.config import RunConfig
+from flowrl.config import RunConfig, validate
 from flowrl.engines.tiny_model import build_tiny_model
-from flowrl.errors import PlanError
+from flowrl.errors import MissingField, PlanError
 from flowrl.graph.algorithm import Algorithm
 from flowrl.graph.role import role_spec
 from flowrl.graph.trace import NodeKind
-from flowrl.plan.planner import Plan, model_roles
+from flowrl.plan.placement import Placement
+from flowrl.plan.planner import Plan, compile_plan, model_roles
 from flowrl.plan.resources import GIB, ModelShape, Workload, check_fits, describe, estimate, gpu_placement
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -30,8 +31,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 def plan_on_gpus(cfg: RunConfig, algo: Algorithm, task: Any, gpus: int, nodes: int = 1, split: float | None = None,
                  gpu_gib: float = 80.0, prompt_len: int = 256) -> str:
     """The plan on `gpus` GPUs (pools, memory per GPU, graph); a PlanError when an estimate does not fit."""
-    from flowrl.runtime.trainer import make_plan
-
     inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
     classes = cfg.role_classes(algo.roles)
     roles = model_roles(algo, inputs, classes, None)
@@ -45,6 +44,36 @@ def plan_on_gpus(cfg: RunConfig, algo: Algorithm, task: Any, gpus: int, nodes: i
     header = (f"{gpus} GPUs on {nodes} node(s), {gpu_gib:g} GiB each; model {shape.num_params / 1e6:.1f}M "
               f"parameters; {work.rows} rows of {work.seq_len} tokens per step")
     return "\n".join([header, describe(per_gpu, pools), plan.describe()])
+
+
+def make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int = 1, gpus: int | None = None) -> Plan:
+    """Validate the algorithm's options and compile its graph; loads no model. Placement 'auto' colocates the
+    model roles on `world_size` ranks, or on `gpus` CUDA ranks (a Ray cluster's) split by train.rollout_share.
+    A field no node writes says where else it may come from: the data."""
+    try:
+        return _make_plan(cfg, algo, task, world_size, gpus)
+    except MissingField as err:
+        raise MissingField(f"{err}; if the data should give it, set data.train_files to a data set whose rows "
+                           f"give {err.field!r} (flowrl.data.dataset: prompts, SFT messages, preference pairs)",
+                           err.field) from None
+
+
+def _make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int, gpus: int | None) -> Plan:
+    values = dict(cfg.algo)
+    if "max_response_len" in algo.config_cls.model_fields:
+        values.setdefault("max_response_len", cfg.rollout.max_new_tokens)
+    algo_cfg = validate(algo.config_cls, {**algo.overrides, **values}, prefix="algo", strict=True)
+    inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
+    classes = cfg.role_classes(algo.roles)
+    placement = cfg.placement
+    if placement == "auto":  # exactly the model roles this configuration uses
+        roles = model_roles(algo, inputs, classes, algo_cfg)
+        if gpus is None:
+            placement = Placement.colocated(roles, world_size=world_size, device=cfg.train.device)
+        else:
+            followers = tuple(r for r in roles if role_spec(r, classes.get(r)).weights_from)
+            placement = gpu_placement(roles, followers, gpus, split=cfg.train.rollout_share)
+    return compile_plan(algo, placement, inputs, classes, algo_cfg)
 
 
 def check_memory(cfg: RunConfig, plan: Plan, model_path: Path, gpu_bytes: int | None,

@@ -41,9 +41,9 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError  # noqa:
 from tensordict import TensorDict
 
 from flowrl import metrics
-from flowrl.config import SyncConfig
 from flowrl.data.batch import concat
 from flowrl.engines.hf_models import atomic_dir
+from flowrl.engines.transports import TransportConfig
 from flowrl.engines.weight_transport import WeightSyncTimeout
 from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
@@ -125,15 +125,16 @@ class PoolEngine:
 class RayExecutor:
     def __init__(self, plan: Plan, factory: Any, extra_driver_roles: tuple[str, ...] = (),
                  node_timeout_s: float | None = None, ship_files: bool = False,
-                 placement_timeout_s: float = 60.0, cpu_threads: int = 0, sync: SyncConfig | None = None):
+                 placement_timeout_s: float = 60.0, cpu_threads: int = 0, sync: TransportConfig | None = None):
         """`factory` (a flowrl.runtime.factory.RoleFactory, or any object with build(names) and for_pool(pool))
         builds the driver's roles here and each pool's roles in its workers. `node_timeout_s`: the watchdog
         (train.node_timeout_s); `ship_files`: model folders, checkpoints and exports travel through the object
         store (train.ship_files; the factory then needs folders() and relocated()); `placement_timeout_s`: how
         long Ray may take to place the pools; `cpu_threads`: torch's threads in each worker (train.cpu_threads);
-        `sync`: how weights move between split pools (a flowrl.config.SyncConfig; None: its defaults)."""
+        `sync`: how weights move between split pools (a flowrl.engines.transports.TransportConfig; None: its
+        defaults)."""
         self.plan, self.node_timeout_s, self.ship_files = plan, node_timeout_s, ship_files
-        self.sync = sync if sync is not None else SyncConfig()
+        self.sync = sync if sync is not None else TransportConfig.model_validate({})
         self._sync_groups: set[str] = set()
         self._check_transport()
         self.nodes, self.fill_at, self.spread = _checked_nodes(plan)
@@ -177,15 +178,6 @@ class RayExecutor:
         view.nodes, view.fill_at, view.spread = _checked_nodes(plan)
         view.pipeline = buffering.make(plan, view.nodes, lambda: view.versions, overlap=True, spread=view.spread)
         return view
-
-    def call(self, role: str, method: str, batch: TensorDict, step: int = 0, **kwargs: Any) -> TensorDict:
-        """role.method(shard, **kwargs) on every rank of the role's pool, the rows split evenly; rows concatenated."""
-        if role not in self.plan.pools:
-            raise ValueError(f"role {role!r} is on no pool of plan {self.plan.algorithm}; pools host "
-                             f"{sorted(self.plan.pools)}")
-        node = Node(name=f"{role}.{method}", kind=NodeKind.ROWS, reads=frozenset(), writes=frozenset(),
-                    kwargs=kwargs, role=role, method=method, pool=self.plan.pools[role].name)
-        return self._resolve([self._launch(node, batch, StepCalls(step))], batch)
 
     def train_engines(self) -> dict[str, Any]:
         """What a checkpoint saves and loads: each trainable role on a pool across its ranks, and each trainable
@@ -297,7 +289,7 @@ class RayExecutor:
         pools = (self.plan.pools[source], self.plan.pools[follower])
         device = "cuda" if all(p.device == "cuda" for p in pools) else "cpu"
         host, port = ray.get(senders[0].open_weight_sync.remote(key, size, timeout), timeout=timeout)
-        joined = [w.join_weight_sync.remote(key, host, port, rank, size, device, timeout, self.sync.bucket_mb)
+        joined = [w.join_weight_sync.remote(key, host, port, rank, size, device, timeout, self.sync)
                   for rank, w in enumerate((senders[0], *receivers))]
         try:
             ray.get(joined, timeout=timeout + 10)
@@ -309,17 +301,11 @@ class RayExecutor:
         self._sync_groups.add(key)
 
     def _check_transport(self) -> None:
-        """sync.transport must fit the placement: in_process for followers on their source's pool, collective
-        for followers on pools of their own."""
+        """sync.transport must reach each follower: in its source's process (same pool) or apart from it."""
         for role in self.plan.pools:
             source = self.plan.specs[role].weights_from
-            if source not in self.plan.pools:
-                continue
-            needed = "collective" if self._split_source(role) is not None else "in_process"
-            if self.sync.transport not in ("auto", needed):
-                raise ValueError(f"sync.transport={self.sync.transport} does not fit the placement: {role} and "
-                                 f"{source} are {'apart' if needed == 'collective' else 'on one pool'}, so weights "
-                                 f"move {needed}; use auto")
+            if source in self.plan.pools:
+                self.sync.check(role, source, apart=self._split_source(role) is not None)
 
     def _sync_timeout(self) -> float:
         """sync.timeout_s, or train.node_timeout_s where that is shorter."""

@@ -28,6 +28,7 @@ import transformers
 from tensordict import TensorDict
 
 from flowrl import metrics
+from flowrl.engines.transports import TransportConfig
 from flowrl.engines.weight_transport import CollectiveTransport, SyncGroup
 from flowrl.graph.context import CallInfo
 from flowrl.graph.trace import Node
@@ -83,11 +84,12 @@ class PoolWorker:
         return host, self.sync_stores[key].port
 
     def join_weight_sync(self, key: str, host: str, port: int, rank: int, size: int, device: str, timeout_s: float,
-                         bucket_mb: int) -> None:
-        """Join weight-sync group `key` as `rank` (0: train rank 0, which hosts it)."""
+                         transport: TransportConfig) -> None:
+        """Join weight-sync group `key` as `rank` (0: train rank 0, which hosts it); `transport` (sync.*) builds
+        what moves the weights over it."""
         store = self.sync_stores.pop(key) if rank == 0 else SyncGroup.store(host, port, size, False, timeout_s)
         group = SyncGroup(store, rank, size, device, ray.util.get_node_ip_address(), timeout_s)
-        self.transports[key] = (CollectiveTransport(group, bucket_mb << 20), store)
+        self.transports[key] = (transport.build(apart=True, group=group), store)
 
     def send_weights(self, role: str, key: str) -> dict[str, float]:
         """Every train rank gathers the role's entries one at a time (collective under FSDP2); rank 0 broadcasts

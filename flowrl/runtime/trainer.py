@@ -16,25 +16,23 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from flowrl.config import RunConfig, refuse_contradictions, validate, warn_no_effect
+from flowrl.config import RunConfig, refuse_contradictions, warn_no_effect
 from flowrl.data.prompts import PromptStream
 from flowrl.data.redact import redact
 from flowrl.data.tasks import Task, check_task
 from flowrl.engines.hf_models import load_tokenizer
-from flowrl.errors import MissingField
 from flowrl.graph.algorithm import ALGORITHMS, Algorithm
-from flowrl.plan.placement import Placement
-from flowrl.graph.role import role_spec
-from flowrl.plan.planner import Plan, compile_plan, model_roles
-from flowrl.plan.resources import gpu_placement
+from flowrl.plan.planner import Plan
 from flowrl.runtime.data_tasks import eval_task, fit_prompts, run_task
 from flowrl.runtime import checkpoint, distributed, dumps, profiling, resume, threads
 from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan, plays_episodes
-from flowrl.runtime.executor import Executor, LocalExecutor
+from flowrl.runtime.executor import Executor
+from flowrl.runtime.executors import executor_config
 from flowrl.runtime.loggers import Loggers, open_loggers
+from flowrl.runtime.planning import check_memory, make_plan
 from flowrl.runtime.run_lock import RunLock
 from flowrl.runtime.shutdown import Shutdown, Stopped
-from flowrl.runtime.factory import RoleFactory, make_factory, model_path
+from flowrl.runtime.factory import make_factory, model_path
 
 SHOWN = {"reward/mean": "reward", "eval/reward/mean": "eval", "actor/pg_loss": "pg_loss", "critic/vf_loss": "vf_loss",
          "response_length/mean": "len", "timing_s/step": "s/step"}
@@ -52,36 +50,6 @@ def resolve_algorithm(name: str) -> Algorithm:
     if not isinstance(algo, Algorithm):
         raise ValueError(f"algorithm: {name!r} is a {type(algo).__name__}, not an @flowrl.graph.algorithm")
     return algo
-
-
-def make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int = 1, gpus: int | None = None) -> Plan:
-    """Validate the algorithm's options and compile its graph; loads no model. Placement 'auto' colocates the
-    model roles on `world_size` ranks, or on `gpus` CUDA ranks (a Ray cluster's) split by train.rollout_share.
-    A field no node writes says where else it may come from: the data."""
-    try:
-        return _make_plan(cfg, algo, task, world_size, gpus)
-    except MissingField as err:
-        raise MissingField(f"{err}; if the data should give it, set data.train_files to a data set whose rows "
-                           f"give {err.field!r} (flowrl.data.dataset: prompts, SFT messages, preference pairs)",
-                           err.field) from None
-
-
-def _make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int, gpus: int | None) -> Plan:
-    values = dict(cfg.algo)
-    if "max_response_len" in algo.config_cls.model_fields:
-        values.setdefault("max_response_len", cfg.rollout.max_new_tokens)
-    algo_cfg = validate(algo.config_cls, {**algo.overrides, **values}, prefix="algo", strict=True)
-    inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
-    classes = cfg.role_classes(algo.roles)
-    placement = cfg.placement
-    if placement == "auto":  # exactly the model roles this configuration uses
-        roles = model_roles(algo, inputs, classes, algo_cfg)
-        if gpus is None:
-            placement = Placement.colocated(roles, world_size=world_size, device=cfg.train.device)
-        else:
-            followers = tuple(r for r in roles if role_spec(r, classes.get(r)).weights_from)
-            placement = gpu_placement(roles, followers, gpus, split=cfg.train.rollout_share)
-    return compile_plan(algo, placement, inputs, classes, algo_cfg)
 
 
 @dataclass
@@ -110,16 +78,18 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     """
     algo = algo or resolve_algorithm(cfg.algorithm)
     task = check_task(task, "task") if task is not None else run_task(cfg)
-    ray_gpus = cfg.train.executor == "ray" and cfg.train.device == "cuda"  # the GPUs are the cluster's
-    if cfg.train.device == "cuda" and not ray_gpus and not torch.cuda.is_available():
+    runner = executor_config(cfg)
+    cluster_gpus = runner.uses_cluster_gpus  # the GPUs are the cluster's, not this process's
+    if cfg.train.device == "cuda" and not cluster_gpus and not torch.cuda.is_available():
         raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
     distributed.check_rendezvous(cfg.train.rendezvous_timeout_s)
     threads.set_cpu_threads(cfg.train.cpu_threads, tiny_model=cfg.model.path is None)  # before any model loads
-    rank, world = distributed.setup("cpu" if ray_gpus else cfg.train.device, cfg.train.node_timeout_s)
-    if cfg.train.executor == "ray" and world > 1:
-        raise ValueError("train.executor: 'ray' starts its own workers from one process; run it without torchrun")
-    plan = make_plan(cfg, algo, task, world, gpus=_cluster_gpus() if ray_gpus and cfg.placement == "auto" else None)
+    rank, world = distributed.setup("cpu" if cluster_gpus else cfg.train.device, cfg.train.node_timeout_s)
+    runner.check_world(world)
+    plan = make_plan(cfg, algo, task, world, gpus=runner.cluster_gpus() if cluster_gpus and cfg.placement == "auto"
+                     else None)
     warn_no_effect(cfg, {section for role in plan.roles for section in plan.specs[role].engines})
+    runner.warn_no_effect(cfg)
     refuse_contradictions(cfg)
     if cfg.rollout.env is not None and not plays_episodes(plan):
         warnings.warn(f"rollout.env has no effect: algorithm {algo.name!r} never calls rollout.interact",
@@ -132,15 +102,13 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     distributed.barrier()  # rank 0 builds the tiny model once; the others then load it
     path = path or model_path(cfg, task)
     if cfg.train.device == "cuda" and cfg.train.memory_check:
-        from flowrl.runtime.planning import check_memory
-
-        check_memory(cfg, plan, path, _gpu_bytes(cfg))
+        check_memory(cfg, plan, path, runner.gpu_bytes())
     local, tokenizer = _per_rank_config(cfg, world), load_tokenizer(path)
     fit_prompts(cfg, tokenizer, task, _context(path))  # data sets: over-long prompts dropped or refused
     evaluation = eval_plan(plan, task, cfg.role_classes(algo.roles), graph=algo.evaluation) \
         if cfg.train.eval_every else None
     factory = make_factory(local, plan, task, path, extra=evaluation.specs if evaluation else None)
-    executor = _executor(local, plan, factory, world, evaluation)
+    executor = runner.build(plan, factory, world, evaluation)
     try:
         stream = PromptStream(task, tokenizer, local.train.batch_size, seed=cfg.train.seed, rank=rank,
                               world_size=world, chat_template=cfg.task.chat_template)
@@ -158,52 +126,10 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     return Session(cfg, algo, executor, stream, evaluate, path, start, main=rank == 0)
 
 
-def _executor(cfg: RunConfig, plan: Plan, factory: RoleFactory, world: int, evaluation: Plan | None) -> Executor:
-    """The executor for `plan`; its roles include those the evaluation plan uses."""
-    if cfg.train.executor == "ray":
-        from flowrl.runtime.ray_executor import RayExecutor, init_ray  # ray is optional: imported only when asked
-
-        init_ray()
-        return RayExecutor(plan, factory, extra_driver_roles=evaluation.driver_roles() if evaluation else (),
-                           node_timeout_s=cfg.train.node_timeout_s, ship_files=cfg.train.ship_files,
-                           placement_timeout_s=cfg.train.placement_timeout_s, cpu_threads=cfg.train.cpu_threads,
-                           sync=cfg.sync)
-    if cfg.sync.transport == "collective":
-        raise ValueError("sync.transport=collective moves weights between processes (split Ray pools); under "
-                         "train.executor=local the rollout shares the actor's process: use auto or in_process")
-    names = tuple(dict.fromkeys((*plan.roles, *(evaluation.roles if evaluation else ()))))
-    pools = list(plan.pools.values())  # under torchrun every pool spans all ranks (LocalExecutor checks it)
-    local = factory.per_rank(pools[0]) if pools else factory
-    return LocalExecutor(plan, local.build(names), world_size=world)
-
-
-def _cluster_gpus() -> int:
-    """The Ray cluster's GPUs (placement 'auto' with train.executor=ray on CUDA); none is a one-line error."""
-    from flowrl.runtime.ray_executor import init_ray  # first: it imports Ray for a local cluster at 127.0.0.1
-
-    import ray
-
-    init_ray()
-    gpus = int(ray.cluster_resources().get("GPU", 0))
-    if gpus == 0:
-        raise ValueError(f"placement 'auto': train.device is 'cuda', but the Ray cluster has no GPU (it has "
-                         f"{ray.cluster_resources()}); start the nodes with GPUs or set train.device=cpu")
-    return gpus
-
-
 def _context(path: Path) -> int | None:
     """The model's context in tokens (its config's max_position_embeddings), None where it gives none."""
     return getattr(transformers.AutoConfig.from_pretrained(str(path), local_files_only=True),
                    "max_position_embeddings", None)
-
-
-def _gpu_bytes(cfg: RunConfig) -> int:
-    """Memory of one GPU: this process's, or with the Ray executor one of the cluster's."""
-    if cfg.train.executor != "ray":
-        return torch.cuda.get_device_properties(0).total_memory
-    from flowrl.runtime.ray_cluster import gpu_memory
-
-    return gpu_memory()
 
 
 OnStep = Callable[[int, dict[str, float]], None]

@@ -1,0 +1,154 @@
+"""Executors by name: `train.executor` picks an entry of EXECUTORS, whose config builds the executor.
+
+Like the engines (flowrl.engines.configs), each executor is a registered pydantic config with `build()`.
+What differs between executors is a property of its config, so the trainer never compares their names:
+whether its CUDA GPUs are a cluster's rather than this process's (`uses_cluster_gpus`), whether torchrun may
+launch it (`check_world`), one GPU's memory (`gpu_bytes`), and which train.* options only it reads
+(`OPTIONS`: set under another executor, they warn). Executors get a RoleFactory and plans, never the run
+config. Ray stays optional: the Ray executor's modules are imported only when it is built.
+
+    EXECUTORS.register("dask", "mypackage.dask_executor:DaskExecutorConfig")
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from flowrl.config import RunConfig, TrainConfig
+from flowrl.engines.transports import TransportConfig
+from flowrl.graph.registry import Registry
+from flowrl.plan.planner import Plan
+from flowrl.runtime.executor import Executor, LocalExecutor
+from flowrl.runtime.factory import RoleFactory
+
+
+class ExecutorConfig(BaseModel):
+    """An executor's options, taken from the run config's train.* fields of the same names and `sync`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    registry: ClassVar[Registry[type["ExecutorConfig"]]] = Registry("executor")
+    OPTIONS: ClassVar[tuple[str, ...]] = ()  # train.* fields this executor reads and the local one does not
+    CLUSTER: ClassVar[bool] = False  # places pools on a cluster: their strategy and resources apply
+    name: str
+    device: str = "cpu"
+    sync: TransportConfig
+
+    @classmethod
+    def from_run(cls, cfg: RunConfig) -> "ExecutorConfig":
+        train = {key: getattr(cfg.train, key) for key in cls.model_fields if key in TrainConfig.model_fields}
+        return cls(name=cfg.train.executor, sync=cfg.sync, **train)
+
+    @property
+    def uses_cluster_gpus(self) -> bool:
+        """On CUDA, the GPUs are the cluster's, not this process's (placement 'auto' counts them there)."""
+        return self.CLUSTER and self.device == "cuda"
+
+    def reads(self) -> tuple[str, ...]:
+        """The executor-specific train.* options this run reads."""
+        return self.OPTIONS
+
+    def check_world(self, world: int) -> None:
+        """Refuse a launch it cannot run under (`world` processes started by torchrun)."""
+
+    def cluster_gpus(self) -> int:
+        raise NotImplementedError(f"train.executor={self.name} places nothing on a cluster")
+
+    def gpu_bytes(self) -> int:
+        """Memory of one GPU the pools run on."""
+        return torch.cuda.get_device_properties(0).total_memory
+
+    def build(self, plan: Plan, factory: RoleFactory, world: int, evaluation: Plan | None) -> Executor:
+        """The executor for `plan`; its roles include those the evaluation plan uses."""
+        raise NotImplementedError(f"{type(self).__name__} must implement build()")
+
+    def warn_no_effect(self, cfg: RunConfig) -> None:
+        """Warn for each executor-specific option set away from its default that this executor ignores."""
+        default = TrainConfig()
+        for owner in EXECUTORS:
+            for key in EXECUTORS.get(owner).OPTIONS:
+                if key not in self.reads() and getattr(cfg.train, key) != getattr(default, key):
+                    warnings.warn(f"train.{key} has no effect: train.executor is not {owner!r}", stacklevel=3)
+        if cfg.train.rollout_share is not None and not (cfg.placement == "auto" and self.uses_cluster_gpus):
+            warnings.warn("train.rollout_share has no effect: it splits the GPUs of placement 'auto' under an "
+                          "executor on a cluster's GPUs (train.executor=ray on train.device=cuda)", stacklevel=3)
+        pinned = [p.name for p in getattr(cfg.placement, "pools", ()) if p.resources or p.strategy != "PACK"]
+        if pinned and not self.CLUSTER:
+            warnings.warn(f"placement: pool {pinned[0]!r}'s strategy and resources have no effect: train.executor "
+                          f"{self.name!r} places no pools on a cluster", stacklevel=3)
+
+
+class LocalExecutorConfig(ExecutorConfig):
+    """`train.executor=local`: every role in this process (one rank, or one per torchrun rank)."""
+
+    def reads(self) -> tuple[str, ...]:
+        torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1  # node_timeout_s bounds its collectives
+        return ("node_timeout_s",) if torchrun else ()
+
+    def build(self, plan: Plan, factory: RoleFactory, world: int, evaluation: Plan | None) -> Executor:
+        for follower, source in plan.weight_links():
+            self.sync.check(follower, source, apart=False)  # the rollout shares its source's process
+        names = tuple(dict.fromkeys((*plan.roles, *(evaluation.roles if evaluation else ()))))
+        pools = list(plan.pools.values())  # under torchrun every pool spans all ranks (LocalExecutor checks it)
+        local = factory.per_rank(pools[0]) if pools else factory
+        return LocalExecutor(plan, local.build(names), world_size=world)
+
+
+class RayExecutorConfig(ExecutorConfig):
+    """`train.executor=ray`: one Ray actor per rank of each placement pool, started from this one process."""
+
+    OPTIONS: ClassVar[tuple[str, ...]] = ("node_timeout_s", "ship_files", "placement_timeout_s")
+    CLUSTER: ClassVar[bool] = True
+    node_timeout_s: float | None = None
+    ship_files: bool = True
+    placement_timeout_s: float = 60.0
+    cpu_threads: int = 0
+
+    def check_world(self, world: int) -> None:
+        if world > 1:
+            raise ValueError("train.executor: 'ray' starts its own workers from one process; run it without "
+                             "torchrun")
+
+    def cluster_gpus(self) -> int:
+        """The Ray cluster's GPUs; none is a one-line error."""
+        from flowrl.runtime.ray_executor import init_ray  # first: it imports Ray for a local cluster at 127.0.0.1
+
+        import ray
+
+        init_ray()
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if gpus == 0:
+            raise ValueError(f"placement 'auto': train.device is 'cuda', but the Ray cluster has no GPU (it has "
+                             f"{ray.cluster_resources()}); start the nodes with GPUs or set train.device=cpu")
+        return gpus
+
+    def gpu_bytes(self) -> int:
+        from flowrl.runtime.ray_cluster import gpu_memory
+
+        return gpu_memory()
+
+    def build(self, plan: Plan, factory: RoleFactory, world: int, evaluation: Plan | None) -> Executor:
+        from flowrl.runtime.ray_executor import RayExecutor, init_ray  # ray is optional: imported only when asked
+
+        init_ray()
+        return RayExecutor(plan, factory, extra_driver_roles=evaluation.driver_roles() if evaluation else (),
+                           node_timeout_s=self.node_timeout_s, ship_files=self.ship_files,
+                           placement_timeout_s=self.placement_timeout_s, cpu_threads=self.cpu_threads,
+                           sync=self.sync)
+
+
+EXECUTORS = ExecutorConfig.registry
+EXECUTORS.register("local", LocalExecutorConfig)
+EXECUTORS.register("ray", RayExecutorConfig)
+
+
+def executor_config(cfg: RunConfig) -> ExecutorConfig:
+    """The config of the executor `train.executor` names; an unknown name is one line naming the field."""
+    name = cfg.train.executor
+    if name not in EXECUTORS:
+        raise ValueError(f"train.executor: unknown {name!r}; registered: {EXECUTORS.names()}")
+    return EXECUTORS.get(name).from_run(cfg)
