@@ -4,6 +4,7 @@ import pytest
 
 import flowrl as fl
 from flowrl.algorithms import grpo
+from flowrl.engines.configs import TrainEngineConfig
 from flowrl.plan.resources import GIB, ModelShape, Workload, check_fits, estimate, gpu_placement
 from fakes import ROLE_CLASSES
 import cli_process
@@ -20,10 +21,11 @@ def test_the_parameter_count_of_qwen2_5_0_5b_from_its_config():
 def test_the_estimate_per_component_by_hand():
     shape = ModelShape(num_params=1000, num_layers=2, hidden_size=8, num_kv_heads=2, head_dim=4, vocab_size=50,
                        dtype_bytes=2)
-    work = Workload(rows=16, micro_batch_size=4, seq_len=10, logprob_chunk_tokens=16)
+    work = Workload(rows=16, micro_batch_size=4, seq_len=10)
     placement = gpu_placement(("actor", "rollout", "ref"), ("rollout",), gpus=2)
     plan = fl.compile_plan(grpo, placement, INPUTS, ROLE_CLASSES)
-    per_gpu = estimate(plan, shape, work)["global"]
+    actor = TrainEngineConfig.model_validate({"logprob_chunk_tokens": 16})  # the engine's own option
+    per_gpu = estimate(plan, shape, work, {"actor": actor, "ref": actor})["global"]
     # actor over 2 ranks: weights 1000 * 2 B / 2 = 1000; gradients 1000; AdamW moments 2000;
     # activations: 4 rows / 2 ranks * 10 tokens * 2 layers * 8 hidden * 34 B = 10880; logits 3 * 16 * 50 * 4 = 9600
     assert per_gpu["actor"] == {"weights": 1000, "gradients": 1000, "optimizer": 2000, "activations": 10880,

@@ -2,6 +2,7 @@
 
 import flowrl as fl
 from flowrl.algorithms import grpo
+from flowrl.engines.configs import TrainEngineConfig
 from flowrl.plan.resources import ModelShape, Workload, estimate, gpu_placement
 from fakes import ROLE_CLASSES
 from test_resources import INPUTS, QWEN05B
@@ -11,10 +12,12 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def per_gpu(gpus=2, **options):
+    """The estimate with the actor's engine options (the reference runs on the same engine config)."""
     placement = gpu_placement(("actor", "rollout", "ref"), ("rollout",), gpus=gpus)
     plan = fl.compile_plan(grpo, placement, INPUTS, ROLE_CLASSES)
-    work = Workload(rows=256, micro_batch_size=16, seq_len=1024, logprob_chunk_tokens=4096, **options)
-    return estimate(plan, SHAPE, work)["global"]
+    work = Workload(rows=256, micro_batch_size=16, seq_len=1024)
+    actor = TrainEngineConfig.model_validate({"logprob_chunk_tokens": 4096, **options})
+    return estimate(plan, SHAPE, work, {"actor": actor, "ref": actor})["global"]
 
 
 def test_lora_params_of_qwen2_5_0_5b_by_hand():
@@ -32,8 +35,21 @@ def test_each_option_lowers_the_actor_and_lora_frees_the_reference():
     assert offload["weights"] == (SHAPE.embedding_params() + 2 * layer) * 2  # the root and two layers unsharded
     optimizer = per_gpu(offload_optimizer=True)["actor"]
     assert optimizer["optimizer"] < full["actor"]["optimizer"] and optimizer["weights"] == full["actor"]["weights"]
-    lora = per_gpu(lora_rank=8, lora_targets=TARGETS)
+    lora = per_gpu(lora_rank=8, lora_target_modules=list(TARGETS))
     assert lora["actor"]["weights"] == full["actor"]["weights"]
     assert lora["actor"]["optimizer"] == 2 * 4_399_104 * 2 // 2  # AdamW's moments of the adapters only
     assert lora["actor"]["gradients"] == 4_399_104 * 2 // 2
     assert lora["ref"]["weights"] == 0 and full["ref"]["weights"] > 0  # the actor's module, adapters off
+
+
+def test_each_engine_config_owns_its_estimate():
+    class Measured(TrainEngineConfig):  # an engine that knows its own footprint
+        def estimate_memory(self, shape, load, *, trainable=True, base_lent=False):
+            return {"weights": 7 if trainable else 3, "ranks": load.ranks}
+
+    placement = gpu_placement(("actor", "rollout", "ref"), ("rollout",), gpus=2)
+    plan = fl.compile_plan(grpo, placement, INPUTS, ROLE_CLASSES)
+    work = Workload(rows=256, micro_batch_size=16, seq_len=1024)
+    per_gpu = estimate(plan, SHAPE, work, {"actor": Measured(), "ref": Measured()})["global"]
+    assert per_gpu["actor"] == {"weights": 7, "ranks": 2} and per_gpu["ref"] == {"weights": 3, "ranks": 2}
+    assert set(per_gpu["rollout"]) == {"weights", "kv_cache"}  # not given: the default rollout engine's

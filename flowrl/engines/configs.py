@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from flowrl.data.envs import EnvSpec, load_env
+from flowrl.engines import memory
+from flowrl.engines.memory import ModelShape, RankLoad
 from flowrl.engines.protocols import RolloutEngine, SamplingParams, TrainEngine
 from flowrl.graph.registry import Registry
 
@@ -59,6 +61,16 @@ class TrainEngineConfig(EngineConfig):
         """The engine; a frozen one (`trainable`=False) may read its weights from `base_of`, a trained engine in
         this process starting from the same model (the reference policy of a LoRA actor)."""
         raise NotImplementedError(f"{type(self).__name__} must implement build()")
+
+    def estimate_memory(self, shape: ModelShape, load: RankLoad, *, trainable: bool = True,
+                        base_lent: bool = False) -> dict[str, int]:
+        """Bytes per GPU by component (flowrl.engines.memory) of this engine built `trainable`, or frozen; a
+        frozen one whose `base_of` engine on its pool lends its module (`lends_base`) loads no weights."""
+        return memory.trained(shape, load) if trainable else memory.frozen(shape, load, not base_lent)
+
+    def lends_base(self) -> bool:
+        """Whether a frozen engine built with this trained one as `base_of` reads its module (no own weights)."""
+        return False
 
 
 class RolloutEngineConfig(EngineConfig):
@@ -107,6 +119,11 @@ class RolloutEngineConfig(EngineConfig):
               share: TrainEngine | None = None) -> RolloutEngine:
         """The engine; with `share` (a train engine in this process) it generates with that engine's weights."""
         raise NotImplementedError(f"{type(self).__name__} must implement build()")
+
+    def estimate_memory(self, shape: ModelShape, load: RankLoad, *, shares_weights: bool = False) -> dict[str, int]:
+        """Bytes per GPU: its own copy of the weights unless it `shares_weights` with its source's module, and
+        the KV cache of its rows at full length."""
+        return {"weights": 0 if shares_weights else shape.weight_bytes, "kv_cache": memory.kv_cache(shape, load)}
 
 
 TRAIN_ENGINES = TrainEngineConfig.registry

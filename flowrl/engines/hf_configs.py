@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing, checkpoint_wrapper)
 
+from flowrl.engines import memory
 from flowrl.engines.configs import Head, ModelSource, RolloutEngineConfig, TrainEngineConfig
 from flowrl.engines.hf_models import load_causal_lm, load_value_model
 from flowrl.engines.hf_rollout import HFRolloutEngine
@@ -96,6 +97,30 @@ class HFTrainConfig(TrainEngineConfig):
                              warmup_steps=self.warmup_steps, device=device, lr_schedule=self.lr_schedule,
                              lr_decay_steps=self.lr_decay_steps, offload_params=self.offload_params,
                              offload_optimizer=self.offload_optimizer, lora=self.lora_rank > 0, **chunk)
+
+    def estimate_memory(self, shape: memory.ModelShape, load: memory.RankLoad, *, trainable: bool = True,
+                        base_lent: bool = False) -> dict[str, int]:
+        """With LoRA only the adapters have gradients and AdamW moments; `offload_params` (FSDP2 CPU offload)
+        keeps shards, gradients and optimizer state in CPU memory and the GPU holds the unsharded root
+        (embeddings, lm_head) and two decoder layers at a time (the one computing and the one prefetched);
+        `offload_optimizer` brings AdamW's moments to the GPU for the optimizer step only, when activations
+        and logits are freed, so only what they exceed those by counts; logits are live
+        `logprob_chunk_tokens` at a time."""
+        if not trainable:
+            return memory.frozen(shape, load, holds_weights=not base_lent)
+        adapters = shape.lora_params(self.lora_rank, tuple(self.lora_target_modules)) if self.lora_rank else None
+        parts = memory.trained(shape, load, trained_params=adapters, logit_tokens=self.logprob_chunk_tokens or None)
+        if self.offload_params:
+            on_gpu = (shape.embedding_params() + 2 * shape.layer_params()) * shape.dtype_bytes
+            trained = (adapters or shape.num_params) * shape.dtype_bytes
+            return {**parts, "weights": on_gpu, "gradients": on_gpu * trained // shape.weight_bytes, "optimizer": 0}
+        if self.offload_optimizer:
+            parts["optimizer"] = max(0, parts["optimizer"] - parts["activations"] - parts["logits"])
+        return parts
+
+    def lends_base(self) -> bool:
+        """Under LoRA a frozen engine on the same base (the reference) is this module with the adapters off."""
+        return self.lora_rank > 0
 
     def _check_offload(self, head: str, device: str) -> None:
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

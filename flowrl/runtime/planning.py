@@ -16,6 +16,7 @@ from typing import Any
 import transformers
 
 from flowrl.config import RunConfig, validate
+from flowrl.engines.configs import EngineConfig
 from flowrl.engines.tiny_model import build_tiny_model
 from flowrl.errors import MissingField, PlanError
 from flowrl.graph.algorithm import Algorithm
@@ -99,13 +100,15 @@ def _estimate(cfg: RunConfig, plan: Plan, config: dict, prompt_len: int) -> tupl
     n = max([node.kwargs.get("n", 1) for node in plan.nodes if node.kind is NodeKind.ROWS] or [1])
     work = Workload(rows=cfg.train.batch_size * n, micro_batch_size=cfg.train.micro_batch_size,
                     seq_len=prompt_len + cfg.rollout.max_new_tokens,
-                    logprob_chunk_tokens=getattr(cfg.actor, "logprob_chunk_tokens", 0) or 10**9,
-                    gradient_checkpointing=cfg.model.gradient_checkpointing,
-                    offload_params=getattr(cfg.actor, "offload_params", False),
-                    offload_optimizer=getattr(cfg.actor, "offload_optimizer", False),
-                    lora_rank=getattr(cfg.actor, "lora_rank", 0),
-                    lora_targets=tuple(getattr(cfg.actor, "lora_target_modules", ())))
-    return shape, work, estimate(plan, shape, work)
+                    gradient_checkpointing=cfg.model.gradient_checkpointing)
+    return shape, work, estimate(plan, shape, work, _engines(cfg, plan))
+
+
+def _engines(cfg: RunConfig, plan: Plan) -> dict[str, EngineConfig]:
+    """Each role's engine config, which estimates its memory: the section its build reads (RoleSpec.engines)."""
+    sections = {"actor": cfg.actor, "critic": cfg.critic, "rollout": cfg.rollout}
+    return {role: sections[spec.engines[0]] for role, spec in plan.specs.items()
+            if spec.engines and spec.engines[0] in sections}
 
 
 def _model_config(cfg: RunConfig, task: Any) -> dict:

@@ -1,0 +1,110 @@
+"""Memory estimates: the bytes one GPU holds for an engine, from the model's shape and one rank's load.
+
+Each engine config owns its estimate (`TrainEngineConfig.estimate_memory`,
+`RolloutEngineConfig.estimate_memory`), since only the engine knows what it keeps: LoRA adapters, offloaded
+shards, chunked logits, a KV cache. The helpers here hold the arithmetic every transformer engine shares;
+flowrl.plan.resources says how a plan's roles load each rank and sums the estimates per pool.
+
+- trained: parameters, gradients and AdamW's two moments in the parameter dtype, each sharded over the
+  pool's ranks (FSDP2); activations of one micro-batch (per rank), about 34 bytes per token, layer and hidden
+  unit in bf16 without activation checkpointing (Korthikanti et al.), 2 with it; and the fp32 logits of the
+  tokens computed at once (3 copies: logits, log-softmax, its gradient);
+- frozen (reference, reward model): its weights, sharded, and one micro-batch's forward activations (about
+  4 bytes per token, layer and hidden unit);
+- a rollout: its own copy of the weights unless it shares its source's module, and the KV cache of its rows
+  at full length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 2**30
+ACTIVATION_BYTES = {False: 34, True: 2}  # per token, layer, hidden unit: bf16 training, without / with recompute
+FORWARD_BYTES = 4  # per token, layer, hidden unit of a no-grad forward pass
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    num_params: int
+    num_layers: int
+    hidden_size: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    dtype_bytes: int
+    num_heads: int = 0  # the rest: for LoRA's adapter sizes
+    intermediate_size: int = 0
+    tied_embeddings: bool = True
+
+    @classmethod
+    def from_config(cls, config: dict, dtype_bytes: int) -> "ModelShape":
+        """From a Hugging Face config.json's fields (a decoder-only transformer with tied or untied lm_head)."""
+        hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+        heads = config["num_attention_heads"]
+        kv_heads = config.get("num_key_value_heads") or heads
+        head_dim = config.get("head_dim") or hidden // heads
+        inter = config.get("intermediate_size", 4 * hidden)
+        bias = config.get("attention_bias", config.get("model_type") == "qwen2")  # Qwen2 has q, k, v biases
+        attention = hidden * head_dim * (heads * 2 + kv_heads * 2) + bias * head_dim * (heads + 2 * kv_heads)
+        per_layer = attention + 3 * hidden * inter + 2 * hidden
+        embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", True) else 2)
+        return cls(layers * per_layer + embeddings + hidden, layers, hidden, kv_heads, head_dim, vocab, dtype_bytes,
+                   heads, inter, config.get("tie_word_embeddings", True))
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.num_params * self.dtype_bytes
+
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+
+    def layer_params(self) -> int:
+        return (self.num_params - self.embedding_params()) // self.num_layers
+
+    def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
+        """Adapter parameters: rank * (inputs + outputs) of each targeted linear layer of each decoder layer."""
+        h, q, kv, inter = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, \
+            self.intermediate_size
+        sizes = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + inter,
+                 "up_proj": h + inter, "down_proj": inter + h}
+        return self.num_layers * rank * sum(sizes.get(name, 0) for name in targets)
+
+
+@dataclass(frozen=True)
+class RankLoad:
+    """What one rank of a pool processes per step."""
+
+    ranks: int  # the pool's world size: FSDP2 shards over it
+    rows: int  # responses per rank per step
+    seq_len: int  # prompt + response tokens
+    tokens: int  # tokens of one micro-batch on one rank
+    gradient_checkpointing: bool = False
+
+
+def trained(shape: ModelShape, load: RankLoad, *, trained_params: int | None = None,
+            logit_tokens: int | None = None) -> dict[str, int]:
+    """A fully sharded trained engine: `trained_params` (default: all) get gradients and AdamW moments; the
+    logits of `logit_tokens` tokens at a time (default: the whole micro-batch) are live at once."""
+    trained_bytes = (shape.num_params if trained_params is None else trained_params) * shape.dtype_bytes
+    return {"weights": shape.weight_bytes // load.ranks, "gradients": trained_bytes // load.ranks,
+            "optimizer": 2 * trained_bytes // load.ranks, "activations": activations(shape, load),
+            "logits": logits(shape, load, logit_tokens)}
+
+
+def activations(shape: ModelShape, load: RankLoad) -> int:
+    return load.tokens * shape.num_layers * shape.hidden_size * ACTIVATION_BYTES[load.gradient_checkpointing]
+
+
+def logits(shape: ModelShape, load: RankLoad, chunk_tokens: int | None = None) -> int:
+    return 3 * min(load.tokens, chunk_tokens or load.tokens) * shape.vocab_size * 4
+
+
+def frozen(shape: ModelShape, load: RankLoad, holds_weights: bool = True) -> dict[str, int]:
+    """A no-grad engine: its weights sharded (none when it reads another engine's module), one forward pass."""
+    return {"weights": shape.weight_bytes // load.ranks if holds_weights else 0,
+            "activations": load.tokens * shape.num_layers * shape.hidden_size * FORWARD_BYTES}
+
+
+def kv_cache(shape: ModelShape, load: RankLoad) -> int:
+    return load.rows * load.seq_len * shape.num_layers * 2 * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes
