@@ -1,6 +1,6 @@
 """CISPO (MiniMax-M1, arXiv:2506.13585): GRPO's graph with a clipped, detached IS weight on every token."""
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
@@ -8,12 +8,9 @@ from flowrl.rl.correction import RolloutCorrectionConfig
 from flowrl.rl.subgraphs import critic_free_step
 
 
-class CISPOConfig(BaseModel):
+class CISPOConfig(losses.CISPOClip):
     model_config = ConfigDict(extra="forbid")
     group_size: int = Field(8, ge=2, description="Responses sampled per prompt.")
-    clip_low: float = Field(10.0, ge=0, description="Lower clip of the IS weight (w >= 1 - clip_low); "
-                                                    "the default 10 is no lower bound.")
-    clip_high: float = Field(0.2, ge=0, description="Upper clip of the IS weight (w <= 1 + clip_high).")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 (the paper's) "
                                                   "drops the ref role.")
     norm_by_std: bool = Field(True, description="Divide by the group's std; False gives Dr.GRPO advantages.")
@@ -25,6 +22,5 @@ class CISPOConfig(BaseModel):
 @fl.algorithm(config=CISPOConfig)
 def cispo(batch, actor, rollout, ref, reward, cfg):
     advantage = stages.group_advantage.options(norm_by_std=cfg.norm_by_std)
-    loss = losses.cispo_loss(clip_low=cfg.clip_low, clip_high=cfg.clip_high, kl_coef=cfg.kl_coef, kl_kind="k3",
-                             rollout_correction=cfg.rollout_correction.build())
+    loss = losses.CISPOClip.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
     return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size, advantage=advantage, loss=loss)

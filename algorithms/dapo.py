@@ -1,17 +1,15 @@
 """DAPO: clip-higher, dynamic sampling of informative groups, token-mean loss, overlong shaping, no KL."""
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
 from flowrl.rl.correction import RolloutCorrectionConfig
 
 
-class DAPOConfig(BaseModel):
+class DAPOConfig(losses.ClipHigher):
     model_config = ConfigDict(extra="forbid")
     group_size: int = Field(8, ge=2, description="Responses sampled per prompt.")
-    clip_low: float = Field(0.2, gt=0, lt=1, description="Lower clip range (ratio >= 1 - clip_low).")
-    clip_high: float = Field(0.28, gt=0, description="Upper clip range (ratio <= 1 + clip_high).")
     dynamic_sampling: bool = Field(True, description="Drop groups whose scores are all equal and resample.")
     max_sampling_rounds: int = Field(4, ge=1, description="Generation rounds per step when filling groups.")
     max_response_len: int = Field(2, ge=1, description="Response cap the overlong penalty counts to "
@@ -35,6 +33,5 @@ def dapo(batch, actor, rollout, reward, cfg):
         batch = fl.fill(batch, max_rounds=cfg.max_sampling_rounds)
     batch = actor.logprobs(batch)
     batch = stages.group_advantage(batch)
-    loss = losses.clip_higher_loss(clip_low=cfg.clip_low, clip_high=cfg.clip_high, loss_agg_mode="token-mean",
-                                   rollout_correction=cfg.rollout_correction.build())
+    loss = losses.ClipHigher.build(cfg, rollout_correction=cfg.rollout_correction.build())
     return actor.update(batch, loss=loss)

@@ -1,6 +1,6 @@
 """GMPO (arXiv:2507.20673): GRPO's advantages with the geometric mean of sign-clipped token ratios per sequence."""
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
@@ -8,11 +8,9 @@ from flowrl.rl.correction import RolloutCorrectionConfig
 from flowrl.rl.subgraphs import critic_free_step
 
 
-class GMPOConfig(BaseModel):
+class GMPOConfig(losses.GeometricMean):
     model_config = ConfigDict(extra="forbid")
     group_size: int = Field(8, ge=2, description="Responses sampled per prompt.")
-    clip_low: float = Field(0.4, gt=0, description="Lower clip of each token's log-ratio (l >= -clip_low).")
-    clip_high: float = Field(0.4, gt=0, description="Upper clip of each token's log-ratio (l <= clip_high).")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
                                                         description="Truncated IS / rejection against the "
@@ -21,7 +19,6 @@ class GMPOConfig(BaseModel):
 
 @fl.algorithm(config=GMPOConfig)
 def gmpo(batch, actor, rollout, ref, reward, cfg):
-    loss = losses.gmpo_loss(clip_low=cfg.clip_low, clip_high=cfg.clip_high, kl_coef=cfg.kl_coef, kl_kind="k3",
-                            rollout_correction=cfg.rollout_correction.build())
+    loss = losses.GeometricMean.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
     return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size, advantage=stages.group_advantage,
                             loss=loss)

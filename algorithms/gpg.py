@@ -1,20 +1,18 @@
 """GPG (arXiv:2504.02546): group-centred scores scaled by the share of informative rows, plain -A * logp loss."""
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
 from flowrl.rl.correction import RolloutCorrectionConfig
 from flowrl.rl.subgraphs import critic_free_step
-from flowrl.rl.ops.aggregate import AggMode
 
 
-class GPGConfig(BaseModel):
+class GPGConfig(losses.GPG):
     model_config = ConfigDict(extra="forbid")
     group_size: int = Field(5, ge=2, description="Responses sampled per prompt (verl's GPG example: 5).")
     f_norm: float = Field(1.0, gt=0, description="Divisor of the advantages (GPG's F_norm).")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
-    loss_agg_mode: AggMode = Field("token-mean", description="How token losses are aggregated (flowrl.rl.ops.aggregate).")
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
                                                         description="Truncated IS / rejection against the "
                                                                     "sampler's logprobs (verl's rollout correction).")
@@ -23,6 +21,5 @@ class GPGConfig(BaseModel):
 @fl.algorithm(config=GPGConfig)
 def gpg(batch, actor, rollout, ref, reward, cfg):
     advantage = stages.gpg_advantage.options(f_norm=cfg.f_norm)
-    loss = losses.gpg_loss(kl_coef=cfg.kl_coef, kl_kind="k3", loss_agg_mode=cfg.loss_agg_mode,
-                           rollout_correction=cfg.rollout_correction.build())
+    loss = losses.GPG.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
     return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size, advantage=advantage, loss=loss)

@@ -6,24 +6,20 @@ policy: token-level truncated importance weights pi_old / pi_rollout (the rollou
 clipped ratio pi / pi_old, as in AReaL's decoupled PPO objective.
 """
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
 from flowrl.rl.correction import RolloutCorrectionConfig
-from flowrl.rl.ops.aggregate import AggMode
 
 
-class GRPOAsyncConfig(BaseModel):
+class GRPOAsyncConfig(losses.PPOClip):
     model_config = ConfigDict(extra="forbid")
     group_size: int = Field(8, ge=2, description="Responses sampled per prompt.")
     max_staleness: int = Field(1, ge=0, description="Steps generation may run ahead of training (versions a "
                                                     "trained row may lag the weights); 0 is synchronous GRPO.")
-    clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range, the same on both sides.")
     kl_coef: float = Field(0.001, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
     norm_by_std: bool = Field(True, description="Divide by the group's std; False gives Dr.GRPO.")
-    loss_agg_mode: AggMode = Field("token-mean", description="How token losses are averaged (flowrl.rl.ops.aggregate).")
-    entropy_coef: float = Field(0.0, description="Entropy bonus weight.")
     rollout_correction: RolloutCorrectionConfig = Field(
         default_factory=lambda: RolloutCorrectionConfig(is_level="token"),
         description="Importance weights against the sampler's (lagging) logprobs; token-level truncated IS by "
@@ -35,9 +31,7 @@ def grpo_async(batch, actor, rollout, ref, reward, cfg):
     batch = rollout.generate(batch, n=cfg.group_size)
     batch = reward.score(batch)
     batch = fl.buffer(batch, max_staleness=cfg.max_staleness)
-    loss = losses.clip_higher_loss(clip_low=cfg.clip, clip_high=cfg.clip, kl_coef=cfg.kl_coef, kl_kind="k3",
-                                   loss_agg_mode=cfg.loss_agg_mode, entropy_coef=cfg.entropy_coef,
-                                   rollout_correction=cfg.rollout_correction.build())
+    loss = losses.PPOClip.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
     batch = actor.logprobs(batch)
     if "ref_logprobs" in loss.reads:
         batch = ref.logprobs(batch)

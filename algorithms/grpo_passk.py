@@ -1,6 +1,6 @@
 """GRPO for pass@k (arXiv:2503.19595): only each group's best sample learns, from best minus second-best score."""
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
@@ -8,10 +8,9 @@ from flowrl.rl.correction import RolloutCorrectionConfig
 from flowrl.rl.subgraphs import critic_free_step
 
 
-class GRPOPassKConfig(BaseModel):
+class GRPOPassKConfig(losses.PPOClip):
     model_config = ConfigDict(extra="forbid")
     group_size: int = Field(8, ge=2, description="Responses sampled per prompt: the k of pass@k.")
-    clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range, the same on both sides.")
     kl_coef: float = Field(0.001, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
     norm_by_std: bool = Field(True, description="Divide the best sample's advantage by its group's std.")
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
@@ -22,6 +21,5 @@ class GRPOPassKConfig(BaseModel):
 @fl.algorithm(config=GRPOPassKConfig)
 def grpo_passk(batch, actor, rollout, ref, reward, cfg):
     advantage = stages.passk_advantage.options(norm_by_std=cfg.norm_by_std)
-    loss = losses.clip_higher_loss(clip_low=cfg.clip, clip_high=cfg.clip, kl_coef=cfg.kl_coef, kl_kind="k3",
-                                   rollout_correction=cfg.rollout_correction.build())
+    loss = losses.PPOClip.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
     return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size, advantage=advantage, loss=loss)

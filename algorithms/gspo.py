@@ -1,6 +1,6 @@
 """GSPO (Qwen, arXiv:2507.18071): GRPO's graph with clipping on the sequence-level ratio, no KL by default."""
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
@@ -8,11 +8,9 @@ from flowrl.rl.correction import RolloutCorrectionConfig
 from flowrl.rl.subgraphs import critic_free_step
 
 
-class GSPOConfig(BaseModel):
+class GSPOConfig(losses.GSPOClip):
     model_config = ConfigDict(extra="forbid")
     group_size: int = Field(8, ge=2, description="Responses sampled per prompt.")
-    clip_low: float = Field(3e-4, gt=0, lt=1, description="Lower clip of the sequence ratio (s >= 1 - clip_low).")
-    clip_high: float = Field(4e-4, gt=0, lt=1, description="Upper clip of the sequence ratio (s <= 1 + clip_high).")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
     norm_by_std: bool = Field(True, description="Divide by the group's std; False gives Dr.GRPO advantages.")
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
@@ -23,6 +21,5 @@ class GSPOConfig(BaseModel):
 @fl.algorithm(config=GSPOConfig)
 def gspo(batch, actor, rollout, ref, reward, cfg):
     advantage = stages.group_advantage.options(norm_by_std=cfg.norm_by_std)
-    loss = losses.gspo_loss(clip_low=cfg.clip_low, clip_high=cfg.clip_high, kl_coef=cfg.kl_coef, kl_kind="k3",
-                            rollout_correction=cfg.rollout_correction.build())
+    loss = losses.GSPOClip.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
     return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size, advantage=advantage, loss=loss)

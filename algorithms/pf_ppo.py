@@ -2,21 +2,19 @@
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
 from flowrl.rl.correction import RolloutCorrectionConfig
 
 
-class PFPPOConfig(BaseModel):
+class PFPPOConfig(losses.PPOClip):
     model_config = ConfigDict(extra="forbid")
     reweight_method: Literal["pow", "max_min", "max_random"] = Field(
         "pow", description="Row weight from its score: |s|^weight_pow, 1 at the batch's max or min score, or "
                            ".4 at the max and .1 elsewhere.")
     weight_pow: float = Field(2.0, description="Exponent of the 'pow' method.")
-    clip: float = Field(0.2, gt=0, lt=1, description="Policy clip range.")
-    dual_clip: float | None = Field(3.0, gt=1, description="Dual-clip bound for negative advantages; None is off.")
     value_clip: float = Field(0.5, gt=0, description="Value-function clip range.")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
@@ -38,5 +36,5 @@ def pf_ppo(batch, actor, rollout, ref, critic, reward, cfg):
     batch = stages.gae_advantage(batch, gamma=cfg.gamma, lam=cfg.lam)
     batch = stages.pf_ppo_resample(batch, method=cfg.reweight_method, weight_pow=cfg.weight_pow)
     batch = critic.update(batch, loss=losses.ValueLoss(clip=cfg.value_clip))
-    loss = losses.ppo_loss(clip=cfg.clip, dual_clip=cfg.dual_clip, rollout_correction=cfg.rollout_correction.build())
+    loss = losses.PPOClip.build(cfg, rollout_correction=cfg.rollout_correction.build())
     return actor.update(batch, loss=loss)

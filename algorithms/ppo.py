@@ -3,17 +3,15 @@ policy loss."""
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 import flowrl as fl
 from flowrl.rl import losses, stages
 from flowrl.rl.correction import RolloutCorrectionConfig
 
 
-class PPOConfig(BaseModel):
+class PPOConfig(losses.PPOClip):
     model_config = ConfigDict(extra="forbid")
-    clip: float = Field(0.2, gt=0, lt=1, description="Policy clip range.")
-    dual_clip: float | None = Field(3.0, gt=1, description="Dual-clip bound for negative advantages; None is off.")
     value_clip: float = Field(0.5, gt=0, description="Value-function clip range.")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
@@ -48,5 +46,5 @@ def ppo(batch, actor, rollout, ref, critic, reward, kl_ctrl, cfg):
         batch = stages.token_rewards(batch, kl_coef=cfg.kl_coef)
     batch = stages.gae_advantage(batch, gamma=cfg.gamma, lam=cfg.lam)
     batch = critic.update(batch, loss=losses.ValueLoss(clip=cfg.value_clip))
-    loss = losses.ppo_loss(clip=cfg.clip, dual_clip=cfg.dual_clip, rollout_correction=cfg.rollout_correction.build())
+    loss = losses.PPOClip.build(cfg, rollout_correction=cfg.rollout_correction.build())
     return actor.update(batch, loss=loss)

@@ -1,16 +1,15 @@
 """REINFORCE++ (arXiv:2501.03262): no critic, k1 KL to the reference in the token rewards, whitened returns."""
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
 from flowrl.rl.correction import RolloutCorrectionConfig
 
 
-class ReinforcePPConfig(BaseModel):
+class ReinforcePPConfig(losses.PPOClip):
     model_config = ConfigDict(extra="forbid")
     group_size: int = Field(4, ge=1, description="Responses sampled per prompt (whitening is over the batch).")
-    clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range.")
     kl_coef: float = Field(0.001, ge=0, description="Weight of the k1 KL-to-reference penalty in the token "
                                                     "rewards; 0 drops the ref role.")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount of the return-to-go.")
@@ -28,4 +27,4 @@ def reinforce_pp(batch, actor, rollout, ref, reward, cfg):
         batch = ref.logprobs(batch)
     batch = stages.token_rewards(batch, kl_coef=cfg.kl_coef, kl_kind="k1")
     batch = stages.reinforce_pp_advantage(batch, gamma=cfg.gamma)
-    return actor.update(batch, loss=losses.ppo_loss(clip=cfg.clip, rollout_correction=cfg.rollout_correction.build()))
+    return actor.update(batch, loss=losses.PPOClip.build(cfg, rollout_correction=cfg.rollout_correction.build()))

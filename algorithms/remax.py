@@ -1,19 +1,16 @@
 """ReMax (arXiv:2310.10505): REINFORCE with the greedy rollout's score as each prompt's baseline."""
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
 from flowrl.rl.correction import RolloutCorrectionConfig
-from flowrl.rl.ops.aggregate import AggMode
 
 
-class ReMaxConfig(BaseModel):
+class ReMaxConfig(losses.PPOClip):
     model_config = ConfigDict(extra="forbid")
     group_size: int = Field(4, ge=1, description="Sampled responses per prompt besides the greedy one "
                                                  "(1 is the paper's setting).")
-    clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range.")
-    loss_agg_mode: AggMode = Field("token-mean", description="How token losses are averaged (flowrl.rl.ops.aggregate).")
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
                                                         description="Truncated IS / rejection against the "
                                                                     "sampler's logprobs (verl's rollout correction).")
@@ -28,6 +25,5 @@ def remax(batch, actor, rollout, reward, cfg):
     batch = reward.score(batch)
     batch = actor.logprobs(batch)
     batch = stages.remax_advantage(batch)
-    loss = losses.ppo_loss(clip=cfg.clip, loss_agg_mode=cfg.loss_agg_mode,
-                           rollout_correction=cfg.rollout_correction.build())
+    loss = losses.PPOClip.build(cfg, rollout_correction=cfg.rollout_correction.build())
     return actor.update(batch, loss=loss)

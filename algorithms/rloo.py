@@ -1,6 +1,6 @@
 """RLOO: leave-one-out baselines over each prompt's samples, PPO clip, KL to the reference as a loss."""
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
@@ -9,12 +9,14 @@ from flowrl.rl.subgraphs import critic_free_step
 from flowrl.rl.ops.aggregate import AggMode
 
 
-class RLOOConfig(BaseModel):
+class RLOOConfig(losses.PPOClip):
     model_config = ConfigDict(extra="forbid")
     group_size: int = Field(4, ge=2, description="Responses sampled per prompt (>= 2 for a baseline).")
-    clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range.")
     kl_coef: float = Field(0.001, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
-    loss_agg_mode: AggMode = Field("seq-mean-token-mean", description="How token losses are averaged.")
+    dual_clip: float | None = Field(None, gt=1, description="Dual-clip bound for negative advantages; None "
+                                                            "(RLOO's default) is off.")
+    loss_agg_mode: AggMode = Field("seq-mean-token-mean", description="How token losses are averaged (RLOO's "
+                                                                      "default: each sequence's mean).")
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
                                                         description="Truncated IS / rejection against the "
                                                                     "sampler's logprobs (verl's rollout correction).")
@@ -22,7 +24,6 @@ class RLOOConfig(BaseModel):
 
 @fl.algorithm(config=RLOOConfig)
 def rloo(batch, actor, rollout, ref, reward, cfg):
-    loss = losses.ppo_loss(clip=cfg.clip, dual_clip=None, kl_coef=cfg.kl_coef, kl_kind="k3",
-                           loss_agg_mode=cfg.loss_agg_mode, rollout_correction=cfg.rollout_correction.build())
+    loss = losses.PPOClip.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
     return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size, advantage=stages.rloo_advantage,
                             loss=loss)

@@ -1,6 +1,6 @@
 """SAPO (Qwen, arXiv:2511.20347): GRPO's advantages with a smooth sigmoid gate on the ratio instead of a clip."""
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
@@ -8,11 +8,9 @@ from flowrl.rl.correction import RolloutCorrectionConfig
 from flowrl.rl.subgraphs import critic_free_step
 
 
-class SAPOConfig(BaseModel):
+class SAPOConfig(losses.SAPOGate):
     model_config = ConfigDict(extra="forbid")
     group_size: int = Field(8, ge=2, description="Responses sampled per prompt.")
-    tau_pos: float = Field(1.0, gt=0, description="Gate temperature for tokens with A > 0.")
-    tau_neg: float = Field(1.05, gt=0, description="Gate temperature for tokens with A <= 0 (sharper: > tau_pos).")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
                                                         description="Truncated IS / rejection against the "
@@ -21,7 +19,6 @@ class SAPOConfig(BaseModel):
 
 @fl.algorithm(config=SAPOConfig)
 def sapo(batch, actor, rollout, ref, reward, cfg):
-    loss = losses.sapo_loss(tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg, kl_coef=cfg.kl_coef, kl_kind="k3",
-                            rollout_correction=cfg.rollout_correction.build())
+    loss = losses.SAPOGate.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
     return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size, advantage=stages.group_advantage,
                             loss=loss)

@@ -24,17 +24,17 @@ class FakeTokenizer:
 
 
 class FakeTrainEngine:
-    """logprobs = -0.1 * response token id, sum_pi_squared 0.25; update records what it was given."""
+    """logprobs = -0.1 * response token id, values 0.5, any other output 0.25; update records what it was given."""
 
     def __init__(self) -> None:
         self.updates: list[tuple[TensorDict, object]] = []
         self.model = torch.nn.Linear(1, 1)
         self.saved: list[str] = []
 
-    def forward(self, batch, *, temperature=1.0, micro_batch_size=8, with_entropy=False, with_sum_pi_squared=False):
+    def forward(self, batch, *, temperature=1.0, micro_batch_size=8, outputs=None):
         mask = batch["response_mask"].float()
         out = {"logprobs": -0.1 * batch["response_ids"].float() * mask, "values": 0.5 * mask}
-        return {**out, "sum_pi_squared": 0.25 * mask} if with_sum_pi_squared else out
+        return {**out, **{name: 0.25 * mask for name in outputs or () if name not in out}}
 
     def update(self, batch, loss_fn, *, temperature=1.0, mini_batch_size=8, micro_batch_size=8, epochs=1,
                shuffle_seed=None, old_logprobs_from_current=False):
@@ -102,7 +102,7 @@ class TokenMeanNLL:
     """Supervised LossFn: mean negative logprob over valid response tokens."""
 
     reads = ("response_mask",)
-    needs_entropy = False
+    needs = ("logprobs",)
     combine = "mean"
 
     def __call__(self, out, mb):

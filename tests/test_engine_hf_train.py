@@ -34,7 +34,7 @@ ROWS = [([3, 12, 4, 15], [5, 1]), ([7, 8], [9, 10, 11, 1]), ([2, 13, 2, 15, 4, 4
 
 class ValueMSE:
     reads = ("response_mask",)
-    needs_entropy = False
+    needs = ("values",)
     combine = "mean"
 
     def __call__(self, out, mb):
@@ -60,7 +60,7 @@ def test_forward_matches_unpadded_reference(tiny_model_path):
     engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor")
     for widths in [(None, None), (9, 7)]:  # the same rows, padded two ways
         batch = make_batch(ROWS, *widths)
-        out = engine.forward(batch, temperature=0.7, micro_batch_size=4, with_entropy=True)
+        out = engine.forward(batch, temperature=0.7, micro_batch_size=4, outputs=("logprobs", "entropy"))
         assert out["logprobs"].shape == out["entropy"].shape == batch["response_ids"].shape
         for i, (prompt, response) in enumerate(ROWS):
             logprobs, entropy = reference_logprobs(engine.model, prompt, response, temperature=0.7)
@@ -217,7 +217,7 @@ def test_chunked_logprobs_equal_full_logits_with_gradients(tiny_model_path):
     outs, grads = [], []
     for chunk in (0, 3):
         engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", logprob_chunk_tokens=chunk)
-        out = engine._outputs(batch, temperature=1.3, with_entropy=True)
+        out = engine._outputs(batch, temperature=1.3, outputs=("logprobs", "entropy"))
         (out["logprobs"].sum() + out["entropy"].sum()).backward()
         outs.append(out)
         grads.append({n: p.grad.clone() for n, p in engine.model.named_parameters()})
@@ -237,7 +237,7 @@ def test_compiled_passes_compute_what_eager_ones_do(tiny_model_path):
     for compile, chunk in ((False, 0), (True, 0), (True, 3)):
         config = TrainEngineConfig.model_validate({"compile": compile, "logprob_chunk_tokens": chunk})
         engine = config.build(ModelSource(tiny_model_path), head="actor", device="cpu")
-        out = engine._outputs(batch, temperature=1.3, with_entropy=False)
+        out = engine._outputs(batch, temperature=1.3, outputs=("logprobs",))
         out["logprobs"].sum().backward()
         outs.append(out["logprobs"])
         grads.append({name: p.grad for name, p in engine.model.named_parameters()})
@@ -250,13 +250,14 @@ def test_compiled_passes_compute_what_eager_ones_do(tiny_model_path):
 
 
 def test_sum_pi_squared_chunked_equals_full_and_a_direct_computation(tiny_model_path):
-    """with_sum_pi_squared: sum_v pi(v)^2 of each response token's distribution (temperature applied), the same
+    """outputs "sum_pi_squared": sum_v pi(v)^2 of each response token's distribution (temperature applied), the same
     from chunks of 3 tokens as from full logits, and equal to softmax(logits).square().sum() row by row."""
     batch = make_batch(ROWS)
     outs = []
     for chunk in (0, 3):
         engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", logprob_chunk_tokens=chunk)
-        outs.append(engine.forward(batch, temperature=0.7, micro_batch_size=4, with_sum_pi_squared=True))
+        wanted = ("logprobs", "sum_pi_squared")
+        outs.append(engine.forward(batch, temperature=0.7, micro_batch_size=4, outputs=wanted))
         assert "entropy" not in outs[-1] and "sum_pi_squared" not in engine.forward(batch)
     torch.testing.assert_close(outs[1]["sum_pi_squared"], outs[0]["sum_pi_squared"], atol=1e-6, rtol=0)
     torch.testing.assert_close(outs[1]["logprobs"], outs[0]["logprobs"], atol=1e-6, rtol=0)
@@ -287,7 +288,7 @@ def test_token_sum_update_is_exact_over_micro_batches(tiny_model_path):
         engine.update(batch, loss, mini_batch_size=4, micro_batch_size=size)
         grads.append({name: p.grad for name, p in engine.model.named_parameters()})
     by_hand = fresh_engine(tiny_model_path)
-    logprobs = by_hand._outputs(batch, 1.0, False)["logprobs"]
+    logprobs = by_hand._outputs(batch, 1.0, ("logprobs",))["logprobs"]
     (-(batch["advantages"] * logprobs * batch["loss_mask"]).sum()).backward()
     for name, p in by_hand.model.named_parameters():
         for other in grads:

@@ -104,7 +104,7 @@ def test_update_scores_rows_under_their_sampling(tiny_model_path):
     seen = []
 
     class Record:
-        reads, needs_entropy, combine = (), False, "sum"
+        reads, needs, combine = (), ("logprobs",), "sum"
 
         def __call__(self, outputs, mb):
             seen.append((outputs["logprobs"].detach(), mb["response_ids"]))

@@ -37,6 +37,7 @@ from flowrl.engines.attention import use_flowrl_sdpa
 from flowrl.engines.fsdp import full_tensors, move_optimizer_state, shard_device, shard_model
 from flowrl.engines.logprobs import full_logits_logprobs, token_logprobs
 from flowrl.engines.lr_schedules import check_schedule, lr_factor
+from flowrl.engines.model_outputs import check_outputs, default_outputs
 from flowrl.engines.model_inputs import masked_inputs, packed_inputs, trim_padding, used_columns
 from flowrl.engines.protocols import LossFn
 from flowrl.engines.sampling import RowSampling, apply_sampling
@@ -95,16 +96,16 @@ class HFTrainEngine:
 
     @torch.no_grad()
     def forward(self, batch: TensorDict, *, temperature: float = 1.0, micro_batch_size: int = 8,
-                with_entropy: bool = False, with_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
-        """No-grad outputs aligned to the response, on the device of batch["prompt_ids"]. An actor's
-        "logprobs", with "entropy" and "sum_pi_squared" (sum_v pi(v)^2 of each token's distribution) on
-        request, computed chunk-wise as the logprobs are, under each row's sampling distribution (its
+                outputs: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+        """No-grad outputs aligned to the response, on the device of batch["prompt_ids"]: each of `outputs`
+        (flowrl.engines.model_outputs; None: an actor's "logprobs", a critic's "values", a reward model's
+        "scores"). An actor's are computed chunk-wise, under each row's sampling distribution (its
         SAMPLED_WITH columns, flowrl.engines.sampling; rows without them: `temperature`, untruncated)."""
         _check_positive(temperature=temperature, micro_batch_size=micro_batch_size)
+        outputs = check_outputs(self.kind, outputs or default_outputs(self.kind))
         self._check_same_rows(batch.batch_size[0])
         order = self._order(batch)
-        outs = [self._outputs(mb, temperature, with_entropy, with_sum_pi_squared)
-                for mb in batch[order].split(micro_batch_size)]
+        outs = [self._outputs(mb, temperature, outputs) for mb in batch[order].split(micro_batch_size)]
         home = batch["prompt_ids"].device
         unsort = torch.empty_like(order)
         unsort[order] = torch.arange(order.numel())
@@ -122,6 +123,7 @@ class HFTrainEngine:
                         micro_batch_size=micro_batch_size, epochs=epochs)
         if loss_fn.combine not in ("mean", "sum"):
             raise ValueError(f"loss_fn.combine must be 'mean' or 'sum', got {loss_fn.combine!r}")
+        check_outputs(self.kind, loss_fn.needs)
         num_rows = batch.batch_size[0]
         self._check_same_rows(num_rows)
         generator = None if shuffle_seed is None else torch.Generator().manual_seed(shuffle_seed)
@@ -204,7 +206,7 @@ class HFTrainEngine:
         if self.sharded:
             dist.barrier()
 
-    def _outputs(self, mb: TensorDict, temperature: float, with_entropy: bool, with_sum_pi_squared: bool = False,
+    def _outputs(self, mb: TensorDict, temperature: float, outputs: tuple[str, ...],
                  span: tuple[int, int] | None = None,
                  sampling: RowSampling | None = None) -> dict[str, torch.Tensor]:
         """Outputs [B, R] on this engine's device for the micro-batch (on any device), 0 on padding, computed
@@ -213,13 +215,13 @@ class HFTrainEngine:
         trimmed = trim_padding(mb, span or used_columns(mb)).to(self.device)
         mask = trimmed["response_mask"].bool()
         sampling = (sampling or RowSampling.of(mb, temperature)).to(self.device)
-        out = self._outputs_dense(trimmed, sampling, with_entropy, with_sum_pi_squared)
+        out = self._outputs_dense(trimmed, sampling, outputs)
         width = mb["response_mask"].shape[1]
         return {key: torch.nn.functional.pad(torch.where(mask, value, 0), (0, width - value.shape[1]))
                 for key, value in out.items()}
 
-    def _outputs_dense(self, mb: TensorDict, sampling: RowSampling, with_entropy: bool,
-                       with_sum_pi_squared: bool) -> dict[str, torch.Tensor]:
+    def _outputs_dense(self, mb: TensorDict, sampling: RowSampling,
+                       outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
         """Outputs of the trimmed micro-batch; an actor's under each row's sampling distribution."""
         response_ids = mb["response_ids"]
         num_prompt, num_response = mb["prompt_ids"].shape[1], response_ids.shape[1]
@@ -230,8 +232,7 @@ class HFTrainEngine:
             logits_BRV = self._model_fn(**inputs, logits_to_keep=num_response + 1).logits[:, :-1]
             logits_NV = apply_sampling(logits_BRV.reshape(-1, logits_BRV.shape[-1]), temperature_N, truncation,
                                        response_ids.reshape(-1))
-            return full_logits_logprobs(logits_NV.view(logits_BRV.shape), response_ids, with_entropy,
-                                        with_sum_pi_squared)
+            return full_logits_logprobs(logits_NV.view(logits_BRV.shape), response_ids, outputs)
         input_ids, column_BL = packed_inputs(mb)
         # the column of each response token, and of the token before it, which predicts it
         at_BR = column_BL[:, num_prompt:]
@@ -246,8 +247,7 @@ class HFTrainEngine:
         hidden_BLH = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
         hidden_BRH = hidden_BLH.gather(1, before_BR[..., None].expand(-1, -1, hidden_BLH.shape[-1]))
         return token_logprobs(hidden_BRH, self.model.get_output_embeddings().weight, response_ids, temperature_N,
-                              with_entropy, self.logprob_chunk_tokens, compiled=self.compiled,
-                              with_sum_pi_squared=with_sum_pi_squared, truncation=truncation)
+                              outputs, self.logprob_chunk_tokens, compiled=self.compiled, truncation=truncation)
 
     def _step(self, mini: TensorDict, loss_fn: LossFn, temperature: float, micro_batch_size: int,
               sums: dict[str, list], old_from_current: bool = False) -> float | None:
@@ -264,7 +264,7 @@ class HFTrainEngine:
         self.optimizer.zero_grad(set_to_none=True)
         for mb, span, sampling, weight in zip(mini.to(self.device).split(micro_batch_size), spans, samplings,
                                               weights):
-            out = self._outputs(mb, temperature, loss_fn.needs_entropy, span=span, sampling=sampling)
+            out = self._outputs(mb, temperature, tuple(loss_fn.needs), span=span, sampling=sampling)
             if weight == 0:  # keep FSDP's collectives in step with the other ranks; no NaN from 0/0
                 sum(value.sum() for value in out.values()).mul(0.0).backward()
                 continue

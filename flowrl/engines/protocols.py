@@ -53,11 +53,13 @@ class SamplingParams:
 class LossFn(Protocol):
     """A loss the train engine evaluates on each micro-batch.
 
-    `out` holds model outputs aligned to the response: "logprobs" [B, R] for
-    actors (plus "entropy" [B, R] when `needs_entropy`), "values" [B, R] for
-    critics. Returns the micro-batch loss and detached scalar metrics: 0-d tensors
-    (or floats), which the engine reads once, after the update, so that no
-    micro-batch waits on the device.
+    `out` holds the model outputs named in `needs`, each [B, R] aligned to the
+    response (flowrl.engines.model_outputs: an actor's "logprobs", "entropy",
+    ...; a critic's "values"), and nothing else: the engine computes only
+    those; `reads` are the batch fields it reads. Returns the micro-batch
+    loss and detached scalar metrics: 0-d tensors (or floats), which the
+    engine reads once, after the update, so that no micro-batch waits on
+    the device.
 
     `combine` says how micro-batch losses make the mini-batch's loss:
     "mean": each is a mean in the loss's own unit and `weight(mb)` is the
@@ -69,7 +71,7 @@ class LossFn(Protocol):
     """
 
     reads: tuple[str, ...]
-    needs_entropy: bool
+    needs: tuple[str, ...]
     combine: Literal["mean", "sum"]
 
     def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, float]]: ...
@@ -81,10 +83,9 @@ class TrainEngine(Protocol):
     """A trainable model: forward passes over a batch and optimizer steps."""
 
     def forward(self, batch: TensorDict, *, temperature: float = 1.0, micro_batch_size: int = 8,
-                with_entropy: bool = False, with_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
-        """No-grad outputs aligned to the response, 0 on padding: "logprobs" (actor), "values" (critic)
-        or "scores" (reward model), each [B, R]; an actor's "entropy" and "sum_pi_squared" (sum_v pi(v)^2
-        of each token's distribution) when asked for."""
+                outputs: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+        """No-grad outputs aligned to the response, 0 on padding, each [B, R]: those named in `outputs`
+        (flowrl.engines.model_outputs); None: "logprobs" (actor), "values" (critic) or "scores" (reward)."""
         ...
 
     def update(self, batch: TensorDict, loss_fn: LossFn, *, temperature: float = 1.0,

@@ -1,295 +1,243 @@
-"""Loss objects the train engine evaluates per micro-batch (engines.protocols.LossFn).
+"""Named policy losses: presets over the terms of flowrl.rl.loss_terms, like optax's adamw over chain().
 
-`PolicyLoss` composes a policy objective from ops.policy_loss with a KL
-penalty to the reference policy and an entropy bonus; named algorithms are
-presets over it, not subclasses: GRPO is `clip_higher_loss(clip_low=0.2,
-clip_high=0.2)`, PPO the same with one clip value, DAPO the clip-higher
-default. Each term is aggregated with the same `loss_agg_mode`; `combine`
-is "sum" for token-sum (the engine adds micro-batch losses) and "mean" for
-the rest, where `weight(mb)` is the micro-batch's count in that mode's unit,
-so the engine can combine micro-batches into the exact mini-batch loss. Every policy loss
-takes `rollout_correction` (flowrl.rl.correction): verl's truncated IS and
-rejection against the sampler's logprobs.
+A preset (`PPOClip`, `ClipHigher`, `GSPOClip`, ...) is a pydantic config of one
+policy objective's options (ops.policy_loss, ops.policy_gradient, ops.cov_loss)
+plus the aggregation and the entropy bonus; `build(cfg, kl_coef=..., ...)`
+composes a `PolicyLoss` (objective term, KL term when kl_coef > 0, entropy term
+when entropy_coef != 0). Named algorithms are presets, not subclasses: GRPO's
+loss is PPOClip with a KL term, DAPO's ClipHigher (PPOClip with clip_high >
+clip_low). An algorithm's config includes its preset as a base class, so each
+default is written once, here; `ppo_loss(...)`, `gspo_loss(...)`, ... build a
+preset's loss from keyword options. docs/algorithms.md tabulates every prebuilt
+algorithm's effective loss (tests/test_docs_algorithms.py checks it).
 """
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Literal
+from typing import Any, ClassVar, Literal
 
-import torch
-from tensordict import TensorDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from flowrl.rl.correction import RolloutCorrection
-from flowrl.rl.ops.aggregate import SUM_MODES, agg_loss, agg_weight, check_agg_mode
-from flowrl.rl.ops.kl import check_kl_kind, kl_penalty
-from flowrl.rl.ops.masked import valid_mask
+from flowrl.rl.loss_terms import Loss, Objective, PolicyLoss, ValueLoss
+from flowrl.rl.ops.aggregate import AggMode
 from flowrl.rl.ops.cov_loss import clip_cov, kl_cov
 from flowrl.rl.ops.policy_gradient import gmpo, gpg, reinforce, sapo
-from flowrl.rl.ops.policy_loss import check_clip_args, check_ratio_cap, cispo, dppo_kl, dppo_tv, gspo, ppo_clip
-from flowrl.rl.ops.value_loss import clipped_value_loss
+from flowrl.rl.ops.policy_loss import cispo, dppo_kl, dppo_tv, gspo, ppo_clip
 
-Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-
-
-def _combine(loss_agg_mode: str) -> Literal["mean", "sum"]:
-    """How the train engine combines micro-batch losses in this mode (engines.protocols.LossFn.combine)."""
-    return "sum" if loss_agg_mode in SUM_MODES else "mean"
+__all__ = ["Loss", "PolicyLoss", "ValueLoss", "LossPreset", "PRESETS"]
 
 
-def _check_norm_len(norm_len: int | None, loss_agg_mode: str) -> None:
-    if norm_len is None:
-        return
-    if norm_len <= 0:
-        raise ValueError(f"norm_len must be > 0 or None, got {norm_len}")
-    if loss_agg_mode != "seq-mean-token-sum-norm":
-        warnings.warn(f"norm_len={norm_len} has no effect with loss_agg_mode={loss_agg_mode!r}", stacklevel=3)
+class LossPreset(BaseModel):
+    """A named policy loss's options: `build(cfg, **kw)` binds them to the preset's objective (an op of
+    ops.*) and composes the PolicyLoss; `kw` is PolicyLoss's (kl_coef, kl_kind, norm_len,
+    rollout_correction). An algorithm's config includes its preset as a base class, so the preset's options
+    are the algorithm's `algo.*` keys and each default is written here once. A default that differs from
+    the op's own (its signature's, a bare formula's) is listed in `differs_from_op` with the reason."""
+
+    model_config = ConfigDict(extra="forbid")
+    objective: ClassVar[Objective]
+    weights_in_objective: ClassVar[bool] = False
+    differs_from_op: ClassVar[dict[str, str]] = {}
+    loss_agg_mode: AggMode = Field("token-mean", description="How token losses are aggregated "
+                                                             "(flowrl.rl.ops.aggregate).")
+    entropy_coef: float = Field(0.0, description="Entropy bonus weight; 0 computes no entropy.")
+
+    @classmethod
+    def objective_options(cls, cfg: LossPreset) -> dict[str, Any]:
+        """The op's keyword arguments: by default the preset's own fields, under their names."""
+        return {name: getattr(cfg, name) for name in cls.model_fields if name not in LossPreset.model_fields}
+
+    @classmethod
+    def bound_objective(cls, cfg: LossPreset) -> Objective:
+        options = cls.objective_options(cfg)
+        return partial(cls.objective, **options) if options else cls.objective
+
+    @classmethod
+    def build(cls, cfg: LossPreset, **kw: Any) -> PolicyLoss:
+        return PolicyLoss(cls.bound_objective(cfg), loss_agg_mode=cfg.loss_agg_mode, entropy_coef=cfg.entropy_coef,
+                          weights_in_objective=cls.weights_in_objective, **kw)
+
+    @classmethod
+    def loss(cls, **options: Any) -> PolicyLoss:
+        """The preset's PolicyLoss from keyword options: its own fields, then PolicyLoss's."""
+        own = {name: options.pop(name) for name in list(options) if name in cls.model_fields}
+        return cls.build(cls(**own), **options)
 
 
-@dataclass(frozen=True)
-class PolicyLoss:
-    """agg(objective) + kl_coef * agg(kl(logp, ref)) - entropy_coef * agg(entropy).
+class PPOClip(LossPreset):
+    """PPO's clipped surrogate with one clip range and dual clip (verl's "vanilla"); GRPO's too."""
 
-    objective: a function of ops.policy_loss (ppo_clip, gspo, cispo, dppo_tv,
-        dppo_kl), ops.policy_gradient (reinforce, gpg, sapo, gmpo) or
-        ops.cov_loss (clip_cov, kl_cov), options bound with functools.partial.
-    loss_agg_mode: one of ops.aggregate.AGG_MODES, used for every term.
-    kl_coef: weight of the KL-to-reference loss (verl's use_kl_loss); 0 = off
-        and "ref_logprobs" is not read.
-    kl_kind: KL estimator of ops.kl (verl's kl_loss_type), "k3" by default.
-    entropy_coef: weight of the entropy bonus; 0 = off and no entropy needed.
-    norm_len: the constant length of "seq-mean-token-sum-norm" (the max
-        response length); None = the micro-batch's T.
-    rollout_correction: None = off and "rollout_logprobs" is not read. Set,
-        the objective's per-token loss is multiplied by its truncated IS
-        weights, and tokens it rejects contribute to no term; they still count
-        in each mode's normaliser and in weight(mb), which stays the loss
-        mask's count (see docs/algorithms.md, rollout correction).
-    weights_in_objective: the objective takes the IS weights itself
-        (`is_weights_BT=`, GMPO's geometric mean) instead of its per-token
-        loss being multiplied by them.
+    objective: ClassVar[Objective] = ppo_clip
+    differs_from_op: ClassVar[dict[str, str]] = {"dual_clip": "verl's clip_ratio_c, which its vanilla loss "
+                                                               "always applies"}
+    clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range, the same on both sides.")
+    dual_clip: float | None = Field(3.0, gt=1, description="Dual-clip bound for negative advantages; None is off.")
 
-    Metrics: "pg_loss", "kl_loss" (when kl_coef > 0), "entropy" (when
-    entropy_coef != 0), each the aggregated term before its coefficient,
-    plus the objective's own metrics and the correction's "rollout/*".
-    """
-
-    objective: Objective
-    loss_agg_mode: str = "token-mean"
-    kl_coef: float = 0.0
-    kl_kind: str = "k3"
-    entropy_coef: float = 0.0
-    norm_len: int | None = None
-    rollout_correction: RolloutCorrection | None = None
-    weights_in_objective: bool = False
-
-    def __post_init__(self) -> None:
-        if not callable(self.objective):
-            raise ValueError(f"objective must be a callable policy objective, got {self.objective!r}")
-        check_agg_mode(self.loss_agg_mode)
-        check_kl_kind(self.kl_kind)
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
-        if self.kl_coef == 0 and self.kl_kind != "k3":
-            warnings.warn(f"kl_kind={self.kl_kind!r} has no effect with kl_coef=0", stacklevel=3)
-        _check_norm_len(self.norm_len, self.loss_agg_mode)
-        if self.rollout_correction is not None and not isinstance(self.rollout_correction, RolloutCorrection):
-            raise ValueError(f"rollout_correction must be a RolloutCorrection or None, got {self.rollout_correction!r}")
-
-    @property
-    def reads(self) -> tuple[str, ...]:
-        base = ("old_logprobs", "advantages", "loss_mask")
-        base += ("ref_logprobs",) if self.kl_coef > 0 else ()
-        return base + ("rollout_logprobs",) if self.rollout_correction is not None else base
-
-    @property
-    def needs_entropy(self) -> bool:
-        return self.entropy_coef != 0
-
-    @property
-    def combine(self) -> Literal["mean", "sum"]:
-        return _combine(self.loss_agg_mode)
-
-    def _agg(self, loss_BT: torch.Tensor, mask_BT: torch.Tensor, keep_BT: torch.Tensor | None = None) -> torch.Tensor:
-        """agg_loss over the loss mask; tokens outside `keep_BT` (rejected) add 0 but still count."""
-        if keep_BT is not None:
-            loss_BT = torch.where(keep_BT, loss_BT, 0)
-        return agg_loss(loss_BT, mask_BT, self.loss_agg_mode, self.norm_len)
-
-    def _correct(self, mb: TensorDict,
-                 mask_BT: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
-        """(IS weights, keep mask, "rollout/*" metrics) of the rollout correction; (None, None, {}) when off."""
-        if self.rollout_correction is None:
-            return None, None, {}
-        return self.rollout_correction(mb["old_logprobs"], mb["rollout_logprobs"], mask_BT)
-
-    def _kl_BT(self, logprobs_BT: torch.Tensor, mb: TensorDict, mask_BT: torch.Tensor) -> torch.Tensor:
-        valid_BT = valid_mask(mask_BT, logprobs_BT)  # zero padding first: no NaN reaches backward
-        logp_BT = torch.where(valid_BT, logprobs_BT, 0)
-        ref_BT = torch.where(valid_BT, mb["ref_logprobs"], 0)
-        return kl_penalty(logp_BT, ref_BT, self.kl_kind)
-
-    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        mask_BT, logprobs_BT = mb["loss_mask"], out["logprobs"]
-        is_weights_BT, keep_BT, rollout_metrics = self._correct(mb, mask_BT)
-        inside = is_weights_BT is not None and self.weights_in_objective
-        weights_kw = {"is_weights_BT": is_weights_BT} if inside else {}
-        obj_BT, metrics = self.objective(logprobs_BT, mb["old_logprobs"], mb["advantages"], mask_BT, **weights_kw)
-        if is_weights_BT is not None and not inside:
-            obj_BT = obj_BT * is_weights_BT
-        pg_loss = self._agg(obj_BT, mask_BT, keep_BT)
-        loss = pg_loss
-        metrics = {**metrics, **rollout_metrics, "pg_loss": pg_loss.detach()}
-        if self.kl_coef > 0:
-            kl_loss = self._agg(self._kl_BT(logprobs_BT, mb, mask_BT), mask_BT, keep_BT)
-            loss = loss + self.kl_coef * kl_loss
-            metrics["kl_loss"] = kl_loss.detach()
-        if self.needs_entropy:
-            entropy = self._agg(out["entropy"], mask_BT, keep_BT)
-            loss = loss - self.entropy_coef * entropy
-            metrics["entropy"] = entropy.detach()
-        return loss, metrics
-
-    def weight(self, mb: TensorDict) -> float:
-        return agg_weight(mb["loss_mask"], self.loss_agg_mode)
+    @classmethod
+    def objective_options(cls, cfg: LossPreset) -> dict[str, Any]:
+        return {"clip_low": cfg.clip, "clip_high": cfg.clip, "dual_clip": cfg.dual_clip}
 
 
-def clip_higher_loss(clip_low: float = 0.2, clip_high: float = 0.28, dual_clip: float | None = 3.0,
-                     **kw: Any) -> PolicyLoss:
-    """DAPO's decoupled clip (arXiv:2503.14476): ppo_clip with clip_high > clip_low.
+class ClipHigher(LossPreset):
+    """DAPO's decoupled clip (arXiv:2503.14476): ppo_clip with clip_high > clip_low."""
 
-    GRPO is clip_higher_loss(clip_low=0.2, clip_high=0.2). dual_clip=3.0 is
-    verl's clip_ratio_c, which its vanilla loss always applies; None turns it
-    off. `kw` goes to PolicyLoss (loss_agg_mode, kl_coef, ...).
-    """
-    check_clip_args(clip_low, clip_high, dual_clip)
-    objective = partial(ppo_clip, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
-    return PolicyLoss(objective=objective, **kw)
+    objective: ClassVar[Objective] = ppo_clip
+    differs_from_op: ClassVar[dict[str, str]] = {"clip_high": "DAPO's clip-higher", **PPOClip.differs_from_op}
+    clip_low: float = Field(0.2, gt=0, lt=1, description="Lower clip range (ratio >= 1 - clip_low).")
+    clip_high: float = Field(0.28, gt=0, description="Upper clip range (ratio <= 1 + clip_high).")
+    dual_clip: float | None = Field(3.0, gt=1, description="Dual-clip bound for negative advantages; None is off.")
 
 
-def ppo_loss(clip: float = 0.2, dual_clip: float | None = 3.0, **kw: Any) -> PolicyLoss:
-    """PPO's clipped surrogate with one clip range and dual clip (verl's "vanilla")."""
-    return clip_higher_loss(clip_low=clip, clip_high=clip, dual_clip=dual_clip, **kw)
-
-
-def gspo_loss(clip_low: float = 3e-4, clip_high: float = 4e-4,
-              loss_agg_mode: str = "seq-mean-token-mean", **kw: Any) -> PolicyLoss:
+class GSPOClip(LossPreset):
     """GSPO (arXiv:2507.18071) with the paper's clip range and its sequence-level aggregation."""
-    check_clip_args(clip_low, clip_high)
-    objective = partial(gspo, clip_low=clip_low, clip_high=clip_high)
-    return PolicyLoss(objective=objective, loss_agg_mode=loss_agg_mode, **kw)
+
+    objective: ClassVar[Objective] = gspo
+    loss_agg_mode: AggMode = Field("seq-mean-token-mean", description="How token losses are aggregated.")
+    clip_low: float = Field(3e-4, gt=0, lt=1, description="Lower clip of the sequence ratio (s >= 1 - clip_low).")
+    clip_high: float = Field(4e-4, gt=0, lt=1, description="Upper clip of the sequence ratio (s <= 1 + clip_high).")
 
 
-def cispo_loss(clip_low: float = 10.0, clip_high: float = 0.2, **kw: Any) -> PolicyLoss:
+class CISPOClip(LossPreset):
     """CISPO (arXiv:2506.13585) with verl's example clips: no lower bound, upper 1.2."""
-    check_clip_args(clip_low, clip_high)
-    return PolicyLoss(objective=partial(cispo, clip_low=clip_low, clip_high=clip_high), **kw)
+
+    objective: ClassVar[Objective] = cispo
+    clip_low: float = Field(10.0, ge=0, description="Lower clip of the IS weight (w >= 1 - clip_low); "
+                                                    "10 is no lower bound.")
+    clip_high: float = Field(0.2, ge=0, description="Upper clip of the IS weight (w <= 1 + clip_high).")
 
 
-def _trust_region_loss(objective: Objective, clip_low: float, clip_high: float, ratio_cap: float,
-                       **kw: Any) -> PolicyLoss:
-    check_clip_args(clip_low, clip_high)
-    check_ratio_cap(ratio_cap)
-    return PolicyLoss(objective=partial(objective, clip_low=clip_low, clip_high=clip_high, ratio_cap=ratio_cap), **kw)
+class TrustRegion(LossPreset):
+    """DPPO (arXiv:2602.04879): a binary-TV or binary-KL trust region on the sampled token, truncated IS."""
+
+    objective: ClassVar[Objective] = dppo_tv
+    divergence: Literal["tv", "kl"] = Field("tv", description="Trust-region divergence of the sampled token: "
+                                                              "'tv' (p - q) or 'kl' (binary KL).")
+    clip_low: float = Field(0.15, ge=0, le=1, description="Divergence bound for tokens with A <= 0.")
+    clip_high: float = Field(0.15, ge=0, le=1, description="Divergence bound for tokens with A > 0.")
+    ratio_cap: float = Field(20.0, ge=1, description="Truncation of the detached IS ratio (verl's clip_ratio_c "
+                                                     "for DPPO).")
+
+    @classmethod
+    def objective_options(cls, cfg: LossPreset) -> dict[str, Any]:
+        return {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "ratio_cap": cfg.ratio_cap}
+
+    @classmethod
+    def bound_objective(cls, cfg: LossPreset) -> Objective:
+        return partial(dppo_tv if cfg.divergence == "tv" else dppo_kl, **cls.objective_options(cfg))
 
 
-def dppo_tv_loss(clip_low: float = 0.15, clip_high: float = 0.15, ratio_cap: float = 20.0, **kw: Any) -> PolicyLoss:
-    """DPPO-Binary-TV (arXiv:2602.04879): a probability-difference trust region, truncated IS.
+class Reinforce(LossPreset):
+    """Plain REINFORCE, -A * logp (verl's compute_policy_loss_reinforce)."""
 
-    clip_low / clip_high bound q - p and p - q (not the ratio); ratio_cap is
-    verl's clip_ratio_c for DPPO. `kw` goes to PolicyLoss.
-    """
-    return _trust_region_loss(dppo_tv, clip_low, clip_high, ratio_cap, **kw)
+    objective: ClassVar[Objective] = reinforce
 
 
-def dppo_kl_loss(clip_low: float = 0.15, clip_high: float = 0.15, ratio_cap: float = 20.0, **kw: Any) -> PolicyLoss:
-    """DPPO-Binary-KL (arXiv:2602.04879): dppo_tv_loss with the binary KL as the divergence."""
-    return _trust_region_loss(dppo_kl, clip_low, clip_high, ratio_cap, **kw)
+class GPG(LossPreset):
+    """GPG's loss (arXiv:2504.02546, verl's "gpg"): -A * logp."""
+
+    objective: ClassVar[Objective] = gpg
 
 
-def reinforce_loss(**kw: Any) -> PolicyLoss:
-    """Plain REINFORCE, -A * logp (verl's compute_policy_loss_reinforce); `kw` goes to PolicyLoss."""
-    return PolicyLoss(objective=reinforce, **kw)
-
-
-def gpg_loss(**kw: Any) -> PolicyLoss:
-    """GPG's loss (arXiv:2504.02546, verl's "gpg"): -A * logp, token-mean by default."""
-    return PolicyLoss(objective=gpg, **kw)
-
-
-def sapo_loss(tau_pos: float = 1.0, tau_neg: float = 1.05, loss_agg_mode: str = "seq-mean-token-mean",
-              **kw: Any) -> PolicyLoss:
+class SAPOGate(LossPreset):
     """SAPO (arXiv:2511.20347): soft sigmoid gate, verl's temperatures and its seq-mean-token-mean."""
-    sapo(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.ones(1), tau_pos=tau_pos, tau_neg=tau_neg)  # checks
-    return PolicyLoss(objective=partial(sapo, tau_pos=tau_pos, tau_neg=tau_neg), loss_agg_mode=loss_agg_mode, **kw)
+
+    objective: ClassVar[Objective] = sapo
+    loss_agg_mode: AggMode = Field("seq-mean-token-mean", description="How token losses are aggregated.")
+    tau_pos: float = Field(1.0, gt=0, description="Gate temperature for tokens with A > 0.")
+    tau_neg: float = Field(1.05, gt=0, description="Gate temperature for tokens with A <= 0 (sharper: > tau_pos).")
 
 
-def gmpo_loss(clip_low: float = 0.4, clip_high: float = 0.4, loss_agg_mode: str = "seq-mean-token-mean",
-              **kw: Any) -> PolicyLoss:
-    """GMPO (arXiv:2507.20673): geometric mean of sign-clipped token ratios; seq-mean-token-mean is verl's
-    mean over rows of each row's loss. Rollout IS weights go inside the geometric mean (verl's geo_mean)."""
-    check_clip_args(clip_low, clip_high)
-    return PolicyLoss(objective=partial(gmpo, clip_low=clip_low, clip_high=clip_high), loss_agg_mode=loss_agg_mode,
-                      weights_in_objective=True, **kw)
+class GeometricMean(LossPreset):
+    """GMPO (arXiv:2507.20673): geometric mean of sign-clipped token ratios per row (seq-mean-token-mean is
+    verl's mean over rows of each row's loss); rollout IS weights go inside the mean (verl's geo_mean)."""
+
+    objective: ClassVar[Objective] = gmpo
+    weights_in_objective: ClassVar[bool] = True
+    loss_agg_mode: AggMode = Field("seq-mean-token-mean", description="How token losses are aggregated.")
+    clip_low: float = Field(0.4, gt=0, description="Lower clip of each token's log-ratio (l >= -clip_low).")
+    clip_high: float = Field(0.4, gt=0, description="Upper clip of each token's log-ratio (l <= clip_high).")
 
 
-def clip_cov_loss(clip_low: float = 0.2, clip_high: float = 0.2, cov_ratio: float = 2e-4, cov_lb: float = 1.0,
-                  cov_ub: float = 5.0, **kw: Any) -> PolicyLoss:
+class ClipCov(LossPreset):
     """Clip-Cov (arXiv:2505.22617) with verl's defaults: PPO clip, a few high-covariance tokens detached."""
-    check_clip_args(clip_low, clip_high)
-    if not cov_ratio > 0:
-        raise ValueError(f"cov_ratio must be > 0, got {cov_ratio}")
-    objective = partial(clip_cov, clip_low=clip_low, clip_high=clip_high, cov_ratio=cov_ratio, cov_lb=cov_lb,
-                        cov_ub=cov_ub)
-    return PolicyLoss(objective=objective, **kw)
+
+    objective: ClassVar[Objective] = clip_cov
+    clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range, the same on both sides.")
+    cov_ratio: float = Field(2e-4, gt=0, le=1, description="Share of valid tokens whose gradient is dropped.")
+    cov_lb: float = Field(1.0, description="Only tokens with covariance above this are candidates.")
+    cov_ub: float = Field(5.0, description="Only tokens with covariance below this are candidates.")
+
+    @classmethod
+    def objective_options(cls, cfg: LossPreset) -> dict[str, Any]:
+        return {"clip_low": cfg.clip, "clip_high": cfg.clip, "cov_ratio": cfg.cov_ratio, "cov_lb": cfg.cov_lb,
+                "cov_ub": cfg.cov_ub}
 
 
-def kl_cov_loss(kl_cov_ratio: float = 2e-4, cov_kl_coef: float = 0.1, **kw: Any) -> PolicyLoss:
+class KLCov(LossPreset):
     """KL-Cov (arXiv:2505.22617) with verl's defaults: unclipped surrogate, |log r| penalty (verl's
     ppo_kl_coef, here cov_kl_coef) on the top-covariance tokens."""
-    if not kl_cov_ratio > 0 or cov_kl_coef < 0:
-        raise ValueError(f"kl_cov_ratio must be > 0 and cov_kl_coef >= 0, got {kl_cov_ratio} and {cov_kl_coef}")
-    return PolicyLoss(objective=partial(kl_cov, kl_cov_ratio=kl_cov_ratio, kl_coef=cov_kl_coef), **kw)
+
+    objective: ClassVar[Objective] = kl_cov
+    kl_cov_ratio: float = Field(2e-4, gt=0, le=1, description="Share of valid tokens that get the penalty.")
+    cov_kl_coef: float = Field(0.1, ge=0, description="Weight of their |log r| penalty (verl's ppo_kl_coef).")
+
+    @classmethod
+    def objective_options(cls, cfg: LossPreset) -> dict[str, Any]:
+        return {"kl_cov_ratio": cfg.kl_cov_ratio, "kl_coef": cfg.cov_kl_coef}
 
 
-@dataclass(frozen=True)
-class ValueLoss:
-    """The critic's clipped value loss, aggregated with `loss_agg_mode`.
+PRESETS: tuple[type[LossPreset], ...] = (PPOClip, ClipHigher, GSPOClip, CISPOClip, TrustRegion, Reinforce, GPG,
+                                         SAPOGate, GeometricMean, ClipCov, KLCov)
 
-    mb["values"] are the rollout's (old) values and out["values"] the
-    critic's current ones. clip: how far the prediction may move from the old
-    value before the clipped term takes over. Metrics "vf_loss", "vf_clipfrac".
-    """
 
-    clip: float = 0.5
-    loss_agg_mode: str = "token-mean"
-    norm_len: int | None = None
+def ppo_loss(**options: Any) -> PolicyLoss:
+    """PPOClip's loss; `options`: its fields (clip, dual_clip, loss_agg_mode, entropy_coef), then PolicyLoss's."""
+    return PPOClip.loss(**options)
 
-    def __post_init__(self) -> None:
-        if self.clip <= 0:
-            raise ValueError(f"clip must be > 0, got {self.clip}")
-        check_agg_mode(self.loss_agg_mode)
-        _check_norm_len(self.norm_len, self.loss_agg_mode)
 
-    @property
-    def reads(self) -> tuple[str, ...]:
-        return ("values", "returns", "loss_mask")
+def clip_higher_loss(**options: Any) -> PolicyLoss:
+    """ClipHigher's (DAPO's) loss; clip_higher_loss(clip_low=0.2, clip_high=0.2) is ppo_loss(), GRPO's."""
+    return ClipHigher.loss(**options)
 
-    @property
-    def needs_entropy(self) -> bool:
-        return False
 
-    @property
-    def combine(self) -> Literal["mean", "sum"]:
-        return _combine(self.loss_agg_mode)
+def gspo_loss(**options: Any) -> PolicyLoss:
+    return GSPOClip.loss(**options)
 
-    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        mask_BT = mb["loss_mask"]
-        loss_BT, metrics = clipped_value_loss(out["values"], mb["values"], mb["returns"], mask_BT, self.clip)
-        vf_loss = agg_loss(loss_BT, mask_BT, self.loss_agg_mode, self.norm_len)
-        return vf_loss, {"vf_loss": vf_loss.detach(), **metrics}
 
-    def weight(self, mb: TensorDict) -> float:
-        return agg_weight(mb["loss_mask"], self.loss_agg_mode)
+def cispo_loss(**options: Any) -> PolicyLoss:
+    return CISPOClip.loss(**options)
+
+
+def dppo_tv_loss(**options: Any) -> PolicyLoss:
+    """DPPO-Binary-TV: clip_low / clip_high bound q - p and p - q (not the ratio)."""
+    return TrustRegion.loss(divergence="tv", **options)
+
+
+def dppo_kl_loss(**options: Any) -> PolicyLoss:
+    """DPPO-Binary-KL: dppo_tv_loss with the binary KL as the divergence."""
+    return TrustRegion.loss(divergence="kl", **options)
+
+
+def reinforce_loss(**options: Any) -> PolicyLoss:
+    return Reinforce.loss(**options)
+
+
+def gpg_loss(**options: Any) -> PolicyLoss:
+    return GPG.loss(**options)
+
+
+def sapo_loss(**options: Any) -> PolicyLoss:
+    return SAPOGate.loss(**options)
+
+
+def gmpo_loss(**options: Any) -> PolicyLoss:
+    return GeometricMean.loss(**options)
+
+
+def clip_cov_loss(**options: Any) -> PolicyLoss:
+    return ClipCov.loss(**options)
+
+
+def kl_cov_loss(**options: Any) -> PolicyLoss:
+    return KLCov.loss(**options)

@@ -71,8 +71,8 @@ class SFTLoss:
         return ("loss_mask",)
 
     @property
-    def needs_entropy(self) -> bool:
-        return False
+    def needs(self) -> tuple[str, ...]:
+        return ("logprobs",)
 
     @property
     def combine(self) -> Literal["mean", "sum"]:
@@ -103,8 +103,8 @@ class BradleyTerryLoss:
         return ("group", "preference")
 
     @property
-    def needs_entropy(self) -> bool:
-        return False
+    def needs(self) -> tuple[str, ...]:
+        return ("scores",)
 
     @property
     def combine(self) -> Literal["mean", "sum"]:

@@ -10,6 +10,7 @@ from tensordict import TensorDict
 
 from flowrl import metrics
 from flowrl.data.batch import MODEL_INPUT
+from flowrl.engines.model_outputs import check_outputs
 from flowrl.engines.protocols import LossFn, TrainEngine
 from flowrl.engines.sampling import SAMPLED_WITH
 from flowrl.graph.role import graph_method, role
@@ -31,8 +32,16 @@ def _logprobs(engine: TrainEngine, s: UpdateSettings, batch: TensorDict) -> torc
     return engine.forward(batch, micro_batch_size=s.forward_rows)["logprobs"]
 
 
-def _logprobs_writes(sum_pi_squared: bool = False, **_: Any) -> tuple[str, ...]:
-    return ("old_logprobs", "sum_pi_squared") if sum_pi_squared else ("old_logprobs",)
+def _logprobs_writes(outputs: tuple[str, ...] = (), **_: Any) -> tuple[str, ...]:
+    return ("old_logprobs", *_extra_outputs(outputs))
+
+
+def _extra_outputs(outputs: tuple[str, ...]) -> tuple[str, ...]:
+    """`outputs` checked against the actor's output table (flowrl.engines.model_outputs) when the graph is
+    traced, before any model loads; "logprobs" is always computed (written as old_logprobs)."""
+    if isinstance(outputs, str):
+        raise ValueError(f"outputs: a tuple of model output names, e.g. ({outputs!r},), got the string {outputs!r}")
+    return tuple(name for name in check_outputs("actor", ("logprobs", *outputs)) if name != "logprobs")
 
 
 def _update(engine: TrainEngine, s: UpdateSettings, batch: TensorDict, loss: LossFn, seed: int | None,
@@ -56,19 +65,21 @@ class Actor:
         return cls(ctx.engine("actor").build(ctx.model, head="actor", device=ctx.device), ctx.settings)
 
     @graph_method(reads=POLICY_INPUT, writes=_logprobs_writes, defer_to="update")
-    def logprobs(self, batch: TensorDict, deferred: bool = False, sum_pi_squared: bool = False) -> TensorDict:
-        """Old logprobs, and with `sum_pi_squared` each token's sum_v pi(v)^2 under the current policy (the
-        optimal token baseline's weights). The planner sets `deferred` when only actor.update reads them;
-        then, if that update is one optimizer step, they equal its current logprobs and are not computed here."""
-        if deferred and not sum_pi_squared and self._single_step(batch):
+    def logprobs(self, batch: TensorDict, deferred: bool = False, outputs: tuple[str, ...] = ()) -> TensorDict:
+        """Old logprobs, and each of `outputs` (other outputs of the actor's table, flowrl.engines.model_outputs,
+        e.g. "sum_pi_squared") of the current policy under its own name. The planner sets `deferred` when only
+        actor.update reads them; then, if that update is one optimizer step, they equal its current logprobs
+        and are not computed here."""
+        extra = _extra_outputs(outputs)
+        if deferred and not extra and self._single_step(batch):
             self._deferred = True
             batch["old_logprobs"] = torch.full(batch["response_mask"].shape, float("nan"))
             return batch
         s = self.settings
-        out = self.engine.forward(batch, micro_batch_size=s.forward_rows, with_sum_pi_squared=sum_pi_squared)
+        out = self.engine.forward(batch, micro_batch_size=s.forward_rows, outputs=("logprobs", *extra))
         batch["old_logprobs"] = out["logprobs"]
-        if sum_pi_squared:
-            batch["sum_pi_squared"] = out["sum_pi_squared"]
+        for name in extra:
+            batch[name] = out[name]
         return batch
 
     @graph_method(reads=_update_reads, updates_weights=True)

@@ -1,0 +1,313 @@
+"""A loss is a sum of terms: `Loss((PolicyTerm(objective), KLTerm(0.001), EntropyTerm(0.01)))`.
+
+Each term declares the batch fields it `reads` and the model outputs it `needs`
+(flowrl.engines.model_outputs: "logprobs", "entropy", "values", ...) and gives a
+per-token loss [B, T]. `Loss` aggregates every term with one `loss_agg_mode`
+(ops.aggregate) and adds them, each times its `coef`; its `reads` and `needs` are
+the terms' unions, so the train engine computes only the outputs some term asks
+for, and the planner runs the reference policy only when a term reads
+"ref_logprobs". Each term's aggregated value is logged under its `metric`, with
+the term's own metrics beside it.
+
+Rollout correction (flowrl.rl.correction) belongs to the loss, not to a term:
+its truncated IS weights go to the terms that take them (`corrected`: the policy
+objective), its rejection mask drops tokens from every term. Terms are
+registered by name in TERMS; a new one is a frozen dataclass with these five
+members and a `__call__(out, mb, is_weights_BT)`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Literal, Protocol
+
+import torch
+from tensordict import TensorDict
+
+from flowrl.graph.registry import Registry
+from flowrl.rl.correction import RolloutCorrection
+from flowrl.rl.ops.aggregate import SUM_MODES, agg_loss, agg_weight, check_agg_mode
+from flowrl.rl.ops.kl import check_kl_kind, kl_penalty
+from flowrl.rl.ops.masked import valid_mask
+from flowrl.rl.ops.value_loss import clipped_value_loss
+
+Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+TermResult = tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+class Term(Protocol):
+    metric: str  # the aggregated term's metric name ("pg_loss", "kl_loss", ...)
+    coef: float  # its weight in the loss
+    corrected: bool  # takes the rollout correction's IS weights
+    reads: tuple[str, ...]
+    needs: tuple[str, ...]
+
+    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict,
+                 is_weights_BT: torch.Tensor | None) -> TermResult: ...
+
+
+TERMS: Registry[type] = Registry("loss term")
+
+
+@TERMS.register("policy")
+@dataclass(frozen=True)
+class PolicyTerm:
+    """A policy objective of ops.policy_loss / ops.policy_gradient / ops.cov_loss, options bound with
+    functools.partial. The IS weights multiply its per-token loss, or with `weights_in_objective` go into
+    it (`is_weights_BT=`, GMPO's geometric mean)."""
+
+    objective: Objective
+    weights_in_objective: bool = False
+    metric: ClassVar[str] = "pg_loss"
+    coef: ClassVar[float] = 1.0
+    corrected: ClassVar[bool] = True
+    reads: ClassVar[tuple[str, ...]] = ("old_logprobs", "advantages", "loss_mask")
+    needs: ClassVar[tuple[str, ...]] = ("logprobs",)
+
+    def __post_init__(self) -> None:
+        if not callable(self.objective):
+            raise ValueError(f"objective must be a callable policy objective, got {self.objective!r}")
+
+    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict,
+                 is_weights_BT: torch.Tensor | None) -> TermResult:
+        inside = is_weights_BT is not None and self.weights_in_objective
+        weights_kw = {"is_weights_BT": is_weights_BT} if inside else {}
+        obj_BT, metrics = self.objective(out["logprobs"], mb["old_logprobs"], mb["advantages"], mb["loss_mask"],
+                                         **weights_kw)
+        if is_weights_BT is not None and not inside:
+            obj_BT = obj_BT * is_weights_BT
+        return obj_BT, metrics
+
+
+@TERMS.register("kl")
+@dataclass(frozen=True)
+class KLTerm:
+    """coef * kl(logp, ref) with an ops.kl estimator (verl's use_kl_loss / kl_loss_type)."""
+
+    coef: float
+    kind: str = "k3"
+    metric: ClassVar[str] = "kl_loss"
+    corrected: ClassVar[bool] = False
+    reads: ClassVar[tuple[str, ...]] = ("ref_logprobs", "loss_mask")
+    needs: ClassVar[tuple[str, ...]] = ("logprobs",)
+
+    def __post_init__(self) -> None:
+        check_kl_kind(self.kind)
+        if not self.coef > 0:
+            raise ValueError(f"kl_coef must be > 0 for a KL term (leave the term out for none), got {self.coef}")
+
+    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict, is_weights_BT: torch.Tensor | None) -> TermResult:
+        logprobs_BT = out["logprobs"]
+        valid_BT = valid_mask(mb["loss_mask"], logprobs_BT)  # zero padding first: no NaN reaches backward
+        logp_BT = torch.where(valid_BT, logprobs_BT, 0)
+        return kl_penalty(logp_BT, torch.where(valid_BT, mb["ref_logprobs"], 0), self.kind), {}
+
+
+@TERMS.register("entropy")
+@dataclass(frozen=True)
+class EntropyTerm:
+    """An entropy bonus: -bonus * entropy (the metric "entropy" is the aggregated entropy itself)."""
+
+    bonus: float
+    metric: ClassVar[str] = "entropy"
+    corrected: ClassVar[bool] = False
+    reads: ClassVar[tuple[str, ...]] = ("loss_mask",)
+    needs: ClassVar[tuple[str, ...]] = ("entropy",)
+
+    @property
+    def coef(self) -> float:
+        return -self.bonus
+
+    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict, is_weights_BT: torch.Tensor | None) -> TermResult:
+        return out["entropy"], {}
+
+
+@TERMS.register("value")
+@dataclass(frozen=True)
+class ValueTerm:
+    """The critic's clipped value loss: mb["values"] are the rollout's (old) values, out["values"] the
+    critic's current ones; `clip` is how far a prediction may move before the clipped term takes over."""
+
+    clip: float = 0.5
+    metric: ClassVar[str] = "vf_loss"
+    coef: ClassVar[float] = 1.0
+    corrected: ClassVar[bool] = False
+    reads: ClassVar[tuple[str, ...]] = ("values", "returns", "loss_mask")
+    needs: ClassVar[tuple[str, ...]] = ("values",)
+
+    def __post_init__(self) -> None:
+        if self.clip <= 0:
+            raise ValueError(f"clip must be > 0, got {self.clip}")
+
+    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict, is_weights_BT: torch.Tensor | None) -> TermResult:
+        return clipped_value_loss(out["values"], mb["values"], mb["returns"], mb["loss_mask"], self.clip)
+
+
+def _union(*groups: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(name for group in groups for name in group))
+
+
+@dataclass(frozen=True)
+class Loss:
+    """sum over terms of coef * agg(term), each aggregated over the loss mask with `loss_agg_mode`
+    (norm_len: the constant length of "seq-mean-token-sum-norm"; None = the micro-batch's T). A LossFn
+    (engines.protocols): `combine` is "sum" for token-sum and "mean" otherwise, `weight(mb)` the micro-batch's
+    count in the mode's unit (the loss mask's, rejected tokens included)."""
+
+    terms: tuple[Term, ...]
+    loss_agg_mode: str = "token-mean"
+    norm_len: int | None = None
+    rollout_correction: RolloutCorrection | None = None
+
+    def __post_init__(self) -> None:
+        check_agg_mode(self.loss_agg_mode)
+        if not self.terms:
+            raise ValueError("terms: a loss needs at least one term")
+        metrics = [term.metric for term in self.terms]
+        if len(set(metrics)) < len(metrics):
+            raise ValueError(f"terms: two terms log the same metric ({metrics}); a loss has each term once")
+        if self.rollout_correction is not None and not isinstance(self.rollout_correction, RolloutCorrection):
+            raise ValueError(f"rollout_correction must be a RolloutCorrection or None, got {self.rollout_correction!r}")
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        reads = _union(*(term.reads for term in self.terms), ("loss_mask",))
+        correction = ("old_logprobs", "rollout_logprobs") if self.rollout_correction is not None else ()
+        return _union(reads, correction)
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return _union(*(term.needs for term in self.terms))
+
+    @property
+    def combine(self) -> Literal["mean", "sum"]:
+        return "sum" if self.loss_agg_mode in SUM_MODES else "mean"
+
+    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        mask_BT = mb["loss_mask"]
+        is_weights_BT, keep_BT, metrics = None, None, {}
+        if self.rollout_correction is not None:
+            is_weights_BT, keep_BT, metrics = self.rollout_correction(mb["old_logprobs"], mb["rollout_logprobs"],
+                                                                      mask_BT)
+        total = None
+        for term in self.terms:
+            loss_BT, term_metrics = term(out, mb, is_weights_BT if term.corrected else None)
+            if keep_BT is not None:  # rejected tokens add 0 but still count in the normaliser
+                loss_BT = torch.where(keep_BT, loss_BT, 0)
+            value = agg_loss(loss_BT, mask_BT, self.loss_agg_mode, self.norm_len)
+            part = value if term.coef == 1.0 else term.coef * value
+            total = part if total is None else total + part
+            metrics = {**term_metrics, **metrics, term.metric: value.detach()}
+        return total, metrics
+
+    def weight(self, mb: TensorDict) -> float:
+        return agg_weight(mb["loss_mask"], self.loss_agg_mode)
+
+
+def _check_norm_len(norm_len: int | None, loss_agg_mode: str) -> None:
+    if norm_len is None:
+        return
+    if norm_len <= 0:
+        raise ValueError(f"norm_len must be > 0 or None, got {norm_len}")
+    if loss_agg_mode != "seq-mean-token-sum-norm":
+        warnings.warn(f"norm_len={norm_len} has no effect with loss_agg_mode={loss_agg_mode!r}", stacklevel=3)
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """The usual policy loss, agg(objective) + kl_coef * agg(kl(logp, ref)) - entropy_coef * agg(entropy):
+    `loss` is the Loss of a PolicyTerm(objective, weights_in_objective), a KLTerm(kl_coef, kl_kind) when
+    kl_coef > 0 (else "ref_logprobs" is not read) and an EntropyTerm when entropy_coef != 0 (else no
+    entropy is computed). objective: an op of ops.policy_loss, ops.policy_gradient or ops.cov_loss, options
+    bound with functools.partial. rollout_correction: see Loss (None: "rollout_logprobs" is not read;
+    rejected tokens still count in the normaliser and in weight(mb), docs/algorithms.md). Metrics
+    "pg_loss", "kl_loss", "entropy" (each term before its coefficient), the objective's own and "rollout/*".
+    """
+
+    objective: Objective
+    loss_agg_mode: str = "token-mean"
+    kl_coef: float = 0.0
+    kl_kind: str = "k3"
+    entropy_coef: float = 0.0
+    norm_len: int | None = None
+    rollout_correction: RolloutCorrection | None = None
+    weights_in_objective: bool = False
+    loss: Loss = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_kl_kind(self.kl_kind)
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.kl_coef == 0 and self.kl_kind != "k3":
+            warnings.warn(f"kl_kind={self.kl_kind!r} has no effect with kl_coef=0", stacklevel=3)
+        _check_norm_len(self.norm_len, self.loss_agg_mode)
+        terms = (PolicyTerm(self.objective, self.weights_in_objective),)
+        terms += (KLTerm(self.kl_coef, self.kl_kind),) if self.kl_coef > 0 else ()
+        terms += (EntropyTerm(self.entropy_coef),) if self.entropy_coef != 0 else ()
+        object.__setattr__(self, "loss", Loss(terms, self.loss_agg_mode, self.norm_len, self.rollout_correction))
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return self.loss.reads
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return self.loss.needs
+
+    @property
+    def needs_entropy(self) -> bool:
+        return "entropy" in self.needs
+
+    @property
+    def combine(self) -> Literal["mean", "sum"]:
+        return self.loss.combine
+
+    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.loss(out, mb)
+
+    def weight(self, mb: TensorDict) -> float:
+        return self.loss.weight(mb)
+
+
+@dataclass(frozen=True)
+class ValueLoss:
+    """The critic's clipped value loss (loss_terms.ValueTerm) aggregated with `loss_agg_mode`.
+
+    mb["values"] are the rollout's (old) values and out["values"] the
+    critic's current ones. clip: how far the prediction may move from the old
+    value before the clipped term takes over. Metrics "vf_loss", "vf_clipfrac".
+    """
+
+    clip: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    norm_len: int | None = None
+    loss: Loss = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        term = ValueTerm(self.clip)
+        check_agg_mode(self.loss_agg_mode)
+        _check_norm_len(self.norm_len, self.loss_agg_mode)
+        object.__setattr__(self, "loss", Loss((term,), self.loss_agg_mode, self.norm_len))
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return self.loss.reads
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return self.loss.needs
+
+    @property
+    def needs_entropy(self) -> bool:
+        return False
+
+    @property
+    def combine(self) -> Literal["mean", "sum"]:
+        return self.loss.combine
+
+    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.loss(out, mb)
+
+    def weight(self, mb: TensorDict) -> float:
+        return self.loss.weight(mb)
