@@ -102,4 +102,4 @@ def test_a_presets_defaults_are_its_ops_unless_it_names_the_difference(preset):
 
 
 if __name__ == "__main__":  # prints the table: python tests/test_docs_losses.py
-    print(HEADER + "\n|" + " --- |" * HEADER.count(" | ") + "\n" + "\n".join(effective_row(n) for n in REGISTRY))
+    print(HEADER + "\n|" + " --- |" * (HEADER.count(" | ") + 1) + "\n" + "\n".join(effective_row(n) for n in REGISTRY))
