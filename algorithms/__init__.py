@@ -1,5 +1,6 @@
 """Prebuilt algorithms, each a small graph over shared stages and losses."""
 
+from flowrl.graph.algorithm import ALGORITHMS
 from flowrl.algorithms.cispo import CISPOConfig, cispo
 from flowrl.algorithms.dapo import DAPOConfig, dapo
 from flowrl.algorithms.dppo import DPPOConfig, dppo
@@ -30,6 +31,9 @@ REGISTRY = {"ppo": ppo, "grpo": grpo, "dapo": dapo, "rloo": rloo, "reinforce_pp"
             "reinforce_pp_baseline": reinforce_pp_baseline, "gpg": gpg, "opo": opo, "grpo_passk": grpo_passk,
             "sapo": sapo, "gmpo": gmpo, "clip_cov": clip_cov, "kl_cov": kl_cov, "pf_ppo": pf_ppo,
             "otb": otb, "sft": sft, "rm": rm}
+
+for _name, _algorithm in REGISTRY.items():  # the one list: `flowrl train NAME` finds them in ALGORITHMS
+    ALGORITHMS.register(_name, _algorithm)
 
 __all__ = ["REGISTRY", "ppo", "grpo", "dapo", "rloo", "reinforce_pp", "remax", "gspo", "cispo", "dppo",
            "grpo_multiturn",

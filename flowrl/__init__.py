@@ -30,6 +30,8 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name in _PUBLIC:
+        if _PUBLIC[name] == "flowrl.graph":  # an algorithm may name any built-in role: register them first
+            importlib.import_module("flowrl.roles")
         value = getattr(importlib.import_module(_PUBLIC[name]), name)
     elif name in _MODULES:
         value = importlib.import_module(_MODULES[name])

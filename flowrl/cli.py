@@ -84,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def algorithm_lines() -> list[str]:
     """Each registered algorithm's name and the first sentence of its module's docstring."""
+    import flowrl.algorithms  # noqa: F401 (registers the prebuilt ones)
     from flowrl.graph.algorithm import ALGORITHMS
 
     lines = []

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationErr
 
 from flowrl.engines.configs import RolloutEngineConfig, TrainEngineConfig
 from flowrl.engines.transports import TransportConfig
+import flowrl.roles  # noqa: F401 (registers the built-in roles the role sections name)
 from flowrl.graph.role import ROLES
 from flowrl.plan.placement import Placement
 

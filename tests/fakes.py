@@ -6,6 +6,7 @@ import torch
 from tensordict import TensorDict
 
 from flowrl.engines.protocols import FinishReason, SamplingParams
+import flowrl.roles  # noqa: F401 (registers the built-in roles)
 from flowrl.graph.role import ROLES, RoleSpec
 
 ROLE_CLASSES = {name: ROLES.get(name).cls for name in ("actor", "rollout", "ref", "critic", "reward")}

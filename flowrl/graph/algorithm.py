@@ -122,12 +122,5 @@ class _MissingRole:
 
 
 ALGORITHMS: Registry[Algorithm] = Registry("algorithm")
-"""Algorithms by name (`flowrl train NAME`); the prebuilt ones load on first use."""
-for _name in ("ppo", "grpo", "dapo", "rloo", "reinforce_pp", "remax", "gspo", "cispo", "dppo", "grpo_multiturn",
-              "grpo_async"):
-    ALGORITHMS.register(_name, f"flowrl.algorithms.{_name}:{_name}")
-for _name in ("reinforce_pp_baseline", "gpg", "opo", "grpo_passk", "sapo", "gmpo", "clip_cov", "kl_cov", "pf_ppo",
-              "otb"):
-    ALGORITHMS.register(_name, f"flowrl.algorithms.{_name}:{_name}")
-for _name in ("sft", "rm"):  # the supervised graphs (flowrl.rl.sft_loss)
-    ALGORITHMS.register(_name, f"flowrl.algorithms.{_name}:{_name}")
+"""Algorithms by name (`flowrl train NAME`): the prebuilt ones register as flowrl.algorithms is imported (the
+trainer and the CLI import it), yours with `ALGORITHMS.register(name, algorithm)`."""

@@ -72,13 +72,9 @@ def close_role(instance: Any) -> None:
 
 
 ROLES: Registry[RoleSpec] = Registry("role")
-# the built-in roles load on first use; their modules register their RoleSpecs as they import
-for _name, _where in (("actor", "actor:Actor"), ("ref", "actor:Ref"), ("critic", "actor:Critic"),
-                      ("rollout", "rollout:Rollout"), ("reward", "reward:Reward"),
-                      ("reward_model", "reward:RewardModel"), ("kl_ctrl", "kl_controller:KLController"),
-                      ("conversations", "conversations:Conversations"),
-                      ("learned_reward", "conversations:LearnedReward"), ("llm_judge", "judge:Judge")):
-    ROLES.register(_name, f"flowrl.roles.{_where}")
+"""Roles by name, filled as role classes are defined: the built-in ones when flowrl.roles is imported (as
+`import flowrl` does before it hands out the graph API, and the config and the planner do), yours by
+`@flowrl.role`. The graph layer names no module above it."""
 
 
 def role(name: str | type | None = None, *, trainable: bool = False, exported: bool = False,

@@ -14,6 +14,7 @@ from typing import Any
 import networkx as nx
 from pydantic import BaseModel
 
+import flowrl.roles  # noqa: F401 (registers the built-in roles the plans name)
 from flowrl.errors import PlanError
 from flowrl.graph import render
 from flowrl.graph.algorithm import Algorithm

@@ -44,6 +44,8 @@ def resolve_algorithm(name: str) -> Algorithm:
         module, _, attr = name.partition(":")
         algo = getattr(importlib.import_module(module), attr)
     else:
+        import flowrl.algorithms  # noqa: F401 (the prebuilt ones register themselves in ALGORITHMS)
+
         if name not in ALGORITHMS:
             raise ValueError(f"algorithm: unknown {name!r}; built in: {ALGORITHMS.names()} (or 'module:attribute')")
         algo = ALGORITHMS.get(name)
