@@ -11,7 +11,8 @@ No mask for plain causal attention over unpadded rows: transformers before 5.2x 
 whenever torch.compile traces (it cannot read the padding mask there), which keeps SDPA off its flash kernel.
 With no padding mask, a purely causal pattern and as many queries as keys, the mask is None here, traced or
 not, and SDPA runs with is_causal. The train engine packs each row's tokens to its front so that this holds
-(flowrl.engines.hf_train). Everything else goes to transformers' own `sdpa_attention_forward` and `sdpa_mask`.
+(flowrl.engines.hf_train). A FlexAttention BlockMask (packed rows on CUDA, flowrl.engines.packing) goes to
+transformers' `flex_attention_forward`; everything else to its own `sdpa_attention_forward` and `sdpa_mask`.
 Registered through transformers' AttentionInterface and AttentionMaskInterface.
 """
 
@@ -20,7 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask
 from transformers import AttentionInterface
+from transformers.integrations.flex_attention import flex_attention_forward
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask
 
@@ -30,6 +33,9 @@ NAME = "flowrl_sdpa"
 def grouped_decode_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                         **kwargs: Any) -> tuple[torch.Tensor, None]:
+    if isinstance(attention_mask, BlockMask):  # packed rows on CUDA (flowrl.engines.packing)
+        return flex_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
     batch, heads, q_length, dim = query.shape
     groups = key.shape[1]
     if q_length != 1 or groups == heads or dropout or kwargs.get("position_bias") is not None:

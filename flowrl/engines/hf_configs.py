@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any, Literal
 
@@ -60,6 +61,19 @@ class HFTrainConfig(TrainEngineConfig):
                                              "this engine's passes (fused norms, rotary, activations and "
                                              "log-softmax; fewer saved activations). The module itself stays "
                                              "uncompiled, so a rollout engine sharing it keeps its own graph.")
+    max_tokens_per_micro_batch: int = Field(0, ge=0, description="Group an update's rows into micro-batches of "
+                                            "at most this many tokens per rank (verl's ppo_max_token_len_per_gpu; "
+                                            "packed: real tokens, padded: rows x longest row; a longer row runs "
+                                            "alone), balanced by Karmarkar-Karp, in place of "
+                                            "train.micro_batch_size rows; the step's gradient is the same. 0: rows.")
+    forward_max_tokens_per_micro_batch: int = Field(0, ge=0, description="The same for no-grad passes (old and "
+                                                    "reference logprobs, values), in place of "
+                                                    "train.forward_micro_batch_size rows; 0: "
+                                                    "max_tokens_per_micro_batch.")
+    packing: bool = Field(False, description="Run each micro-batch's rows as one sequence of their real tokens, "
+                          "position ids restarting per row and attention within each row (transformers' packed "
+                          "sequence masks; a FlexAttention block mask on CUDA), instead of rows padded to the "
+                          "longest: no compute on padding. Outputs equal the padded ones to float rounding.")
 
     offload_params: bool = Field(False, description="FSDP2 CPU offload: the sharded parameters, their gradients "
                                  "and AdamW's state live in CPU memory and the optimizer step runs there; each "
@@ -82,7 +96,9 @@ class HFTrainConfig(TrainEngineConfig):
             return lora.BaseModelEngine(base_of)
         dtype = DTYPES[source.dtype]
         model = load_causal_lm(source.path, dtype) if head == "actor" else load_value_model(source.path, dtype)
-        chunk = dict(logprob_chunk_tokens=self.logprob_chunk_tokens, compile=self.compile)
+        chunk = dict(logprob_chunk_tokens=self.logprob_chunk_tokens, compile=self.compile, packing=self.packing,
+                     max_tokens_per_micro_batch=self.max_tokens_per_micro_batch,
+                     forward_max_tokens_per_micro_batch=self.forward_max_tokens_per_micro_batch)
         if not trainable:
             return HFTrainEngine(model.requires_grad_(False), kind=head, device=device, **chunk)
         if source.gradient_checkpointing:
@@ -105,7 +121,12 @@ class HFTrainConfig(TrainEngineConfig):
         (embeddings, lm_head) and two decoder layers at a time (the one computing and the one prefetched);
         `offload_optimizer` brings AdamW's moments to the GPU for the optimizer step only, when activations
         and logits are freed, so only what they exceed those by counts; logits are live
-        `logprob_chunk_tokens` at a time."""
+        `logprob_chunk_tokens` at a time. A token budget bounds one micro-batch's tokens (a longer row runs
+        alone), whatever the row count."""
+        budget = self.max_tokens_per_micro_batch if trainable else \
+            self.forward_max_tokens_per_micro_batch or self.max_tokens_per_micro_batch
+        if budget:
+            load = dataclasses.replace(load, tokens=max(budget, load.seq_len))
         if not trainable:
             return memory.frozen(shape, load, holds_weights=not base_lent)
         adapters = shape.lora_params(self.lora_rank, tuple(self.lora_target_modules)) if self.lora_rank else None

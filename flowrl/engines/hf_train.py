@@ -39,7 +39,9 @@ from flowrl.engines.logprobs import full_logits_logprobs, token_logprobs
 from flowrl.engines.lr_schedules import check_schedule, lr_factor
 from flowrl.engines.model_outputs import check_outputs, default_outputs
 from flowrl.engines.model_inputs import masked_inputs, packed_inputs, trim_padding, used_columns
+from flowrl.engines.packing import packed_outputs
 from flowrl.engines.protocols import LossFn
+from flowrl.engines.token_batching import budget_micro_batches
 from flowrl.engines.sampling import RowSampling, apply_sampling
 from flowrl.engines.hf_models import atomic_dir
 
@@ -56,7 +58,8 @@ class HFTrainEngine:
                  grad_clip: float = 1.0, warmup_steps: int = 0, device: str | torch.device = "cpu",
                  by_length: bool = True, logprob_chunk_tokens: int = 0, lr_schedule: str = "constant",
                  lr_decay_steps: int = 0, compile: bool = False, offload_params: bool = False,
-                 offload_optimizer: bool = False, lora: bool = False):
+                 offload_optimizer: bool = False, lora: bool = False, max_tokens_per_micro_batch: int = 0,
+                 forward_max_tokens_per_micro_batch: int = 0, packing: bool = False):
         """by_length: group rows of similar length into micro-batches (and trim their padding); False keeps
         the batch's row order, as fixed-width micro-batches of verl without dynamic batch size do.
         logprob_chunk_tokens: compute actor logprobs `chunk` tokens at a time from the hidden states
@@ -66,9 +69,15 @@ class HFTrainEngine:
         logprob chunks; the module is not changed (a rollout engine sharing it is unaffected).
         offload_params: FSDP2's CPU offload (sharded parameters, gradients and optimizer state on the CPU);
         needs world size > 1 off the CPU. offload_optimizer: AdamW's state waits on the CPU between steps.
-        lora: `model` is a peft LoRA model (flowrl.engines.lora.apply)."""
+        lora: `model` is a peft LoRA model (flowrl.engines.lora.apply).
+        max_tokens_per_micro_batch: group an update's rows into micro-batches of at most this many tokens
+        (flowrl.engines.token_batching) instead of `micro_batch_size` rows; forward_max_tokens_per_micro_batch
+        the same for no-grad passes (0: max_tokens_per_micro_batch). 0: rows.
+        packing: each micro-batch's rows run as one sequence with per-row attention (flowrl.engines.packing)."""
         _check_args(kind=kind, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip, warmup_steps=warmup_steps)
         self.kind, self.by_length, self.logprob_chunk_tokens = kind, by_length, logprob_chunk_tokens
+        self.max_tokens, self.packing = max_tokens_per_micro_batch, packing
+        self.forward_max_tokens = forward_max_tokens_per_micro_batch or max_tokens_per_micro_batch
         self.grad_clip = grad_clip
         self.world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.sharded = self.world_size > 1
@@ -104,8 +113,9 @@ class HFTrainEngine:
         _check_positive(temperature=temperature, micro_batch_size=micro_batch_size)
         outputs = check_outputs(self.kind, outputs or default_outputs(self.kind))
         self._check_same_rows(batch.batch_size[0])
-        order = self._order(batch)
-        outs = [self._outputs(mb, temperature, outputs) for mb in batch[order].split(micro_batch_size)]
+        groups = self._micro_batches(batch, micro_batch_size, self.forward_max_tokens)
+        outs = [self._outputs(batch[rows], temperature, outputs) for rows in groups]
+        order = torch.cat(groups)
         home = batch["prompt_ids"].device
         unsort = torch.empty_like(order)
         unsort[order] = torch.arange(order.numel())
@@ -223,6 +233,8 @@ class HFTrainEngine:
     def _outputs_dense(self, mb: TensorDict, sampling: RowSampling,
                        outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
         """Outputs of the trimmed micro-batch; an actor's under each row's sampling distribution."""
+        if self.packing:
+            return packed_outputs(self, mb, sampling, outputs)
         response_ids = mb["response_ids"]
         num_prompt, num_response = mb["prompt_ids"].shape[1], response_ids.shape[1]
         temperature_N, truncation = sampling.per_token(num_response)
@@ -252,8 +264,8 @@ class HFTrainEngine:
     def _step(self, mini: TensorDict, loss_fn: LossFn, temperature: float, micro_batch_size: int,
               sums: dict[str, list], old_from_current: bool = False) -> float | None:
         """One optimizer step on a mini-batch; the grad norm, or None when the step was skipped."""
-        mini = mini[self._order(mini)]
-        micro = mini.split(micro_batch_size)
+        groups = self._micro_batches(mini, micro_batch_size, self.max_tokens)
+        micro = [mini[rows] for rows in groups]
         weights = [float(loss_fn.weight(mb)) for mb in micro]
         total = self._all_reduce_sum(sum(weights))
         if total <= 0:
@@ -262,8 +274,8 @@ class HFTrainEngine:
         spans = [used_columns(mb) for mb in micro]
         samplings = [RowSampling.of(mb, temperature) for mb in micro]
         self.optimizer.zero_grad(set_to_none=True)
-        for mb, span, sampling, weight in zip(mini.to(self.device).split(micro_batch_size), spans, samplings,
-                                              weights):
+        on_device = mini.to(self.device)
+        for mb, span, sampling, weight in zip([on_device[rows] for rows in groups], spans, samplings, weights):
             out = self._outputs(mb, temperature, tuple(loss_fn.needs), span=span, sampling=sampling)
             if weight == 0:  # keep FSDP's collectives in step with the other ranks; no NaN from 0/0
                 sum(value.sum() for value in out.values()).mul(0.0).backward()
@@ -297,6 +309,13 @@ class HFTrainEngine:
         self.scheduler.step()
         return norm.item()
 
+    def _micro_batches(self, batch: TensorDict, micro_batch_size: int, max_tokens: int) -> list[torch.Tensor]:
+        """Row indices of each micro-batch: `max_tokens` per micro-batch when set (as many on every rank), else
+        `micro_batch_size` rows in `_order`."""
+        if max_tokens:
+            return budget_micro_batches(batch, max_tokens, packed=self.packing, agree=self._all_reduce_max)
+        return list(self._order(batch).split(micro_batch_size))
+
     def _order(self, batch: TensorDict) -> torch.Tensor:
         """Rows longest first (with `by_length`), so each micro-batch's padding trims away; the loss is a
         weighted sum over micro-batches, so their makeup leaves the step unchanged."""
@@ -307,6 +326,13 @@ class HFTrainEngine:
 
     def _rank(self) -> int:
         return dist.get_rank() if self.sharded else 0
+
+    def _all_reduce_max(self, value: int) -> int:
+        if not self.sharded:
+            return value
+        tensor = torch.tensor([value], device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return int(tensor.item())
 
     def _all_reduce_sum(self, value: float) -> float:
         if not self.sharded:
