@@ -17,6 +17,7 @@ from typing import Any
 _PUBLIC = {
     "Algorithm": "flowrl.graph", "algorithm": "flowrl.graph", "stage": "flowrl.graph", "Stage": "flowrl.graph",
     "fill": "flowrl.graph", "buffer": "flowrl.graph", "role": "flowrl.graph", "graph_method": "flowrl.graph",
+    "RoleConfig": "flowrl.graph",
     "GraphError": "flowrl.errors", "PlanError": "flowrl.errors", "LocalExecutor": "flowrl.runtime.executor",
     "Placement": "flowrl.plan", "Plan": "flowrl.plan", "Pool": "flowrl.plan", "compile_plan": "flowrl.plan",
     "connect": "flowrl.runtime.ray_cluster", "train": "flowrl.runtime.trainer", "load_run_config": "flowrl.config",

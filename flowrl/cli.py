@@ -101,8 +101,8 @@ def engine_lines() -> list[str]:
     from flowrl.engines import ROLLOUT_ENGINES, TRAIN_ENGINES
 
     defaults, lines = RunConfig(), []
-    for section, registry in (("rollout", ROLLOUT_ENGINES), ("actor", TRAIN_ENGINES)):
-        default = getattr(defaults, section)
+    for role, registry in (("rollout", ROLLOUT_ENGINES), ("actor", TRAIN_ENGINES)):
+        default, section = getattr(defaults, role), f"roles.{role}"
         shown = set(config_lines(type(default), f"{section}.", default))
         for name in registry:
             if name == default.engine:
@@ -112,19 +112,21 @@ def engine_lines() -> list[str]:
                            if line not in shown and not line.startswith(f"{section}.engine ")]
             except ValueError as err:  # an engine whose package is missing
                 options = [f"  ({err})"]
-            lines += [f"# {section}.engine={name}{' (and critic.engine)' * (section == 'actor')}: its options "
-                      f"beside the ones above", *options]
+            lines += [f"# {section}.engine={name}{' (and the other train engines)' * (role == 'actor')}: its "
+                      f"options beside the ones above", *options]
     return lines
 
 
 def print_config(algorithm: str | None) -> None:
-    from flowrl.config import RunConfig, config_lines
+    from flowrl.config import RunConfig, config_lines, section_lines
     from flowrl.runtime.trainer import resolve_algorithm
 
-    for line in [*config_lines(RunConfig), *engine_lines()]:
+    algo = resolve_algorithm(algorithm) if algorithm else None
+    roles = algo.roles if algo else ("actor", "critic", "rollout")  # an algorithm's: only the roles it has
+    for line in [*config_lines(RunConfig), *section_lines(RunConfig(), roles), *engine_lines()]:
         print(line)
-    if algorithm:
-        for line in config_lines(resolve_algorithm(algorithm).config_cls, "algo."):
+    if algo:
+        for line in config_lines(algo.config_cls, "algo."):
             print(line)
 
 

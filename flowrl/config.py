@@ -13,12 +13,13 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from flowrl.engines.configs import RolloutEngineConfig, TrainEngineConfig
 from flowrl.engines.transports import TransportConfig
 import flowrl.roles  # noqa: F401 (registers the built-in roles the role sections name)
-from flowrl.graph.role import ROLES
+from flowrl.graph.role import ROLES, RoleSpec
+from flowrl.graph.role_config import RoleConfig, SectionError, engine_source, section, sections
 from flowrl.plan.placement import Placement
 
 
@@ -209,15 +210,6 @@ class RunConfig(Section):
     algorithm: str = Field("grpo", description="A registered name (flowrl.graph.algorithm.ALGORITHMS: the prebuilt ones) "
                                                   "or 'module:attribute'.")
     model: ModelConfig = Field(default_factory=ModelConfig)
-    rollout: SerializeAsAny[RolloutEngineConfig] = Field(
-        default_factory=lambda: RolloutEngineConfig.model_validate({}), description="The rollout engine (`rollout.engine`, a name in "
-                                                     "flowrl.engines.ROLLOUT_ENGINES) and its options.")
-    actor: SerializeAsAny[TrainEngineConfig] = Field(
-        default_factory=lambda: TrainEngineConfig.model_validate({}), description="The actor's train engine (`actor.engine`, a name in "
-                                                   "flowrl.engines.TRAIN_ENGINES) and its options; the "
-                                                   "reference and reward models run on the same engine.")
-    critic: SerializeAsAny[TrainEngineConfig] = Field(default_factory=lambda: TrainEngineConfig.model_validate({"lr": 5e-3}),
-                                                      description="The critic's train engine and its options.")
     train: TrainConfig = Field(default_factory=TrainConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -230,9 +222,16 @@ class RunConfig(Section):
                                                    "Ray cluster (split by train.rollout_share).")
     algo: dict[str, Any] = Field(default_factory=dict, description="The algorithm's own options, validated "
                                                                    "by its config class.")
-    roles: dict[str, str] = Field(default_factory=dict, description="Bind an algorithm's role parameter to "
-                                                                    "another registered role class, e.g. "
-                                                                    "{'reward': 'reward_model'}.")
+    roles: dict[str, Any] = Field(default_factory=dict, description="Each role's own section, roles.<name>: "
+                                  "its engine and options (roles.actor.lr, roles.rollout.engine, roles.rollout.env, "
+                                  "roles.judge.<option>), validated by the role's config class; `use` (or "
+                                  "roles.<name>=<role>) binds the name to another registered role class, e.g. "
+                                  "roles.reward=llm_judge. `flowrl config ALGO` lists the sections of its roles.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_sections(cls, data: Any) -> Any:
+        return move_legacy_sections(data) if isinstance(data, dict) else data
 
     @field_validator("placement", mode="wrap")
     @classmethod
@@ -244,13 +243,35 @@ class RunConfig(Section):
             raise ValueError(f"expected 'auto' or pools ({{\"pools\": [...]}}), got {value!r}")
         return Placement.model_validate(value)
 
-    @field_validator("roles")
+    @field_validator("roles", mode="before")
     @classmethod
-    def _registered(cls, roles: dict[str, str]) -> dict[str, str]:
-        for name, impl in roles.items():
-            if impl not in ROLES:
-                raise ValueError(f"{name}: unknown role {impl!r}; registered roles are {ROLES.names()}")
-        return roles
+    def _sections(cls, roles: Any) -> dict[str, Any]:
+        return sections(roles, _registered)
+
+    @property
+    def actor(self) -> Any:
+        """The actor's engine config (roles.actor)."""
+        return self.section("actor").engine
+
+    @property
+    def critic(self) -> Any:
+        return self.section("critic").engine
+
+    @property
+    def rollout(self) -> Any:
+        """The rollout's engine config (roles.rollout; its environment options are the section's own)."""
+        return self.section("rollout").engine
+
+    def section(self, name: str, spec: RoleSpec | None = None) -> RoleConfig:
+        """Role `name`'s section, roles.<name> (its defaults when the run sets none), as `spec`'s config class
+        (default: the class bound to the name)."""
+        spec = spec or ROLES.get(self._bound(name))
+        source = engine_source(name, spec)
+        return section(name, self.roles.get(name, {}), spec, self.section(source) if source else None)
+
+    def _bound(self, name: str) -> str:
+        value = self.roles.get(name, {})
+        return (value.get("use") if isinstance(value, dict) else getattr(value, "use", "")) or name
 
     def role_classes(self, algorithm_roles: tuple[str, ...] = ()) -> dict[str, type]:
         """The classes bound to role names for this run (every other role keeps its registered class).
@@ -258,15 +279,63 @@ class RunConfig(Section):
         model.reward_path alone scores the `reward` role with the learned reward model, unless the algorithm
         uses the `reward_model` role itself (then `reward` stays the task's reward function).
         """
-        bindings = dict(self.roles)
+        bindings = {name: self._bound(name) for name in self.roles if self._bound(name) != name}
         if self.model.reward_path is not None and "reward_model" not in algorithm_roles:
             bindings.setdefault("reward", "reward_model")
         return {name: ROLES.get(impl).cls for name, impl in bindings.items()}
+
+    def check_roles(self, specs: dict[str, RoleSpec]) -> None:
+        """Each section of a role the run builds (`specs`), checked by that role's config; a section naming no
+        registered role is an error in one line."""
+        for name in self.roles:
+            if name in specs:
+                self.section(name, specs[name])
+            elif self._bound(name) not in ROLES:
+                raise SectionError(f"roles.{name}: no role {name!r} is registered; registered roles are "
+                                   f"{ROLES.names()}")
+
+
+LEGACY_SECTIONS = ("actor", "critic", "rollout")
+"""The engine sections of the run config before each role had its own (issue 24): `actor.lr` is roles.actor.lr."""
+
+
+def move_legacy_sections(values: dict[str, Any]) -> dict[str, Any]:
+    """`actor.*`, `critic.*` and `rollout.*` moved under roles.<name> (what roles.<name> sets wins); each key
+    used says once that it is deprecated."""
+    legacy = [name for name in LEGACY_SECTIONS if name in values]
+    roles = values.get("roles", {})
+    if not legacy or not isinstance(roles, dict):
+        return values
+    values, roles = dict(values), dict(roles)
+    for name in legacy:
+        old, new = (_as_values(values.pop(name), name), _as_values(roles.get(name, {}), f"roles.{name}"))
+        roles[name] = {**old, **new}
+        for key in old:
+            warnings.warn(f"{name}.{key} is deprecated; use roles.{name}.{key}", FutureWarning, stacklevel=2)
+    values["roles"] = roles
+    return values
+
+
+def _as_values(section: Any, where: str) -> dict[str, Any]:
+    if isinstance(section, BaseModel):
+        return section.model_dump()
+    if isinstance(section, str):
+        return {"use": section}
+    if not isinstance(section, dict):
+        raise SectionError(f"{where}: expected a section (a mapping of options), got {section!r}")
+    return section
+
+
+def _registered(name: str) -> RoleSpec | None:
+    return ROLES.get(name) if name in ROLES else None
 
 
 def format_error(err: ValidationError, prefix: str = "") -> str:
     parts = []
     for e in err.errors():
+        if isinstance(e.get("ctx", {}).get("error"), SectionError):  # a role section's: already one dotted line
+            parts.append(str(e["ctx"]["error"]))
+            continue
         loc = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
         parts.append(f"{loc}: {e['msg']}")
     return "; ".join(parts)
@@ -321,7 +390,8 @@ def load_run_config(path: str | None = None, overrides: list[str] = ()) -> RunCo
         set_dotted(values, key.strip(), raw.strip())
     from flowrl.engines.hf_configs import device_defaults  # torch and transformers: imported when needed
 
-    device_defaults(values)
+    values = move_legacy_sections(values)
+    device_defaults(values, frozenset(ROLES.get("rollout").config.model_fields) - {"engine"})
     return validate(RunConfig, values)
 
 
@@ -358,9 +428,14 @@ def read_config_file(path: str) -> dict[str, Any]:
     return values
 
 
+def used_sections(specs: dict[str, RoleSpec]) -> set[str]:
+    """The role sections a run of these roles reads: their own, and those their engines start from."""
+    return {*specs, *(section for spec in specs.values() for section in spec.engines)}
+
+
 def warn_no_effect(cfg: RunConfig, used_sections: set[str]) -> None:
-    """`used_sections`: the engine sections (actor, critic, rollout) the run's roles build from."""
-    """Warn for each value set away from its default that this run ignores."""
+    """Warn for each value set away from its default that this run ignores. `used_sections`: the role sections
+    the run's roles read (their own, and those their engines start from: flowrl.graph.role_config)."""
     default = RunConfig()
     if cfg.model.path is not None:
         for key in ("tiny_hidden_size", "tiny_num_layers"):
@@ -375,9 +450,9 @@ def warn_no_effect(cfg: RunConfig, used_sections: set[str]) -> None:
                       stacklevel=2)
     if t.memory_check is not default.train.memory_check and t.device != "cuda":
         warnings.warn("train.memory_check has no effect: train.device is not 'cuda'", stacklevel=2)
-    for section in ("critic", "actor", "rollout"):
-        if section not in used_sections and getattr(cfg, section) != getattr(default, section):
-            warnings.warn(f"{section}.* has no effect: no role of the algorithm builds on it", stacklevel=2)
+    for name in cfg.roles:
+        if name not in used_sections:
+            warnings.warn(f"roles.{name}.* has no effect: no role of the algorithm builds on it", stacklevel=2)
 
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks (vLLM 0.26)
@@ -389,13 +464,14 @@ def refuse_contradictions(cfg: RunConfig) -> None:
     served = cfg.rollout.model_dump().get("max_lora_rank", 0)  # only engines that serve adapters have it
     trained = cfg.actor.model_dump().get("lora_rank", 0)
     if served and served not in VLLM_LORA_RANKS:
-        raise ValueError(f"rollout.max_lora_rank={served}: vLLM takes one of {VLLM_LORA_RANKS}")
+        raise ValueError(f"roles.rollout.max_lora_rank={served}: vLLM takes one of {VLLM_LORA_RANKS}")
     if served and not trained:
-        raise ValueError(f"rollout.max_lora_rank={served} serves the actor's LoRA adapter, but actor.lora_rank is 0 "
-                         f"(no adapter): set actor.lora_rank, or rollout.max_lora_rank=0 to stream the weights")
+        raise ValueError(f"roles.rollout.max_lora_rank={served} serves the actor's LoRA adapter, but "
+                         f"roles.actor.lora_rank is 0 (no adapter): set roles.actor.lora_rank, or "
+                         f"roles.rollout.max_lora_rank=0 to stream the weights")
     if served and trained > served:
-        raise ValueError(f"actor.lora_rank={trained} is above rollout.max_lora_rank={served}: vLLM could not load "
-                         f"the adapter; set rollout.max_lora_rank to at least {trained}")
+        raise ValueError(f"roles.actor.lora_rank={trained} is above roles.rollout.max_lora_rank={served}: vLLM could "
+                         f"not load the adapter; set roles.rollout.max_lora_rank to at least {trained}")
 
 
 def config_lines(model: type[BaseModel], prefix: str = "", values: BaseModel | None = None) -> Iterator[str]:
@@ -404,7 +480,17 @@ def config_lines(model: type[BaseModel], prefix: str = "", values: BaseModel | N
     for name, info in model.model_fields.items():
         key = f"{prefix}{name}"
         default: Any = getattr(values, name) if values is not None else info.get_default(call_default_factory=True)
-        if isinstance(default, BaseModel):
-            yield from config_lines(type(default), f"{key}.", default)
+        if isinstance(default, BaseModel):  # a role section's engine shows at the section's level (FLAT)
+            yield from config_lines(type(default), prefix if name in getattr(model, "FLAT", ()) else f"{key}.", default)
             continue
         yield f"{key:32s} {default!r:>14}  {info.description or ''}"
+
+
+def section_lines(cfg: RunConfig, names: Iterator[str] | tuple[str, ...]) -> list[str]:
+    """The options of each named role's section, roles.<name>.* (`use` is described once, under `roles`)."""
+    lines = []
+    for name in names:
+        section = cfg.section(name)
+        lines += [line for line in config_lines(type(section), f"roles.{name}.", section)
+                  if not line.startswith(f"roles.{name}.use ")]
+    return lines

@@ -57,9 +57,9 @@ def test_flowrl_algorithms_lists_every_registered_one_with_its_summary(capsys):
 def test_flowrl_config_lists_every_registered_engines_options(capsys):
     assert cli.main(["config"]) == 0
     out = capsys.readouterr().out
-    assert "rollout.micro_batch_size" in out  # the default engine, hf
-    assert "# rollout.engine=vllm" in out and "rollout.gpu_memory_utilization" in out
-    assert "# rollout.engine=hf_static" in out and "rollout.compile " in out
+    assert "roles.rollout.micro_batch_size" in out  # the default engine, hf
+    assert "# roles.rollout.engine=vllm" in out and "roles.rollout.gpu_memory_utilization" in out
+    assert "# roles.rollout.engine=hf_static" in out and "roles.rollout.compile " in out
 
 
 def test_task_from_a_file_path(tmp_path):

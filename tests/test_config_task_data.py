@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from flowrl.config import load_run_config, warn_no_effect
+from flowrl.config import load_run_config, used_sections, warn_no_effect
 from flowrl.data import PromptStream
 from flowrl.data.arithmetic import ArithmeticTask
 from fakes import FakeTokenizer
@@ -49,15 +49,16 @@ def test_prompt_stream_resumes_where_it_stopped_and_shards_ranks():
 
 
 def test_values_without_effect_warn():
-    cfg = load_run_config(None, ["critic.lr=0.1", "model.path=/some/model", "model.tiny_num_layers=4"])
+    cfg = load_run_config(None, ["roles.critic.lr=0.1", "model.path=/some/model", "model.tiny_num_layers=4"])
     with pytest.warns(UserWarning) as record:
         warn_no_effect(cfg, {"actor", "rollout"})
     messages = [str(w.message) for w in record]
-    assert any("critic.* has no effect" in m for m in messages)
+    assert any("roles.critic.* has no effect" in m for m in messages)
     assert any("model.tiny_num_layers has no effect" in m for m in messages)
 
 
-@pytest.mark.parametrize("algorithm, warned", [("rm", {"critic", "rollout"}), ("grpo", {"critic"}), ("ppo", set())])
+@pytest.mark.parametrize("algorithm, warned", [("rm", {"roles.critic", "roles.rollout"}), ("grpo", {"roles.critic"}),
+                                               ("ppo", set())])
 def test_an_engine_section_warns_only_when_no_role_builds_on_it(algorithm, warned):
     """The sections come from what each role declares it builds on: rm's learned_reward trains on actor.*."""
     import warnings
@@ -67,12 +68,12 @@ def test_an_engine_section_warns_only_when_no_role_builds_on_it(algorithm, warne
     from flowrl.graph.algorithm import ALGORITHMS
     from flowrl.runtime.trainer import make_plan
 
-    cfg = load_run_config(None, ["actor.lr=0.1", "critic.lr=0.1", "rollout.max_new_tokens=3"])
+    cfg = load_run_config(None, ["roles.actor.lr=0.1", "roles.critic.lr=0.1", "roles.rollout.max_new_tokens=3"])
     task = ArithmeticTask(4) if algorithm != "rm" else SimpleNamespace(meta_keys=("pair",))  # rm's data: pairs
     plan = make_plan(cfg, ALGORITHMS.get(algorithm), task)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        warn_no_effect(cfg, {s for role in plan.roles for s in plan.specs[role].engines})
+        warn_no_effect(cfg, used_sections(plan.specs))
     said = {str(w.message).split(".*")[0] for w in record if ".* has no effect" in str(w.message)}
     assert said == warned, [str(w.message) for w in record]
 

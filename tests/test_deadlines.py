@@ -145,15 +145,17 @@ def test_prompts_all_longer_than_the_context_are_refused_at_load(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["rollout.max_lora_rank=8", "actor.lora_rank=16"], r"^actor.lora_rank=16 is above rollout.max_lora_rank=8"),
-    (["rollout.max_lora_rank=8"], r"^rollout.max_lora_rank=8 serves the actor's LoRA adapter, but actor.lora_rank "
-                                  r"is 0"),
-    (["rollout.max_lora_rank=12", "actor.lora_rank=8"], r"^rollout.max_lora_rank=12: vLLM takes one of \(1, 8, 16"),
+    (["roles.rollout.max_lora_rank=8", "roles.actor.lora_rank=16"],
+     r"^roles.actor.lora_rank=16 is above roles.rollout.max_lora_rank=8"),
+    (["roles.rollout.max_lora_rank=8"], r"^roles.rollout.max_lora_rank=8 serves the actor's LoRA adapter, but "
+                                        r"roles.actor.lora_rank is 0"),
+    (["roles.rollout.max_lora_rank=12", "roles.actor.lora_rank=8"],
+     r"^roles.rollout.max_lora_rank=12: vLLM takes one of \(1, 8, 16"),
 ])
 def test_vllm_lora_options_that_contradict_each_other_are_refused_before_vllm_starts(tmp_path, overrides, message):
     """They failed after the first step (or in vLLM's start-up) before."""
     with pytest.raises(ValueError, match=message):
-        train(config(tmp_path, "train.steps=1", "rollout.engine=vllm", *overrides), progress=False)
+        train(config(tmp_path, "train.steps=1", "roles.rollout.engine=vllm", *overrides), progress=False)
     assert not (tmp_path / "tiny-model").exists()  # refused before any model was built
 
 

@@ -11,12 +11,13 @@ from flowrl.data.batch import prompt_batch
 from flowrl.data.calculator import CalculatorTask
 from flowrl.data.envs import EnvSpec, EnvStep
 from flowrl.engines.agent_loop import run_episodes
-from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource
+from flowrl.engines.configs import ModelSource
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.protocols import FinishReason, SamplingParams
 from flowrl.engines.tiny_model import build_char_tokenizer, build_tiny_model
 from flowrl.roles import Rollout
+from flowrl.roles.configs import RolloutConfig
 from flowrl.runtime.trainer import setup, train
 
 EOS = 1
@@ -87,12 +88,12 @@ def calculator_model(tmp_path_factory):
 
 
 def calculator_rollout(path, engine_name, share=None, extra=None):
-    config = ROLLOUT_ENGINES.get(engine_name).model_validate(
+    section = RolloutConfig.model_validate(  # the rollout role's section: its engine and its environment
         {"engine": engine_name, "env": "calculator", "max_new_tokens": 3, "max_turns": 3, "max_total_tokens": 12,
          **(extra or {})})
     tokenizer = load_tokenizer(path)
-    engine = config.build(ModelSource(path), tokenizer=tokenizer, device="cpu", share=share)
-    return Rollout(engine=engine, params=config.sampling(), env=config.env_spec(), tokenizer=tokenizer,
+    engine = section.engine.build(ModelSource(path), tokenizer=tokenizer, device="cpu", share=share)
+    return Rollout(engine=engine, params=section.engine.sampling(), env=section.env_spec(), tokenizer=tokenizer,
                    meta_keys=CalculatorTask.meta_keys)
 
 
@@ -165,20 +166,21 @@ def test_a_tool_that_hangs_crashes_or_floods_is_cut_off_with_a_named_error_and_t
 
 
 def test_bad_environment_settings_are_named(tmp_path):
-    with pytest.raises(ValueError, match="rollout.env: Value error, unknown 'nope'"):
-        load_run_config(None, ["rollout.env=nope"])
+    with pytest.raises(ValueError, match="roles.rollout.env: Value error, unknown 'nope'"):
+        load_run_config(None, ["roles.rollout.env=nope"])
     with pytest.raises(ValueError, match="rollout.env_options: 'calculator' refused"):
         EnvSpec("calculator", {"timeout": 1}).make(build_char_tokenizer("0123"))
     rollout = Rollout(engine=None, params=SamplingParams())
-    with pytest.raises(ValueError, match="set rollout.env"):
+    with pytest.raises(ValueError, match="set roles.rollout.env"):
         rollout.interact(prompt_batch([[2]], 0, [0]))
-    unused = load_run_config(None, [f"train.output_dir={tmp_path}", "rollout.env=calculator", "task.name=calculator"])
-    with pytest.warns(UserWarning, match="rollout.env has no effect: algorithm 'grpo' never calls rollout.interact"):
+    unused = load_run_config(None, [f"train.output_dir={tmp_path}", "roles.rollout.env=calculator",
+                                    "task.name=calculator"])
+    with pytest.warns(UserWarning, match="roles.rollout.env has no effect: algorithm 'grpo' never calls rollout.interact"):
         setup(unused).executor.close()
 
 
-CALCULATOR = ["algorithm=grpo_multiturn", "task.name=calculator", "task.max_operand=9", "rollout.env=calculator",
-              "rollout.max_new_tokens=1", "rollout.max_turns=2", "train.save_every=0", "train.export=false"]
+CALCULATOR = ["algorithm=grpo_multiturn", "task.name=calculator", "task.max_operand=9", "roles.rollout.env=calculator",
+              "roles.rollout.max_new_tokens=1", "roles.rollout.max_turns=2", "train.save_every=0", "train.export=false"]
 
 
 def test_multiturn_grpo_on_the_calculator_raises_reward_by_learning_to_use_the_tool(tmp_path):

@@ -64,7 +64,7 @@ def test_a_rule_reward_and_a_learned_reward_model_in_one_graph(tmp_path, arithme
 
 
 class CountingRolloutConfig(HFRolloutConfig):
-    """The HF engine under another registered name, counting its builds: shows `rollout.engine` selects it."""
+    """The HF engine under another registered name, counting its builds: shows `roles.rollout.engine` selects it."""
 
     def build(self, source, **kwargs):
         type(self).built = getattr(type(self), "built", 0) + 1
@@ -73,12 +73,12 @@ class CountingRolloutConfig(HFRolloutConfig):
 
 def test_the_rollout_engine_is_chosen_by_name_from_the_registry(tmp_path):
     ROLLOUT_ENGINES.register("counting", CountingRolloutConfig, replace=True)
-    cfg = config(tmp_path, "rollout.engine=counting", "rollout.micro_batch_size=7", "train.steps=1")
+    cfg = config(tmp_path, "roles.rollout.engine=counting", "roles.rollout.micro_batch_size=7", "train.steps=1")
     assert type(cfg.rollout) is CountingRolloutConfig and cfg.rollout.micro_batch_size == 7
     CountingRolloutConfig.built = 0
     train(cfg, progress=False)
     assert CountingRolloutConfig.built == 1
-    with pytest.raises(ValueError, match="rollout: Value error, unknown rollout engine 'nope'; registered: "):
-        load_run_config(None, ["rollout.engine=nope"])
-    with pytest.raises(ValueError, match="actor.lr: Input should be greater than 0"):
-        load_run_config(None, ["actor.lr=-1"])
+    with pytest.raises(ValueError, match="roles.rollout.engine: Value error, unknown rollout engine 'nope'; registered: "):
+        load_run_config(None, ["roles.rollout.engine=nope"])
+    with pytest.raises(ValueError, match="roles.actor.lr: Input should be greater than 0"):
+        load_run_config(None, ["roles.actor.lr=-1"])

@@ -1,7 +1,8 @@
 """Engine configs: each engine is chosen by name and builds itself from its own pydantic config.
 
-`actor.engine`, `critic.engine` and `rollout.engine` name an entry of
-TRAIN_ENGINES or ROLLOUT_ENGINES; validating a section's dict picks that
+`roles.actor.engine`, `roles.critic.engine` and `roles.rollout.engine` name an entry
+of TRAIN_ENGINES or ROLLOUT_ENGINES (flowrl.roles.configs: a role's section
+holds its engine); validating an engine's dict picks that
 entry's config class, so each engine adds its own options (and their
 documentation) without touching the run config. Entries may be registered
 lazily as "module:Class", so an engine's imports cost nothing until chosen:
@@ -15,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from flowrl.data.envs import EnvSpec, load_env
 from flowrl.engines import memory
 from flowrl.engines.memory import ModelShape, RankLoad
 from flowrl.engines.protocols import RolloutEngine, SamplingParams, TrainEngine
@@ -83,37 +83,9 @@ class RolloutEngineConfig(EngineConfig):
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 is off.")
     ignore_eos: bool = Field(False, description="Never stop at eos: every response is max_new_tokens long "
                                                 "(for benchmarks).")
-    env: str | None = Field(None, description="The environment `rollout.interact` plays episodes in: 'calculator', "
-                                              "'python' (built in) or 'module:attribute' (flowrl.data.envs); "
-                                              "max_new_tokens is then per turn.")
-    env_options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment's "
-                                        "factory, e.g. {'timeout_s': 1.0} for the sandboxed tools.")
-    max_turns: int = Field(4, ge=1, description="Most model turns per episode (finish_reason MAX_TURNS).")
-    max_total_tokens: int = Field(32, ge=1, description="Most response tokens per episode, turns and observations "
-                                                        "together (finish_reason MAX_TOKENS).")
-    env_workers: int = Field(8, ge=0, description="Threads stepping a turn's environments at once (tools wait on "
-                                                  "subprocesses); 0 steps them one by one.")
-    env_step_timeout_s: float | None = Field(60.0, gt=0, description="Deadline of one environment step: a step "
-                                             "past it ends its episode with reward 0 and a tool_error, counted in "
-                                             "env/timed_out (its thread is abandoned); None waits for ever.")
-
     def sampling(self) -> SamplingParams:
         return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, ignore_eos=self.ignore_eos)
-
-    @field_validator("env")
-    @classmethod
-    def _loadable(cls, env: str | None) -> str | None:
-        if env is not None:
-            load_env(env, where="")  # an unknown name fails at load, before any model does
-        return env
-
-    def env_spec(self) -> EnvSpec | None:
-        """How `rollout.interact` makes and bounds episodes; None without `env`."""
-        if self.env is None:
-            return None
-        return EnvSpec(self.env, dict(self.env_options), self.max_turns, self.max_total_tokens, self.env_workers,
-                       self.env_step_timeout_s)
 
     def build(self, source: ModelSource, *, tokenizer: Any, device: str,
               share: TrainEngine | None = None) -> RolloutEngine:

@@ -29,17 +29,19 @@ of docs/benchmarks.md's H200 runs (the static-cache rollout with its captured de
 passes, 128-row no-grad forward passes). flowrl.config.load_run_config applies it."""
 
 
-def device_defaults(values: dict[str, Any]) -> None:
-    """Fills CUDA_DEFAULTS into a run's raw config values when train.device is cuda, leaving every key the run
-    set, and leaving a section alone whose engine, or one of whose keys, is not the default's."""
+def device_defaults(values: dict[str, Any], rollout_options: frozenset[str] = frozenset()) -> None:
+    """Fills CUDA_DEFAULTS into a run's raw config values (role sections under `roles`) when train.device is
+    cuda, leaving every key the run set, and leaving a section alone whose engine, or one of whose keys, is not
+    the default's; `rollout_options`: the rollout section's keys that are the role's own, not its engine's."""
     if values.get("train", {}).get("device") != "cuda":
         return
-    rollout, actor = values.get("rollout", {}), values.get("actor", {})
-    static_keys = set(HFStaticRolloutConfig.model_fields)
-    if "engine" not in rollout and set(rollout) <= static_keys:  # e.g. rollout.micro_batch_size is hf's own
-        values.setdefault("rollout", {})["engine"] = CUDA_DEFAULTS["rollout.engine"]
-    if actor.get("engine", "hf") == "hf":
-        values.setdefault("actor", {}).setdefault("compile", CUDA_DEFAULTS["actor.compile"])
+    roles = values.setdefault("roles", {})
+    rollout, actor = roles.get("rollout", {}), roles.get("actor", {})
+    static_keys = set(HFStaticRolloutConfig.model_fields) | rollout_options
+    if isinstance(rollout, dict) and "engine" not in rollout and set(rollout) <= static_keys:  # (not a binding)
+        roles["rollout"] = {**rollout, "engine": CUDA_DEFAULTS["rollout.engine"]}  # micro_batch_size: hf's own
+    if isinstance(actor, dict) and actor.get("engine", "hf") == "hf":
+        roles["actor"] = {"compile": CUDA_DEFAULTS["actor.compile"], **actor}
     values["train"].setdefault("forward_micro_batch_size", CUDA_DEFAULTS["train.forward_micro_batch_size"])
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

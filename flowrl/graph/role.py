@@ -21,18 +21,20 @@ compares role names:
   section no role of the run reads is reported as having no effect;
 - a graph method's `defer_to` and `updates_weights` (see trace.Spec).
 
-Instances are built by `cls.build(ctx)` when the class defines `build` (the
-built-in roles build their engines from the run's configs), else by `cls()`.
+Each role has a section of the run config, `roles.<name>`: its `config` class (a RoleConfig,
+flowrl.graph.role_config). Instances are built by `cls.build(ctx)` when the class defines `build`, else by
+that config's `build(cls, ctx)` (the built-in roles build their engines there, flowrl.roles.configs).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from flowrl.errors import GraphError
 from flowrl.graph.registry import Registry
+from flowrl.graph.role_config import RoleConfig
 from flowrl.graph.trace import Fields, NodeKind, Spec, SymBatch, check_call
 
 SPEC_ATTR = "__flowrl_spec__"
@@ -49,6 +51,7 @@ class RoleSpec:
     weights_from: str | None = None
     base_of: str | None = None
     engines: tuple[str, ...] = ()
+    config: type[RoleConfig] = RoleConfig  # its section of the run config, roles.<name>
 
     def methods(self) -> dict[str, Spec]:
         return graph_methods(self.cls)
@@ -59,8 +62,13 @@ class RoleSpec:
         return syncs[0]
 
     def build(self, ctx: Any) -> Any:
+        """The class's own `build(ctx)` when it defines one, else its section's (`ctx.config`, the role's
+        RoleConfig; its defaults when the context gives none)."""
         builder = getattr(self.cls, "build", None)
-        return builder(ctx) if builder is not None else self.cls()
+        if builder is not None:
+            return builder(ctx)
+        config = getattr(ctx, "config", None)
+        return (config if isinstance(config, self.config) else self.config()).build(self.cls, ctx)
 
 
 def close_role(instance: Any) -> None:
@@ -79,13 +87,16 @@ ROLES: Registry[RoleSpec] = Registry("role")
 
 def role(name: str | type | None = None, *, trainable: bool = False, exported: bool = False,
          on_driver: bool = False, weights_from: str | None = None, base_of: str | None = None,
-         engines: tuple[str, ...] = ()) -> Any:
-    """Register a role class; bare (`@flowrl.role`, named after the class in snake_case) or with arguments."""
+         engines: tuple[str, ...] = (), config: type[RoleConfig] = RoleConfig) -> Any:
+    """Register a role class; bare (`@flowrl.role`, named after the class in snake_case) or with arguments;
+    `config` (a RoleConfig subclass) is its section of the run config, `roles.<name>`."""
 
     def register(cls: type) -> type:
         role_name = name if isinstance(name, str) else _snake(cls.__name__)
         spec = RoleSpec(role_name, cls, trainable=trainable, exported=exported, on_driver=on_driver,
-                        weights_from=weights_from, base_of=base_of, engines=tuple(engines))
+                        weights_from=weights_from, base_of=base_of, engines=tuple(engines), config=config)
+        if not (isinstance(config, type) and issubclass(config, RoleConfig)):
+            raise GraphError(f"role {role_name!r}: config={config!r} is not a flowrl.RoleConfig subclass")
         methods = graph_methods(cls)
         if not methods:
             raise GraphError(f"role {role_name!r} ({cls.__name__}) has no @flowrl.graph_method")
@@ -134,8 +145,7 @@ def role_spec(name: str, cls: type | None = None) -> RoleSpec:
     spec = getattr(cls, ROLE_ATTR, None)
     if spec is None:
         raise GraphError(f"role {name!r}: {cls.__name__} is not a @flowrl.role class")
-    return spec if spec.name == name else RoleSpec(name, cls, spec.trainable, spec.exported, spec.on_driver,
-                                                   spec.weights_from, spec.base_of)
+    return spec if spec.name == name else replace(spec, name=name)
 
 
 class RoleHandle:

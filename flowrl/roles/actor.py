@@ -14,7 +14,8 @@ from flowrl.engines.model_outputs import check_outputs
 from flowrl.engines.protocols import LossFn, TrainEngine
 from flowrl.engines.sampling import SAMPLED_WITH
 from flowrl.graph.role import graph_method, role
-from flowrl.roles.context import BuildContext, UpdateSettings
+from flowrl.roles.configs import CriticConfig, RefConfig, TrainRoleConfig
+from flowrl.roles.context import UpdateSettings
 
 
 POLICY_INPUT = MODEL_INPUT + SAMPLED_WITH  # the policy scores each row under the distribution it was sampled from
@@ -52,17 +53,13 @@ def _update(engine: TrainEngine, s: UpdateSettings, batch: TensorDict, loss: Los
     metrics.log_dict(prefix, result)
 
 
-@role("actor", trainable=True, exported=True, engines=("actor",))
+@role("actor", trainable=True, exported=True, engines=("actor",), config=TrainRoleConfig)
 @dataclass
 class Actor:
     engine: TrainEngine
     settings: UpdateSettings = field(default_factory=UpdateSettings)
     version: int = 0  # bumped by every update; a role following these weights syncs when it lags
     _deferred: bool = False  # old logprobs left to the coming single-step update
-
-    @classmethod
-    def build(cls, ctx: BuildContext) -> "Actor":
-        return cls(ctx.engine("actor").build(ctx.model, head="actor", device=ctx.device), ctx.settings)
 
     @graph_method(reads=POLICY_INPUT, writes=_logprobs_writes, defer_to="update")
     def logprobs(self, batch: TensorDict, deferred: bool = False, outputs: tuple[str, ...] = ()) -> TensorDict:
@@ -94,20 +91,11 @@ class Actor:
         return self.settings.epochs == 1 and batch.batch_size[0] <= self.settings.mini_batch_size
 
 
-@role("ref", base_of="actor", engines=("actor",))
+@role("ref", base_of="actor", engines=("actor",), config=RefConfig)
 @dataclass
 class Ref:
     engine: TrainEngine
     settings: UpdateSettings = field(default_factory=UpdateSettings)
-
-    @classmethod
-    def build(cls, ctx: BuildContext) -> "Ref":
-        """The actor's starting weights, frozen, on the actor's engine; under LoRA, the actor's own module
-        with its adapters disabled when the actor lives in this process."""
-        actor = ctx.roles.get("actor")
-        engine = ctx.engine("actor").build(ctx.model, head="actor", device=ctx.device, trainable=False,
-                                           base_of=actor.engine if actor is not None else None)
-        return cls(engine, ctx.settings)
 
     @graph_method(reads=POLICY_INPUT, writes=("ref_logprobs",))
     def logprobs(self, batch: TensorDict) -> TensorDict:
@@ -115,15 +103,11 @@ class Ref:
         return batch
 
 
-@role("critic", trainable=True, engines=("critic",))
+@role("critic", trainable=True, engines=("critic",), config=CriticConfig)
 @dataclass
 class Critic:
     engine: TrainEngine
     settings: UpdateSettings = field(default_factory=UpdateSettings)
-
-    @classmethod
-    def build(cls, ctx: BuildContext) -> "Critic":
-        return cls(ctx.engine("critic").build(ctx.model, head="critic", device=ctx.device), ctx.settings)
 
     @graph_method(reads=MODEL_INPUT, writes=("values",))
     def values(self, batch: TensorDict) -> TensorDict:

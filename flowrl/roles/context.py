@@ -1,7 +1,7 @@
 """BuildContext: what a role's `build(ctx)` may use to make itself in one process.
 
 The runtime's role factory fills it from the run configuration; roles read
-only what they need (their engine's config, the model source, the task).
+only what they need (their own section `config`, the model source, the task).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from flowrl.engines.configs import ModelSource, RolloutEngineConfig, TrainEngineConfig
+from flowrl.engines.configs import ModelSource
 from flowrl.engines.hf_models import load_tokenizer
 
 
@@ -30,13 +30,14 @@ class UpdateSettings:
 @dataclass
 class BuildContext:
     model: ModelSource
-    engines: dict[str, TrainEngineConfig | RolloutEngineConfig]  # by config section (actor, critic, rollout)
+    sections: dict[str, Any] = field(default_factory=dict)  # each role's section (a RoleConfig), by role name
     device: str = "cpu"
     settings: UpdateSettings = field(default_factory=UpdateSettings)
     seed: int = 0
     task: Any = None
     reward_model: ModelSource | None = None  # a learned reward model's folder, if the run gives one
     name: str = ""  # the role being built
+    config: Any = None  # its section, roles.<name> (flowrl.graph.role_config.RoleConfig)
     roles: dict[str, Any] = field(default_factory=dict)  # roles already built in this process
     shared: frozenset[str] = frozenset()  # roles that generate with their weight source's own module here
     judge: Any = None  # the generative judge's settings (flowrl.roles.judge.JudgeSettings; None: its defaults)
@@ -46,15 +47,9 @@ class BuildContext:
     def tokenizer(self) -> Any:
         return load_tokenizer(self.model.path)
 
-    def engine(self, section: str) -> Any:
-        if section not in self.engines:
-            raise ValueError(f"role {self.name!r} needs engine config {section!r}; the run gives "
-                             f"{sorted(self.engines)}")
-        return self.engines[section]
-
     def named(self, name: str) -> "BuildContext":
         """This context for building role `name` (the same built-roles table and tokenizer)."""
-        ctx = replace(self, name=name)
+        ctx = replace(self, name=name, config=self.sections.get(name))
         if "tokenizer" in self.__dict__:
             ctx.__dict__["tokenizer"] = self.__dict__["tokenizer"]
         return ctx

@@ -26,6 +26,7 @@ from flowrl.engines.sampling import SAMPLED_WITH, sampling_columns
 from flowrl import metrics
 from flowrl.graph.role import graph_method, role
 from flowrl.rl.sft_loss import last_token
+from flowrl.roles.configs import ScoreHeadConfig
 from flowrl.roles.context import BuildContext, UpdateSettings
 
 ENCODED = (*MODEL_INPUT, "loss_mask", *SAMPLED_WITH)
@@ -109,19 +110,15 @@ def _update_reads(loss: LossFn, **_: Any) -> tuple[str, ...]:
     return MODEL_INPUT + tuple(loss.reads)
 
 
-@role("learned_reward", trainable=True, exported=True, engines=("actor",))
+@role("learned_reward", trainable=True, exported=True, engines=("actor",), config=ScoreHeadConfig)
 @dataclass
 class LearnedReward:
     """A scalar head over the model (the reward model's layout: flowrl.roles.reward.RewardModel reads what
-    this exports), trained on pairs; built on the actor's engine config (actor.lr, ...)."""
+    this exports), trained on pairs; its section starts from the actor's engine values (roles.actor.lr, ...)."""
 
     engine: TrainEngine
     settings: UpdateSettings = field(default_factory=UpdateSettings)
     version: int = 0
-
-    @classmethod
-    def build(cls, ctx: BuildContext) -> "LearnedReward":
-        return cls(ctx.engine("actor").build(ctx.model, head="reward", device=ctx.device), ctx.settings)
 
     @graph_method(reads=MODEL_INPUT, writes=("rm_scores",))
     def scores(self, batch: TensorDict) -> TensorDict:

@@ -25,6 +25,7 @@ from flowrl.data.batch import left_pad
 from flowrl.engines.hf_models import load_tokenizer
 from flowrl.engines.protocols import RolloutEngine, SamplingParams
 from flowrl.graph.role import graph_method, role
+from flowrl.roles.configs import GeneratorConfig
 from flowrl.roles.context import BuildContext
 from flowrl.roles.reward import decode_responses
 
@@ -66,7 +67,7 @@ def _scores_key(key: str = "scores", **_: Any) -> tuple[str, ...]:
     return (key,)
 
 
-@role("llm_judge", engines=("rollout",))
+@role("llm_judge", engines=("rollout",), config=GeneratorConfig)
 @dataclass
 class Judge:
     engine: RolloutEngine
@@ -78,7 +79,7 @@ class Judge:
     def build(cls, ctx: BuildContext) -> "Judge":
         source = ctx.reward_model or ctx.model
         tokenizer = load_tokenizer(source.path)
-        engine = ctx.engine("rollout").build(source, tokenizer=tokenizer, device=ctx.device, share=None)
+        engine = ctx.config.engine.build(source, tokenizer=tokenizer, device=ctx.device, share=None)
         return cls(engine, tokenizer, ctx.tokenizer, ctx.judge or JudgeSettings())
 
     @graph_method(reads=("prompt_ids", "prompt_mask", "response_ids", "response_mask"), writes=_scores_key)

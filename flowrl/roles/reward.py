@@ -14,6 +14,7 @@ from flowrl.data.batch import MODEL_INPUT, column
 from flowrl.data.scoring_pool import call_with_deadline, check_reward
 from flowrl.engines.protocols import RewardFn, TrainEngine
 from flowrl.graph.role import graph_method, role
+from flowrl.roles.configs import TrainRoleConfig
 from flowrl.roles.context import BuildContext, UpdateSettings
 
 
@@ -61,7 +62,7 @@ class Reward:
         return batch
 
 
-@role("reward_model", engines=("actor",))
+@role("reward_model", engines=("actor",), config=TrainRoleConfig)
 @dataclass
 class RewardModel:
     """A learned reward (verl's reward model): a scalar-head model's output at each response's last token.
@@ -83,7 +84,7 @@ class RewardModel:
         if vocab_size != len(ctx.tokenizer):
             raise ValueError(f"model.reward_path: the reward model's vocab_size {vocab_size} differs from the "
                              f"policy tokenizer's {len(ctx.tokenizer)}; it must share the policy's tokenizer")
-        engine = ctx.engine("actor").build(ctx.reward_model, head="reward", device=ctx.device, trainable=False)
+        engine = ctx.config.engine.build(ctx.reward_model, head="reward", device=ctx.device, trainable=False)
         return cls(engine=engine, settings=ctx.settings)
 
     @graph_method(reads=MODEL_INPUT, writes=_scores_key)

@@ -20,7 +20,7 @@ from flowrl.engines.sampling import SAMPLED_WITH, sampling_columns
 from flowrl.errors import GraphError
 from flowrl.graph.context import current_call
 from flowrl.graph.role import graph_method, role
-from flowrl.roles.context import BuildContext
+from flowrl.roles.configs import RolloutConfig
 
 GENERATED = ("response_ids", "response_mask", "loss_mask", "rollout_logprobs", "finish_reason", "policy_version",
              "group", *SAMPLED_WITH)
@@ -44,7 +44,7 @@ def _check_episode(n: int = 1, key: str = "scores", metric: str = "reward", **sa
     _check_sampling(n, **sampling)
 
 
-@role("rollout", weights_from="actor", engines=("rollout",))
+@role("rollout", weights_from="actor", engines=("rollout",), config=RolloutConfig)
 @dataclass
 class Rollout:
     engine: RolloutEngine
@@ -53,21 +53,9 @@ class Rollout:
     weight_sync: WeightSync | None = None
     seed: int = 0
     synced_version: int = 0  # the source's update count this engine holds
-    env: EnvSpec | None = None  # rollout.interact's environment (rollout.env)
+    env: EnvSpec | None = None  # rollout.interact's environment (roles.rollout.env)
     tokenizer: Any = None  # what environments decode turns and encode observations with
     meta_keys: tuple[str, ...] = ()  # the task's metadata columns, handed to each episode's reset
-
-    @classmethod
-    def build(cls, ctx: BuildContext) -> "Rollout":
-        source = ctx.roles.get("actor")
-        share = source.engine if source is not None and ctx.name in ctx.shared else None
-        config = ctx.engine("rollout")
-        engine = config.build(ctx.model, tokenizer=ctx.tokenizer, device=ctx.device, share=share)
-        sync = engine.weight_sync(source.engine) if source is not None else None
-        env = config.env_spec()
-        return cls(engine=engine, params=config.sampling(), source=source, weight_sync=sync, seed=ctx.seed, env=env,
-                   tokenizer=ctx.tokenizer if env else None,
-                   meta_keys=tuple(ctx.task.meta_keys) if env and ctx.task is not None else ())
 
     @graph_method(reads=("prompt_ids", "prompt_mask", "uid"), writes=GENERATED, kind="rows", check=_check_sampling)
     def generate(self, batch: TensorDict, n: int = 1, **sampling: Any) -> TensorDict:
@@ -88,7 +76,8 @@ class Rollout:
         episode's summed reward (logged as `<metric>/mean`), `num_turns` and `tool_error` its turns and first
         tool error; max_new_tokens bounds each turn."""
         if self.env is None:
-            raise ValueError("rollout.interact plays episodes in an environment: set rollout.env (e.g. calculator)")
+            raise ValueError("rollout.interact plays episodes in an environment: set roles.rollout.env (e.g. "
+                             "calculator)")
         params, rows, seed = self._start(batch, n, sampling)
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(rows["prompt_ids"], rows["prompt_mask"])]
         metas = [dict(zip(self.meta_keys, values)) for values in zip(*(column(rows, k) for k in self.meta_keys))]

@@ -3,8 +3,8 @@
 Executors receive a RoleFactory, never the run configuration: the local
 executor's roles come from `factory.build(names)`, and each Ray pool's ranks
 build theirs from `factory.for_pool(pool)` (the pool's device and its share of
-the batch sizes). Each role builds itself (`cls.build(ctx)`) from a
-BuildContext holding its engine's config.
+the batch sizes). Each role builds from a BuildContext holding its own section of the run config
+(`roles.<name>`: flowrl.graph.role.RoleSpec.build).
 """
 
 from __future__ import annotations
@@ -90,12 +90,13 @@ def make_factory(cfg: RunConfig, plan: Plan, task: Any, path: Path, extra: dict[
                               epochs=t.epochs)
     reward_model = None if m.reward_path is None else ModelSource(model_folder(m.reward_path, "model.reward_path"),
                                                                   m.dtype)
+    specs = {**(extra or {}), **plan.specs}
     context = BuildContext(model=ModelSource(path, m.dtype, m.gradient_checkpointing),
-                           engines={"actor": cfg.actor, "critic": cfg.critic, "rollout": cfg.rollout},
+                           sections={name: cfg.section(name, spec) for name, spec in specs.items()},
                            device=t.device, settings=settings, seed=t.seed, task=task, reward_model=reward_model,
                            shared=plan.shared(), judge=cfg.data.judge_settings(),
                            reward_fn_timeout_s=None if isinstance(task, DatasetTask) else cfg.data.reward_fn_timeout_s)
-    return RoleFactory(context, {**(extra or {}), **plan.specs})
+    return RoleFactory(context, specs)
 
 
 def _sources_first(names: tuple[str, ...], specs: dict[str, RoleSpec]) -> list[str]:

@@ -16,7 +16,7 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from flowrl.config import RunConfig, refuse_contradictions, warn_no_effect
+from flowrl.config import RunConfig, refuse_contradictions, used_sections, warn_no_effect
 from flowrl.data.prompts import PromptStream
 from flowrl.data.redact import redact
 from flowrl.data.tasks import Task, check_task
@@ -90,11 +90,12 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     runner.check_world(world)
     plan = make_plan(cfg, algo, task, world, gpus=runner.cluster_gpus() if cluster_gpus and cfg.placement == "auto"
                      else None)
-    warn_no_effect(cfg, {section for role in plan.roles for section in plan.specs[role].engines})
+    cfg.check_roles(plan.specs)
+    warn_no_effect(cfg, used_sections(plan.specs))
     runner.warn_no_effect(cfg)
     refuse_contradictions(cfg)
-    if cfg.rollout.env is not None and not plays_episodes(plan):
-        warnings.warn(f"rollout.env has no effect: algorithm {algo.name!r} never calls rollout.interact",
+    if getattr(cfg.section("rollout"), "env", None) is not None and not plays_episodes(plan):
+        warnings.warn(f"roles.rollout.env has no effect: algorithm {algo.name!r} never calls rollout.interact",
                       stacklevel=2)
     found = resume.find(cfg)  # before any model is built: a refused resume changes nothing on disk
     _check_writable(Path(cfg.train.output_dir))

@@ -1,0 +1,142 @@
+"""The built-in roles' sections of the run config, `roles.<name>`: each holds the role's engine and options
+and builds the role.
+
+A section is flat: the role's own options (the rollout's environment) and its engine's options sit side by
+side, `roles.actor.lr=1e-6`, `roles.rollout.engine=vllm`, `roles.rollout.env=calculator`; the engine is
+chosen by `engine`, a name in TRAIN_ENGINES or ROLLOUT_ENGINES, and its config class adds its options. A role
+registered as building on another role's engine (`@role(engines=("actor",))`: the reference, the reward
+models) starts from that section's engine values, so `roles.actor.compile=true` compiles the reference too
+and `roles.ref.compile=false` sets the reference apart (flowrl.config.RunConfig.section).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field, SerializeAsAny, field_validator, model_serializer, model_validator
+
+from flowrl.data.envs import EnvSpec, load_env
+from flowrl.engines.configs import EngineConfig, Head, RolloutEngineConfig, TrainEngineConfig
+from flowrl.graph.role_config import RoleConfig
+
+
+class EngineRoleConfig(RoleConfig):
+    """A role section holding an engine config beside the role's options (flat, see the module's doc)."""
+
+    ENGINE_DEFAULTS: ClassVar[dict[str, Any]] = {}  # engine values this role's section starts from
+    FLAT: ClassVar[tuple[str, ...]] = ("engine",)
+    engine: SerializeAsAny[EngineConfig]
+
+    @classmethod
+    def starting_from(cls, source: RoleConfig, values: dict[str, Any]) -> dict[str, Any]:
+        """The source section's engine values under this section's own (unless it picks another engine)."""
+        own, engine = cls.split(values)
+        base = getattr(source, "engine", None)
+        if isinstance(base, EngineConfig) and engine.get("engine", base.engine) == base.engine:
+            engine = {**base.model_dump(), **engine}
+        return {**own, "engine": engine}
+
+    @classmethod
+    def split(cls, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A flat section's values as (the role's own, its engine's)."""
+        own = set(cls.model_fields) - {"engine"}
+        nested = values.get("engine")
+        engine = dict(nested) if isinstance(nested, dict) else {k: v for k, v in values.items() if k not in own}
+        return {k: v for k, v in values.items() if k in own}, {**cls.ENGINE_DEFAULTS, **engine}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_the_engine(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or isinstance(data.get("engine"), BaseModel):
+            return data
+        own, engine = cls.split(data)
+        return {**own, "engine": engine}
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: Any) -> dict[str, Any]:
+        values = handler(self)
+        return {**values, **values.pop("engine")}
+
+
+class TrainRoleConfig(EngineRoleConfig):
+    """A role holding a TrainEngine: `roles.actor`, `roles.critic`, `roles.learned_reward`."""
+
+    HEAD: ClassVar[Head] = "actor"
+    engine: SerializeAsAny[TrainEngineConfig] = Field(default_factory=lambda: TrainEngineConfig.model_validate({}),
+                                                      description="The train engine (a name in "
+                                                                  "flowrl.engines.TRAIN_ENGINES) and its options.")
+
+    def build(self, cls: type, ctx: Any) -> Any:
+        return cls(self.engine.build(ctx.model, head=self.HEAD, device=ctx.device), ctx.settings)
+
+
+class CriticConfig(TrainRoleConfig):
+    HEAD: ClassVar[Head] = "critic"
+    ENGINE_DEFAULTS: ClassVar[dict[str, Any]] = {"lr": 5e-3}
+
+
+class ScoreHeadConfig(TrainRoleConfig):
+    HEAD: ClassVar[Head] = "reward"
+
+
+class RefConfig(TrainRoleConfig):
+    def build(self, cls: type, ctx: Any) -> Any:
+        """The actor's starting weights, frozen; under LoRA, the actor's own module with its adapters disabled
+        when the actor lives in this process."""
+        actor = ctx.roles.get("actor")
+        engine = self.engine.build(ctx.model, head="actor", device=ctx.device, trainable=False,
+                                   base_of=actor.engine if actor is not None else None)
+        return cls(engine, ctx.settings)
+
+
+class RolloutConfig(EngineRoleConfig):
+    """The rollout: its engine (sampling options and the engine's own) and the environment of `interact`."""
+
+    engine: SerializeAsAny[RolloutEngineConfig] = Field(
+        default_factory=lambda: RolloutEngineConfig.model_validate({}),
+        description="The rollout engine (a name in flowrl.engines.ROLLOUT_ENGINES) and its options.")
+    env: str | None = Field(None, description="The environment `rollout.interact` plays episodes in: 'calculator', "
+                                              "'python' (built in) or 'module:attribute' (flowrl.data.envs); "
+                                              "max_new_tokens is then per turn.")
+    env_options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment's "
+                                        "factory, e.g. {'timeout_s': 1.0} for the sandboxed tools.")
+    max_turns: int = Field(4, ge=1, description="Most model turns per episode (finish_reason MAX_TURNS).")
+    max_total_tokens: int = Field(32, ge=1, description="Most response tokens per episode, turns and observations "
+                                                        "together (finish_reason MAX_TOKENS).")
+    env_workers: int = Field(8, ge=0, description="Threads stepping a turn's environments at once (tools wait on "
+                                                  "subprocesses); 0 steps them one by one.")
+    env_step_timeout_s: float | None = Field(60.0, gt=0, description="Deadline of one environment step: a step "
+                                             "past it ends its episode with reward 0 and a tool_error, counted in "
+                                             "env/timed_out (its thread is abandoned); None waits for ever.")
+
+    @field_validator("env")
+    @classmethod
+    def _loadable(cls, env: str | None) -> str | None:
+        if env is not None:
+            load_env(env, where="")  # an unknown name fails at load, before any model does
+        return env
+
+    def env_spec(self) -> EnvSpec | None:
+        """How `rollout.interact` makes and bounds episodes; None without `env`."""
+        if self.env is None:
+            return None
+        return EnvSpec(self.env, dict(self.env_options), self.max_turns, self.max_total_tokens, self.env_workers,
+                       self.env_step_timeout_s)
+
+    def build(self, cls: type, ctx: Any) -> Any:
+        source = ctx.roles.get("actor")
+        share = source.engine if source is not None and ctx.name in ctx.shared else None
+        engine = self.engine.build(ctx.model, tokenizer=ctx.tokenizer, device=ctx.device, share=share)
+        sync = engine.weight_sync(source.engine) if source is not None else None
+        env = self.env_spec()
+        return cls(engine=engine, params=self.engine.sampling(), source=source, weight_sync=sync, seed=ctx.seed,
+                   env=env, tokenizer=ctx.tokenizer if env else None,
+                   meta_keys=tuple(ctx.task.meta_keys) if env and ctx.task is not None else ())
+
+
+class GeneratorConfig(EngineRoleConfig):
+    """A role generating on a rollout engine of its own (the generative judge)."""
+
+    engine: SerializeAsAny[RolloutEngineConfig] = Field(
+        default_factory=lambda: RolloutEngineConfig.model_validate({}),
+        description="The rollout engine (a name in flowrl.engines.ROLLOUT_ENGINES) and its options.")

@@ -1,0 +1,97 @@
+"""Each role's own section, roles.<name> (issue 24.1): a user role's options from the command line, the built-in
+sections, the old flat keys as aliases, and one-line errors naming the field."""
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import flowrl as fl
+from flowrl import cli
+from flowrl.config import load_run_config, used_sections, warn_no_effect
+from flowrl.data.arithmetic import ArithmeticTask
+from flowrl.errors import GraphError
+from flowrl.graph.role import ROLES
+from flowrl.runtime.trainer import make_plan, resolve_algorithm
+
+RUN = ["train.steps=1", "train.batch_size=4", "train.eval_every=0", "train.export=false", "train.save_every=0"]
+
+
+def test_a_user_role_takes_its_option_from_the_command_line(tmp_path, capsys):
+    sys.modules.pop("graded_roles", None)  # the role registers when the run imports the algorithm, after load
+    argv = ["train", "graded_roles:graded", "--output-dir", str(tmp_path), "--set", "roles.grader.threshold=0.3"]
+    assert cli.main([*argv, *(a for item in RUN for a in ("--set", item))]) == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["grader/threshold"] == pytest.approx(0.3)  # the default is 0.5
+
+
+def test_a_user_roles_bad_value_or_unknown_role_is_one_line_naming_the_field():
+    graded = resolve_algorithm("graded_roles:graded")  # registered now: the section is checked at load
+    with pytest.raises(ValueError, match=r"^invalid config: roles.grader.threshold: Input should be less than or "
+                                         r"equal to 1$"):
+        load_run_config(None, ["roles.grader.threshold=2"])
+    with pytest.raises(ValueError, match=r"^invalid config: roles.grader.treshold: Extra inputs are not permitted$"):
+        load_run_config(None, ["roles.grader.treshold=0.3"])
+    cfg = load_run_config(None, ["roles.gradr.threshold=0.3"])  # perhaps a role the algorithm's module registers
+    with pytest.raises(ValueError, match=r"^roles.gradr: no role 'gradr' is registered; registered roles are \["):
+        cfg.check_roles(make_plan(cfg, graded, ArithmeticTask(4)).specs)
+    with pytest.raises(ValueError, match=r"^invalid config: roles.reward.use: unknown role 'nope'$"):
+        load_run_config(None, ["roles.reward=nope"])
+
+
+def test_a_section_of_a_role_the_graph_lacks_warns_that_it_has_no_effect():
+    cfg = load_run_config(None, ["roles.grader.threshold=0.3", "roles.critic.lr=0.1"])
+    plan = make_plan(cfg, resolve_algorithm("grpo"), ArithmeticTask(4))
+    with pytest.warns(UserWarning) as record:
+        warn_no_effect(cfg, used_sections(plan.specs))
+    said = sorted(str(w.message) for w in record)
+    assert said == ["roles.critic.* has no effect: no role of the algorithm builds on it",
+                    "roles.grader.* has no effect: no role of the algorithm builds on it"]
+
+
+def test_each_built_in_role_has_its_section_and_the_reference_starts_from_the_actors():
+    cfg = load_run_config(None, ["roles.actor.lr=0.1", "roles.actor.compile=true", "roles.ref.compile=false",
+                                 "roles.rollout.env=calculator", "roles.rollout.max_turns=2"])
+    ref, critic, rollout = cfg.section("ref"), cfg.section("critic"), cfg.section("rollout")
+    assert (ref.engine.lr, ref.engine.compile, cfg.actor.compile) == (0.1, False, True)
+    assert (critic.engine.lr, critic.engine.compile) == (5e-3, False)  # the critic's own default, not the actor's
+    assert (rollout.env, rollout.max_turns, rollout.env_spec().max_turns) == ("calculator", 2, 2)
+    assert not hasattr(cfg.rollout, "env")  # the environment is the rollout role's option, not its engine's
+    assert type(cfg.section("llm_judge")).__name__ == "GeneratorConfig"
+
+
+def test_old_flat_keys_are_aliases_that_say_once_they_are_deprecated():
+    new = load_run_config(None, ["roles.actor.lr=0.1", "roles.rollout.env=calculator", "roles.critic.lr=0.2"])
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        old = load_run_config(None, ["actor.lr=0.1", "rollout.env=calculator", "critic.lr=0.2"])
+    assert old.model_dump() == new.model_dump()
+    assert [str(w.message) for w in record] == ["actor.lr is deprecated; use roles.actor.lr",
+                                                "critic.lr is deprecated; use roles.critic.lr",
+                                                "rollout.env is deprecated; use roles.rollout.env"]
+    both = load_run_config(None, ["actor.lr=0.1", "roles.actor.lr=0.3", "actor.compile=true"])
+    assert (both.actor.lr, both.actor.compile) == (0.3, True)  # the new key wins over its alias
+
+
+def test_the_deprecation_is_one_line_on_the_command_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "flowrl", "plan", "grpo", "--set", "actor.lr=0.1"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["flowrl: warning: actor.lr is deprecated; use roles.actor.lr"]
+
+
+def test_a_binding_is_the_sections_use_and_the_shorthand_still_works():
+    short, long = (load_run_config(None, [item]) for item in ("roles.reward=llm_judge", "roles.reward.use=llm_judge"))
+    assert short.model_dump() == long.model_dump()
+    assert short.role_classes() == {"reward": ROLES.get("llm_judge").cls}
+    assert type(short.section("reward")).__name__ == "GeneratorConfig"  # the judge's config, on its own engine
+
+
+def test_the_role_decorator_takes_a_config_bare_or_with_arguments():
+    bare = fl.role(type("Bare", (), {"run": fl.graph_method(lambda self, batch: batch)}))
+    assert ROLES.get("bare").cls is bare and ROLES.get("bare").config is fl.RoleConfig
+    with pytest.raises(GraphError, match="role 'odd': config=<class 'dict'> is not a flowrl.RoleConfig subclass"):
+        fl.role("odd", config=dict)(type("Odd", (), {"run": fl.graph_method(lambda self, batch: batch)}))
