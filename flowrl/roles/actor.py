@@ -14,6 +14,7 @@ from flowrl.engines.model_outputs import check_outputs
 from flowrl.engines.protocols import LossFn, TrainEngine
 from flowrl.engines.sampling import SAMPLED_WITH
 from flowrl.graph.role import graph_method, role
+from flowrl.graph.trace import Deferred
 from flowrl.roles.configs import CriticConfig, RefConfig, TrainRoleConfig
 from flowrl.roles.context import UpdateSettings
 
@@ -59,19 +60,13 @@ class Actor:
     engine: TrainEngine
     settings: UpdateSettings = field(default_factory=UpdateSettings)
     version: int = 0  # bumped by every update; a role following these weights syncs when it lags
-    _deferred: bool = False  # old logprobs left to the coming single-step update
 
     @graph_method(reads=POLICY_INPUT, writes=_logprobs_writes, defer_to="update")
-    def logprobs(self, batch: TensorDict, deferred: bool = False, outputs: tuple[str, ...] = ()) -> TensorDict:
+    def logprobs(self, batch: TensorDict, outputs: tuple[str, ...] = ()) -> TensorDict:
         """Old logprobs, and each of `outputs` (other outputs of the actor's table, flowrl.engines.model_outputs,
-        e.g. "sum_pi_squared") of the current policy under its own name. The planner sets `deferred` when only
-        actor.update reads them; then, if that update is one optimizer step, they equal its current logprobs
-        and are not computed here."""
+        e.g. "sum_pi_squared") of the current policy under its own name. When only actor.update reads them,
+        the plan folds this call into it (its `deferred`)."""
         extra = _extra_outputs(outputs)
-        if deferred and not extra and self._single_step(batch):
-            self._deferred = True
-            batch["old_logprobs"] = torch.full(batch["response_mask"].shape, float("nan"))
-            return batch
         s = self.settings
         out = self.engine.forward(batch, micro_batch_size=s.forward_rows, outputs=("logprobs", *extra))
         batch["old_logprobs"] = out["logprobs"]
@@ -80,10 +75,15 @@ class Actor:
         return batch
 
     @graph_method(reads=_update_reads, updates_weights=True)
-    def update(self, batch: TensorDict, loss: LossFn, seed: int | None = None) -> TensorDict:
-        deferred, self._deferred = self._deferred, False
-        assert not deferred or self._single_step(batch), "deferred old logprobs need a single-step update"
-        _update(self.engine, self.settings, batch, loss, seed, "actor", old_logprobs_from_current=deferred)
+    def update(self, batch: TensorDict, loss: LossFn, seed: int | None = None,
+               deferred: Deferred | None = None) -> TensorDict:
+        """One update. `deferred`: the plan folded this role's logprobs call into it (only the update reads the
+        old logprobs). A single optimizer step takes them from its own forward pass at the same weights and
+        skips the call; otherwise the call runs first, on a copy: the batch gets no old_logprobs either way."""
+        single = deferred is not None and self._single_step(batch)
+        assert deferred is None or deferred.method == "logprobs", deferred
+        inputs = batch if deferred is None or single else self.logprobs(batch.copy(), **deferred.kwargs)
+        _update(self.engine, self.settings, inputs, loss, seed, "actor", old_logprobs_from_current=single)
         self.version += 1
         return batch
 
