@@ -13,8 +13,9 @@ ROOT=$(pwd)
 C=$ROOT/.realcarry
 G=SmolLM2-135M-Instruct.Q4_1.gguf
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-cd "$ROOT/.benchtree" || exit 3
-LEARN="python3 benchmarks/real_model_learning.py --model /tmp/smollm2 --data /tmp/wp --device cuda --lr 1e-5 \
+rm -rf /tmp/bt && cp -r "$ROOT/.benchtree" /tmp/bt && ln -s ../algorithms /tmp/bt/flowrl/algorithms || exit 3
+cd /tmp/bt  # flowrl.algorithms is pyproject's mapping of algorithms/: a link stands in for the install
+LEARN="python3 benchmarks/real_model_learning.py --model /tmp/smollm2 --data /tmp/wp --device cuda \
   --set actor.compile=false"  # eager train passes: no cold compile for a 135M model
 
 run() {  # NAME SECONDS COMMAND...: the command's output in $OUT/NAME.log, then NAME's folder packed
@@ -41,14 +42,16 @@ transformers.__version__, trl.__version__, datasets.__version__, pydantic.__vers
   cat "/tmp/rc/$G.part0" "$C/part2/$G.part1" >"/tmp/rc/$G" && (cd /tmp/rc && sha256sum -c --quiet "$C/part2/SHA256SUMS") \
     || exit 4
   time python3 -m flowrl.cli model import "/tmp/rc/$G" --output /tmp/smollm2 2>&1 | tail -1
+  python3 -c "from transformers import AutoTokenizer as A; t = A.from_pretrained('/tmp/smollm2'); \
+print('tokenizer eos/pad/bos', t.eos_token_id, t.pad_token_id, t.bos_token_id)"
   python3 -m flowrl.cli data wordproblems --output /tmp/wp
-  run grpo 480 $LEARN --algorithm grpo --steps 60 --output /tmp/runs/grpo
+  # GRPO and RLOO share the GPU (two processes at once): GRPO's times are an upper bound of its own
+  run rloo 480 $LEARN --algorithm rloo --steps 50 --output /tmp/runs/rloo &
+  run grpo 480 $LEARN --algorithm grpo --steps 50 --output /tmp/runs/grpo
+  wait
   ;;
 3)
-  run trl 560 python3 benchmarks/real_model_trl.py --model /tmp/smollm2 --data /tmp/wp --output /tmp/runs/trl \
-    --steps 30 --lr 1e-5
-  ;;
-4)
-  run rloo 480 $LEARN --algorithm rloo --steps 60 --output /tmp/runs/rloo
+  run trl 400 python3 benchmarks/real_model_trl.py --model /tmp/smollm2 --data /tmp/wp --output /tmp/runs/trl \
+    --steps 30
   ;;
 esac

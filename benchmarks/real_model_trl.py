@@ -1,5 +1,5 @@
 """TRL's GRPOTrainer on what benchmarks/real_model_learning.py gives flowrl: the same model folder, word
-problems, chat-template prompts, strict gsm8k reward, group size, token budget and optimizer settings, with
+problems, chat-template prompts, reward (--reward), group size, token budget and optimizer settings, with
 the greedy test accuracy every --eval-every steps (docs/real_model.md, section 6).
 
     python benchmarks/real_model_trl.py --model models/smollm2 --data data/wordproblems --output runs/smollm2_trl
@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from real_model_eval import greedy_responses  # noqa: E402
 
 from flowrl.data.dataset import load_rows  # noqa: E402
-from flowrl.data.scorers import gsm8k, gsm8k_flexible  # noqa: E402
+from flowrl.data.scorers import gsm8k, gsm8k_flexible, resolve  # noqa: E402
 from flowrl.engines.hf_models import load_tokenizer  # noqa: E402
 
 ACCURACY = "eval/openai/gsm8k/greedy"  # the key flowrl logs, so plot_learning.py reads both runs alike
@@ -111,7 +111,8 @@ def trl_config(args: argparse.Namespace, output: Path):
         gradient_accumulation_steps=args.mini_batch_size // args.micro_batch_size,
         steps_per_generation=rows // args.micro_batch_size,  # micro-steps: one generation feeds them all
         num_generations=args.group_size, max_completion_length=args.max_new_tokens, num_iterations=1,
-        beta=args.kl_coef, epsilon=args.clip, loss_type="dapo", scale_rewards="group", temperature=1.0,
+        beta=args.kl_coef, epsilon=args.clip, loss_type="dapo", scale_rewards="group",
+        temperature=args.temperature,
         top_p=1.0, top_k=0, learning_rate=args.lr, warmup_steps=args.warmup_steps, lr_scheduler_type="constant_with_warmup",
         weight_decay=0.0, max_grad_norm=1.0, max_steps=args.steps * rows // args.mini_batch_size,
         gradient_checkpointing=False, bf16=cuda, use_cpu=not cuda,
@@ -133,6 +134,8 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--reward", default="gsm8k_format", help="a flowrl scorer name (data.reward)")
     parser.add_argument("--warmup-steps", type=int, default=4, help="in optimizer steps")
     parser.add_argument("--clip", type=float, default=0.2, help="flowrl grpo's algo.clip")
     parser.add_argument("--kl-coef", type=float, default=0.001, help="flowrl grpo's algo.kl_coef (k3)")
@@ -154,14 +157,16 @@ def main() -> None:
                                "ground_truth": r["ground_truth"]} for r in train_rows])
     rewards: list[float] = []
 
-    def strict_gsm8k(prompts, completions, data_source, ground_truth, **_):
-        scores = [float(gsm8k(s, c[-1]["content"], t)) for s, c, t in zip(data_source, completions, ground_truth)]
+    score = resolve(args.reward)
+
+    def scorer(prompts, completions, data_source, ground_truth, **_):
+        scores = [float(score(s, c[-1]["content"], t)) for s, c, t in zip(data_source, completions, ground_truth)]
         rewards.append(sum(scores) / len(scores))
         return scores
 
     tokenizer = load_tokenizer(args.model)
     evaluate = Evaluator(test_rows, tokenizer, args.max_new_tokens, args.eval_batch_size)
-    trainer = GRPOTrainer(model=args.model, reward_funcs=strict_gsm8k, args=trl_config(args, output),
+    trainer = GRPOTrainer(model=args.model, reward_funcs=scorer, args=trl_config(args, output),
                           train_dataset=data, processing_class=tokenizer,
                           callbacks=[callback(args, evaluate, rewards, output)])
     trainer.train()

@@ -121,6 +121,27 @@ def test_a_gguf_file_imports_as_a_folder_flowrl_loads(tiny_gguf, tmp_path, capsy
     assert ids[0] == 1 and tok.convert_tokens_to_ids("Ġt") in ids  # a special token whole; the merge applied
 
 
+def test_the_files_own_special_token_ids_win_over_the_tokenizer_conversion(tiny_gguf, tmp_path, monkeypatch):
+    """transformers 5.17's GGUF conversion made SmolLM2's eos <|im_start|> (id 1; the file says 2), so every
+    rollout failed for a missing eos: the import now sets bos, eos and pad from the file's ids."""
+    import transformers
+
+    path, _, _ = tiny_gguf
+    convert = transformers.AutoTokenizer.from_pretrained
+
+    def as_5_17(*args, **kwargs):
+        tok = convert(*args, **kwargs)
+        tok.eos_token, tok.pad_token = "<|im_start|>", None
+        return tok
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", as_5_17)
+    out = tmp_path / "imported"
+    assert main(["model", "import", str(path), "--output", str(out), "--dtype", "float32"]) == 0
+    monkeypatch.undo()
+    tok = load_tokenizer(out)
+    assert (tok.eos_token_id, tok.pad_token_id, tok.bos_token_id) == (2, 2, 1)
+
+
 def _written_for(hf_name, written):
     layer, module = hf_name.split(".")[2], hf_name.split(".")[-2].replace("_proj", "")
     return written[f"blk.{layer}.ffn_{module}.weight"]

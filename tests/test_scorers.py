@@ -9,6 +9,15 @@ from flowrl.data.scorers import extract_gsm8k, resolve, scorer_name
 from flowrl.data.scoring_pool import Sample, ScoringPool
 
 
+def test_gsm8k_format_gives_a_wrong_marked_answer_verls_format_score():
+    from flowrl.data.scorers import resolve
+
+    score = resolve("gsm8k_format")
+    assert score("openai/gsm8k", "3 + 4 = 7\n#### 7", "7") == 1.0
+    assert score("openai/gsm8k", "3 + 4 = 8\n#### 8", "7") == 0.1  # the form, not the answer
+    assert score("openai/gsm8k", "The answer is 7.", "7") == 0.0  # no #### at all
+
+
 def test_gsm8k_strict_takes_the_last_marked_answer_flexible_the_last_number():
     text = "2 apples and 3 pears make 5.\n#### 1,234\nso #### 5"
     assert extract_gsm8k(text, "strict") == "5"

@@ -2,7 +2,8 @@
 
 A scorer is `fn(data_source, solution_str, ground_truth, extra_info) -> float`
 (verl's compute_score signature). Built in: `gsm8k` (strict: the last
-`#### n`), `gsm8k_flexible` (the last number), `math` (math-verify: the
+`#### n`), `gsm8k_format` (strict, and 0.1 for a wrong `#### n`: verl's
+gsm8k `format_score=0.1`), `gsm8k_flexible` (the last number), `math` (math-verify: the
 response's answer equals the ground truth as mathematics) and `exact_match`.
 Your own: "package.module:function" or "path/to/file.py:function" (the file
 is imported by path, no PYTHONPATH needed).
@@ -42,6 +43,13 @@ def gsm8k(data_source: str, solution_str: str, ground_truth: str, extra_info: An
     return 1.0 if extract_gsm8k(solution_str, method) == ground_truth else 0.0
 
 
+def gsm8k_format(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
+    """verl's gsm8k compute_score with format_score=0.1: 1 for the right `#### n`, 0.1 for a wrong one, 0 for
+    none (a sparse task's first signal is the answer's form)."""
+    answer = extract_gsm8k(solution_str, "strict")
+    return 0.0 if answer is None else 1.0 if answer == ground_truth else 0.1
+
+
 def gsm8k_flexible(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
     return gsm8k(data_source, solution_str, ground_truth, extra_info, method="flexible")
 
@@ -61,8 +69,8 @@ def exact_match(data_source: str, solution_str: str, ground_truth: str, extra_in
     return 1.0 if solution_str.strip() == str(ground_truth).strip() else 0.0
 
 
-BUILT_IN: dict[str, Scorer] = {"gsm8k": gsm8k, "gsm8k_flexible": gsm8k_flexible, "math": math,
-                               "exact_match": exact_match}
+BUILT_IN: dict[str, Scorer] = {"gsm8k": gsm8k, "gsm8k_format": gsm8k_format, "gsm8k_flexible": gsm8k_flexible,
+                               "math": math, "exact_match": exact_match}
 
 
 def scorer_name(data_source: str, reward: str) -> str | None:

@@ -79,9 +79,26 @@ def _from_gguf(path: Path) -> tuple[Any, Any]:
     folder, name = str(path.parent), path.name
     log.info("reading %s (%s; de-quantising, may take a minute)", path, architecture)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    _set_special_tokens(tokenizer, path)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
                                                  local_files_only=True)
     return model, tokenizer
+
+
+SPECIAL_IDS = {"bos_token": "tokenizer.ggml.bos_token_id", "eos_token": "tokenizer.ggml.eos_token_id",
+               "pad_token": "tokenizer.ggml.padding_token_id"}
+
+
+def _set_special_tokens(tokenizer: Any, path: Path) -> None:
+    """bos, eos and pad as the file's own ids name them: transformers' GGUF tokenizer conversion sets them
+    differently across versions (5.17 made SmolLM2's eos <|im_start|>, id 1, where the file says 2)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(path)).fields
+    for attr, key in SPECIAL_IDS.items():
+        if key in fields:
+            field = fields[key]
+            setattr(tokenizer, attr, tokenizer.convert_ids_to_tokens(int(field.parts[field.data[0]][0])))
 
 
 def _from_folder(folder: Path) -> tuple[Any, Any]:
