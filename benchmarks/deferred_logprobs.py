@@ -15,6 +15,7 @@ import torch
 from flowrl.rl import losses
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.hf_models import load_causal_lm
+from flowrl.graph.trace import Deferred
 from flowrl.roles import Actor, UpdateSettings
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
@@ -23,8 +24,10 @@ from common import bench_model, make_batch, seconds_per_call  # noqa: E402
 
 def seconds(actor: Actor, batch, on_policy: bool, repeats: int, device: str) -> float:
     def once() -> None:
-        b = actor.logprobs(batch.clone(), deferred=on_policy)
-        actor.update(b, loss=losses.ppo_loss())
+        if on_policy:  # as the plan folds actor.logprobs into the update
+            actor.update(batch.clone(), loss=losses.ppo_loss(), deferred=Deferred("logprobs"))
+        else:
+            actor.update(actor.logprobs(batch.clone()), loss=losses.ppo_loss())
 
     return seconds_per_call(once, device, repeats)
 

@@ -8,6 +8,7 @@ from flowrl.engines.hf_rollout import HFRolloutEngine
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
+from flowrl.graph.trace import Deferred
 from flowrl.roles import Actor, UpdateSettings
 
 
@@ -23,22 +24,35 @@ def rollout_batch(path):
     return prompts
 
 
-def step(path, batch, on_policy):
+def step(path, batch, deferred, mini_batch_size=8):
+    """One update, the old logprobs deferred into it (as the plan folds actor.logprobs) or computed first."""
     torch.manual_seed(0)
     actor = Actor(engine=HFTrainEngine(load_causal_lm(path), kind="actor", lr=1e-2),
-                  settings=UpdateSettings(mini_batch_size=8, micro_batch_size=2))
-    batch = actor.logprobs(batch.clone(), deferred=on_policy)
-    actor.update(batch, loss=losses.ppo_loss())
+                  settings=UpdateSettings(mini_batch_size=mini_batch_size, micro_batch_size=2))
+    batch = batch.clone()
+    if deferred:
+        actor.update(batch, loss=losses.ppo_loss(), deferred=Deferred("logprobs"))
+    else:
+        actor.update(actor.logprobs(batch), loss=losses.ppo_loss())
     return batch, actor.engine.model.state_dict()
 
 
 def test_deferred_old_logprobs_match_computed_ones(tiny_model_path):
     batch = rollout_batch(tiny_model_path)
-    deferred, params_deferred = step(tiny_model_path, batch, on_policy=True)
-    computed, params_computed = step(tiny_model_path, batch, on_policy=False)
-    assert deferred["old_logprobs"].isnan().all()  # never computed
+    deferred, params_deferred = step(tiny_model_path, batch, deferred=True)
+    computed, params_computed = step(tiny_model_path, batch, deferred=False)
+    assert "old_logprobs" not in deferred.keys()  # never computed, nor left as a placeholder
     assert not computed["old_logprobs"].isnan().any()
     initial = load_causal_lm(tiny_model_path).state_dict()
     assert any(not torch.equal(initial[k], v) for k, v in params_computed.items())  # the step moved weights
     for key, value in params_computed.items():
         torch.testing.assert_close(params_deferred[key], value, atol=1e-6, rtol=0)
+
+
+def test_a_deferred_update_of_several_steps_computes_them_first(tiny_model_path):
+    batch = rollout_batch(tiny_model_path)
+    deferred, params_deferred = step(tiny_model_path, batch, deferred=True, mini_batch_size=2)
+    computed, params_computed = step(tiny_model_path, batch, deferred=False, mini_batch_size=2)
+    assert "old_logprobs" not in deferred.keys()  # computed on a copy for the update
+    for key, value in params_computed.items():  # the same forward pass, at the same weights: the same step
+        torch.testing.assert_close(params_deferred[key], value, atol=0, rtol=0)

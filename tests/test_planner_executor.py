@@ -68,11 +68,11 @@ def test_executor_equals_hand_written_loop():
     prompts = next(PromptStream(task, FakeTokenizer(), batch_size=3, seed=1))
     expected = grpo(prompts, actor=eager["actor"], rollout=eager["rollout"], ref=eager["ref"],
                     reward=eager["reward"], cfg=grpo.make_config({"group_size": 4}))
-    assert set(batch.keys()) == set(expected.keys())
+    # compiled, only actor.update reads old logprobs and it is one step: they are deferred to it, never written
+    assert set(batch.keys()) | {"old_logprobs"} == set(expected.keys())
     for key in ("response_ids", "scores", "advantages", "ref_logprobs", "group"):
         assert torch.equal(batch[key], expected[key]), key
-    # compiled, only actor.update reads old logprobs and it is one step: they are deferred to it
-    assert batch["old_logprobs"].isnan().all() and compiled["actor"].engine.old_from_current
+    assert compiled["actor"].engine.old_from_current
     assert not eager["actor"].engine.old_from_current and not expected["old_logprobs"].isnan().any()
     (seen, loss), = compiled["actor"].engine.updates
     assert torch.equal(seen["advantages"], eager["actor"].engine.updates[0][0]["advantages"])
@@ -126,9 +126,15 @@ def test_old_logprobs_deferred_only_when_update_is_their_only_reader():
     from flowrl.algorithms import ppo
 
     grpo_plan = fl.compile_plan(grpo, fl.Placement.colocated(("actor", "rollout", "ref")), INPUTS, ROLE_CLASSES)
-    assert next(n for n in grpo_plan.nodes if n.name == "actor.logprobs").kwargs == {"deferred": True}
+    # a node of the plan: the update, with the logprobs call folded into it and reading what that call read
+    update = next(n for n in grpo_plan.nodes if n.name == "actor.update")
+    assert "actor.logprobs" not in [n.name for n in grpo_plan.nodes]
+    assert update.kwargs["deferred"] == fl.graph.Deferred("logprobs", {}) and "old_logprobs" not in update.reads
+    assert grpo_plan.graph.has_edge("rollout.generate", "actor.update")  # it follows the folded call's inputs
+    assert "actor.update @global" in grpo_plan.describe() and "actor.logprobs deferred into it" in grpo_plan.describe()
     ppo_plan = fl.compile_plan(ppo, fl.Placement.colocated(), INPUTS, ROLE_CLASSES)  # KL-in-reward reads them
     assert next(n for n in ppo_plan.nodes if n.name == "actor.logprobs").kwargs == {}
+    assert "deferred" not in next(n for n in ppo_plan.nodes if n.name == "actor.update").kwargs
 
 
 def test_non_finite_reward_is_an_error():

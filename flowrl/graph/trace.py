@@ -47,13 +47,23 @@ class Spec:
     writes: Fields = ()
     kind: NodeKind = NodeKind.MAP
     check: Callable[..., None] | None = None  # validates the call's kwargs at trace time
-    defer_to: str | None = None  # a method of the same role that may compute this node's writes itself
+    defer_to: str | None = None  # a method of the same role that may compute this node's writes itself (Deferred)
     updates_weights: bool = False  # the role's weights change: roles that follow them need a sync
 
     def resolve(self, kwargs: dict[str, Any]) -> tuple[frozenset[str], frozenset[str]]:
         reads = self.reads(**kwargs) if callable(self.reads) else self.reads
         writes = self.writes(**kwargs) if callable(self.writes) else self.writes
         return frozenset(reads), frozenset(writes)
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A call the planner folded into the one later node that reads its writes, a method of the same role (its
+    Spec.defer_to): that method gets it as its `deferred` argument and makes the call's writes itself when it
+    needs them, or skips the call where its own pass gives them (old logprobs inside a single-step update)."""
+
+    method: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from flowrl.graph.algorithm import Algorithm
 from flowrl.graph.role import RoleSpec, role_spec
 from flowrl.graph.trace import SOURCE, Node, NodeKind, nodes_in_order
 from flowrl.plan.placement import DRIVER, Placement, Pool
-from flowrl.plan.rewrites import DEFER_KWARG, deferrable, insert_weight_syncs
+from flowrl.plan.rewrites import DEFER_KWARG, fold_deferred, insert_weight_syncs
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,8 @@ class Plan:
         lines = [f"plan {self.algorithm}:"]
         for node in self.nodes:
             deps = sorted(p for p in self.graph.predecessors(node.name) if p != SOURCE)
-            note = f"  (deferred to {node.role}.{self.specs[node.role].methods()[node.method].defer_to} when it " \
-                   f"is one step)" if node.kwargs.get(DEFER_KWARG) else ""
+            deferred = node.kwargs.get(DEFER_KWARG)
+            note = f"  (with {node.role}.{deferred.method} deferred into it)" if deferred else ""
             lines.append(f"  {node.label():40s} <- {', '.join(deps) or SOURCE}{note}")
         return "\n".join(lines)
 
@@ -103,12 +103,11 @@ def compile_plan(algo: Algorithm, placement: Placement, input_fields: set[str],
     if buffers and fills and order.index(fills[0]) > order.index(buffers[0]):
         raise PlanError(f"{algo.name}: {fills[0]} comes after {buffers[0]}; fill re-runs the nodes before it, so "
                         f"put it before the buffer (with the producers)")
-    deferred = deferrable(nodes_in_order(graph, order), specs)
+    order = fold_deferred(graph, order, specs)
     nodes = []
     for node in nodes_in_order(graph, order):
         pool = owner[node.role].name if node.role in owner else DRIVER
-        kwargs = {**node.kwargs, DEFER_KWARG: True} if node.name in deferred else node.kwargs
-        placed = replace(node, pool=pool, kwargs=kwargs)
+        placed = replace(node, pool=pool)
         graph.nodes[node.name]["node"] = placed
         nodes.append(placed)
     return Plan(algorithm=algo.name, graph=graph, nodes=nodes, pools={r: owner[r] for r in used if r in owner},

@@ -4,8 +4,12 @@
   its sync method inserted before its first node of each step, when both roles
   are in the graph.
 - Deferral: a node whose method declares `defer_to=M`, and whose writes only
-  calls of M on the same role read, is marked `deferred=True`: M may compute
-  those fields itself (old logprobs inside a single-step update).
+  one call of M on the same role reads, is folded into that call: the node
+  leaves the plan and the M node gets it as `deferred=Deferred(method,
+  kwargs)`, reads the folded call's inputs instead of its writes, and makes
+  them itself (old logprobs: a single-step update takes them from its own
+  forward pass; otherwise it computes them first). The plan shows it; no
+  role keeps state between the two calls.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from __future__ import annotations
 import networkx as nx
 
 from flowrl.graph.role import RoleSpec
-from flowrl.graph.trace import SOURCE, Node, NodeKind
+from dataclasses import replace
+
+from flowrl.graph.trace import SOURCE, Deferred, Node, NodeKind
 
 DEFER_KWARG = "deferred"
 
@@ -38,14 +44,22 @@ def insert_weight_syncs(graph: nx.DiGraph, order: list[str], specs: dict[str, Ro
     return order
 
 
-def deferrable(nodes: list[Node], specs: dict[str, RoleSpec]) -> set[str]:
-    """Nodes whose writes only their role's `defer_to` method reads: they may defer to it."""
-    out = set()
-    for node in nodes:
-        if node.role is None or node.role not in specs:
+def fold_deferred(graph: nx.DiGraph, order: list[str], specs: dict[str, RoleSpec]) -> list[str]:
+    """Fold each deferrable node into its one reader (see the module's doc); the order without them."""
+    for name in [n for n in order if n != SOURCE]:
+        node = graph.nodes[name]["node"]
+        if node.role not in specs or node.kind is not NodeKind.MAP:
             continue
         target = specs[node.role].methods()[node.method].defer_to
-        readers = [n for n in nodes if n.reads & node.writes]
-        if target is not None and readers and all((n.role, n.method) == (node.role, target) for n in readers):
-            out.add(node.name)
-    return out
+        readers = [graph.nodes[n]["node"] for n in order if n != SOURCE and graph.nodes[n]["node"].reads & node.writes]
+        if target is None or len(readers) != 1 or (readers[0].role, readers[0].method) != (node.role, target):
+            continue
+        reader = readers[0]
+        folded = replace(reader, reads=(reader.reads - node.writes) | node.reads,
+                         kwargs={**reader.kwargs, DEFER_KWARG: Deferred(node.method, dict(node.kwargs))})
+        for before in graph.predecessors(name):
+            graph.add_edge(before, reader.name)
+        graph.remove_node(name)
+        graph.nodes[reader.name]["node"] = folded
+        order = [n for n in order if n != name]
+    return order
