@@ -8,7 +8,7 @@ import torch
 from flowrl.rl.ops.aggregate import agg_loss
 from flowrl.rl.ops.cov_loss import clip_cov, kl_cov
 from flowrl.rl.ops.policy_gradient import gmpo, reinforce, sapo
-from flowrl.rl.ops.policy_loss import cispo, dppo_kl, dppo_tv, entropy_from_logits, gspo, ppo_clip
+from flowrl.rl.ops.policy_loss import cispo, dppo_kl, dppo_tv, gspo, ppo_clip
 from flowrl.rl.ops.value_loss import clipped_value_loss
 
 NAN = float("nan")
@@ -141,14 +141,6 @@ def test_cispo_clips_a_detached_weight():
     # gradient -w * A, the clipped token included (PPO would give it 0)
     loss.sum().backward()
     assert torch.allclose(logp.grad, t(-1.2, 0.5, -1.1))
-
-
-def test_entropy_from_logits():
-    logits = torch.tensor([[[0.0, 0.0], [0.0, math.log(3.0)]]])
-    # uniform over 2: ln 2 = .693147; probs [.25, .75]: .25 ln 4 + .75 ln(4/3) = .562335
-    assert torch.allclose(entropy_from_logits(logits), t([[0.693147, 0.562335]]), atol=1e-6)
-    logits = torch.randn(2, 3, 5)
-    assert torch.allclose(entropy_from_logits(logits), torch.distributions.Categorical(logits=logits).entropy())
 
 
 def test_clipped_value_loss():

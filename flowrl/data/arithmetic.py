@@ -25,9 +25,6 @@ class ArithmeticTask:
             raise ValueError(f"task.max_operand must be >= 1, got {max_operand}")
         self.max_operand, self.format_score = max_operand, format_score
 
-    def max_answer_chars(self) -> int:
-        return len(str(2 * self.max_operand))
-
     def example(self, seed: int, index: int) -> tuple[str, dict[str, Any]]:
         rng = random.Random(seed * 1_000_003 + index)
         a, b = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)

@@ -82,6 +82,9 @@ class LossFn(Protocol):
 class TrainEngine(Protocol):
     """A trainable model: forward passes over a batch and optimizer steps."""
 
+    model: torch.nn.Module  # the module it trains (the hybrid engine's rollout generates with it)
+    lora: bool  # only LoRA adapters train (checkpoints, syncs and exports handle the adapters)
+
     def forward(self, batch: TensorDict, *, temperature: float = 1.0, micro_batch_size: int = 8,
                 outputs: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
         """No-grad outputs aligned to the response, 0 on padding, each [B, R]: those named in `outputs`
@@ -110,6 +113,15 @@ class TrainEngine(Protocol):
     def save(self, path: str) -> None: ...
 
     def load(self, path: str) -> None: ...
+
+    def save_pretrained(self, path: str, tokenizer: Any = None) -> None:
+        """The model as a Hugging Face folder (LoRA adapters merged); every rank gathers, rank 0 writes."""
+        ...
+
+    def save_adapter(self, folder: str) -> str:
+        """The LoRA adapter in peft's format under `folder` (a rollout engine that serves adapters loads it);
+        the folder written."""
+        ...
 
 
 class RolloutEngine(Protocol):

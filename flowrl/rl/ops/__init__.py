@@ -3,9 +3,9 @@
 - masked: masked_sum / masked_mean / masked_var / masked_whiten.
 - aggregate: agg_loss / agg_weight over AGG_MODES.
 - kl: kl_penalty estimators (k1, abs, k2, k3, and straight-through k1+, k3+, ...), adaptive_kl_coef.
-- advantages: gae, grpo, dr_grpo, rloo, reinforce_pp, remax, group_std, reinforce_pp_baseline, gpg, opo,
+- advantages: gae, grpo (norm_by_std=False: Dr.GRPO), rloo, reinforce_pp, remax, group_std, reinforce_pp_baseline, gpg, opo,
   grpo_passk, optimal_token_baseline.
-- policy_loss: ppo_clip, gspo, cispo, dppo_tv, dppo_kl, entropy_from_logits.
+- policy_loss: ppo_clip, gspo, cispo, dppo_tv, dppo_kl.
 - policy_gradient: reinforce, gpg, sapo, gmpo; cov_loss: clip_cov, kl_cov.
 - value_loss: clipped_value_loss.
 - rewards: token_rewards, overlong_penalty, kl_in_reward, pf_ppo_weights / pf_ppo_resample.

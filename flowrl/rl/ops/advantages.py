@@ -60,7 +60,7 @@ def grpo(scores_B: torch.Tensor, group_B: torch.Tensor, mask_BT: torch.Tensor,
 
     The std is unbiased (torch.std); a group of one has mean 0 and std 1, so
     its advantage is its score (/ (1 + eps)), as in verl. With
-    `norm_by_std=False` the advantage is score - group mean (Dr.GRPO).
+    `norm_by_std=False` the advantage is score - group mean (Dr.GRPO, arXiv:2503.20783).
     """
     _check_rows(mask_BT, scores_B=scores_B, group_B=group_B)
     scores_B = _as_float(scores_B)
@@ -69,11 +69,6 @@ def grpo(scores_B: torch.Tensor, group_B: torch.Tensor, mask_BT: torch.Tensor,
     if norm_by_std:
         adv_B = adv_B / (torch.where(count_B > 1, std_B, 1.0) + eps)
     return _broadcast(adv_B, mask_BT)
-
-
-def dr_grpo(scores_B: torch.Tensor, group_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """Dr.GRPO (arXiv:2503.20783): grpo without the std normalisation."""
-    return grpo(scores_B, group_B, mask_BT, norm_by_std=False)
 
 
 def rloo(scores_B: torch.Tensor, group_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:

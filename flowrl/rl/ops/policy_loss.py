@@ -203,9 +203,3 @@ def dppo_kl(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages
     check_ratio_cap(ratio_cap)
     keep_fn = partial(_binary_kl_keep, clip_low=clip_low, clip_high=clip_high)
     return _trust_region_pg(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, keep_fn, ratio_cap)
-
-
-def entropy_from_logits(logits_BTV: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) per position: logsumexp - sum(softmax * logits)."""
-    probs_BTV = torch.softmax(logits_BTV, dim=-1)
-    return torch.logsumexp(logits_BTV, dim=-1) - (probs_BTV * logits_BTV).sum(dim=-1)
