@@ -53,3 +53,17 @@ def test_each_engine_config_owns_its_estimate():
     per_gpu = estimate(plan, SHAPE, work, {"actor": Measured(), "ref": Measured()})["global"]
     assert per_gpu["actor"] == {"weights": 7, "ranks": 2} and per_gpu["ref"] == {"weights": 3, "ranks": 2}
     assert set(per_gpu["rollout"]) == {"weights", "kv_cache"}  # not given: the default rollout engine's
+
+
+def test_a_runs_estimate_asks_each_roles_own_engine_config():
+    from flowrl.algorithms import ppo
+    from flowrl.config import load_run_config
+    from flowrl.runtime.planning import _engines, make_plan
+    from fakes import ParityTask
+
+    cfg = load_run_config(None, ["train.device=cuda", "roles.actor.lora_rank=8",
+                                 "roles.critic.offload_optimizer=true"])
+    engines = _engines(cfg, make_plan(cfg, ppo, ParityTask(), gpus=2))
+    assert set(engines) == {"actor", "ref", "critic", "rollout"}
+    assert engines["actor"].lends_base() and not engines["critic"].lends_base()  # the actor's LoRA, not the critic's
+    assert engines["critic"].offload_optimizer and not engines["actor"].offload_optimizer

@@ -25,6 +25,7 @@ from flowrl.graph.trace import NodeKind
 from flowrl.plan.placement import Placement
 from flowrl.plan.planner import Plan, compile_plan, model_roles
 from flowrl.plan.resources import GIB, ModelShape, Workload, check_fits, describe, estimate, gpu_placement
+from flowrl.roles.configs import EngineRoleConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -105,10 +106,9 @@ def _estimate(cfg: RunConfig, plan: Plan, config: dict, prompt_len: int) -> tupl
 
 
 def _engines(cfg: RunConfig, plan: Plan) -> dict[str, EngineConfig]:
-    """Each role's engine config, which estimates its memory: the section its build reads (RoleSpec.engines)."""
-    sections = {"actor": cfg.actor, "critic": cfg.critic, "rollout": cfg.rollout}
-    return {role: sections[spec.engines[0]] for role, spec in plan.specs.items()
-            if spec.engines and spec.engines[0] in sections}
+    """Each placed role's engine config, which estimates its memory: the one its section holds (roles.<name>)."""
+    sections = {role: cfg.section(role, plan.specs[role]) for role in plan.pools}
+    return {role: section.engine for role, section in sections.items() if isinstance(section, EngineRoleConfig)}
 
 
 def _model_config(cfg: RunConfig, task: Any) -> dict:
