@@ -46,12 +46,12 @@ transformers.__version__, trl.__version__, datasets.__version__, pydantic.__vers
 print('tokenizer eos/pad/bos', t.eos_token_id, t.pad_token_id, t.bos_token_id)"
   python3 -m flowrl.cli data wordproblems --output /tmp/wp
   # GRPO and RLOO share the GPU (two processes at once): GRPO's times are an upper bound of its own
-  run rloo 480 $LEARN --algorithm rloo --steps 50 --output /tmp/runs/rloo &
-  run grpo 480 $LEARN --algorithm grpo --steps 50 --output /tmp/runs/grpo
+  run rloo 420 $LEARN --algorithm rloo --steps 40 --output /tmp/runs/rloo &
+  run grpo 420 $LEARN --algorithm grpo --steps 40 --output /tmp/runs/grpo
   wait
   ;;
 3)
-  run trl 400 python3 benchmarks/real_model_trl.py --model /tmp/smollm2 --data /tmp/wp --output /tmp/runs/trl \
+  run trl 280 python3 benchmarks/real_model_trl.py --model /tmp/smollm2 --data /tmp/wp --output /tmp/runs/trl \
     --steps 30
   ;;
 esac
