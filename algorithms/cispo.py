@@ -4,19 +4,13 @@ from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
-from flowrl.rl.correction import RolloutCorrectionConfig
+from flowrl.rl.options import GroupSampling, KLLoss
 from flowrl.rl.subgraphs import critic_free_step
 
 
-class CISPOConfig(losses.CISPOClip):
+class CISPOConfig(losses.CISPOClip, GroupSampling, KLLoss):
     model_config = ConfigDict(extra="forbid")
-    group_size: int = Field(8, ge=2, description="Responses sampled per prompt.")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 (the paper's) "
-                                                  "drops the ref role.")
     norm_by_std: bool = Field(True, description="Divide by the group's std; False gives Dr.GRPO advantages.")
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
-                                                        description="Truncated IS / rejection against the "
-                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=CISPOConfig)

@@ -4,21 +4,17 @@ from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
-from flowrl.rl.correction import RolloutCorrectionConfig
+from flowrl.rl.options import GroupSampling
 
 
-class DAPOConfig(losses.ClipHigher):
+class DAPOConfig(losses.ClipHigher, GroupSampling):
     model_config = ConfigDict(extra="forbid")
-    group_size: int = Field(8, ge=2, description="Responses sampled per prompt.")
     dynamic_sampling: bool = Field(True, description="Drop groups whose scores are all equal and resample.")
     max_sampling_rounds: int = Field(4, ge=1, description="Generation rounds per step when filling groups.")
     max_response_len: int = Field(2, ge=1, description="Response cap the overlong penalty counts to "
                                                       "(filled from rollout.max_new_tokens).")
     overlong_buffer_len: int = Field(0, ge=0, description="Soft overlong punishment window; 0 is off.")
     overlong_penalty: float = Field(1.0, ge=0, description="Penalty at the hard cap.")
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
-                                                        description="Truncated IS / rejection against the "
-                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=DAPOConfig)

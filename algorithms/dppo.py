@@ -4,20 +4,15 @@ from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
-from flowrl.rl.correction import RolloutCorrectionConfig
+from flowrl.rl.options import GroupSampling, KLLoss
 from flowrl.rl.subgraphs import critic_free_step
 
 
-class DPPOConfig(losses.TrustRegion):
+class DPPOConfig(losses.TrustRegion, GroupSampling, KLLoss):
     model_config = ConfigDict(extra="forbid")
-    group_size: int = Field(8, ge=2, description="Responses sampled per prompt.")
     ratio_cap: float = Field(3.0, ge=1, description="Truncation of the detached IS ratio: verl's clip_ratio_c, "
                                                     "default 3.0 (its DPPO example and the paper use a large "
                                                     "cap, 1e4).")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
-                                                        description="Truncated IS / rejection against the "
-                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=DPPOConfig)

@@ -1,20 +1,15 @@
 """GMPO (arXiv:2507.20673): GRPO's advantages with the geometric mean of sign-clipped token ratios per sequence."""
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict
 
 import flowrl as fl
 from flowrl.rl import losses, stages
-from flowrl.rl.correction import RolloutCorrectionConfig
+from flowrl.rl.options import GroupSampling, KLLoss
 from flowrl.rl.subgraphs import critic_free_step
 
 
-class GMPOConfig(losses.GeometricMean):
+class GMPOConfig(losses.GeometricMean, GroupSampling, KLLoss):
     model_config = ConfigDict(extra="forbid")
-    group_size: int = Field(8, ge=2, description="Responses sampled per prompt.")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
-                                                        description="Truncated IS / rejection against the "
-                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=GMPOConfig)

@@ -4,18 +4,14 @@ from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
-from flowrl.rl.correction import RolloutCorrectionConfig
+from flowrl.rl.options import GroupSampling, GroupSize, KLLoss
 from flowrl.rl.subgraphs import critic_free_step
 
 
-class GPGConfig(losses.GPG):
+class GPGConfig(losses.GPG, GroupSampling, KLLoss):
     model_config = ConfigDict(extra="forbid")
-    group_size: int = Field(5, ge=2, description="Responses sampled per prompt (verl's GPG example: 5).")
+    group_size: GroupSize = 5
     f_norm: float = Field(1.0, gt=0, description="Divisor of the advantages (GPG's F_norm).")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
-                                                        description="Truncated IS / rejection against the "
-                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=GPGConfig)

@@ -10,15 +10,15 @@ from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
+from flowrl.rl.options import GroupSampling, KLLoss, KLLossCoef
 from flowrl.rl.correction import RolloutCorrectionConfig
 
 
-class GRPOAsyncConfig(losses.PPOClip):
+class GRPOAsyncConfig(losses.PPOClip, GroupSampling, KLLoss):
     model_config = ConfigDict(extra="forbid")
-    group_size: int = Field(8, ge=2, description="Responses sampled per prompt.")
     max_staleness: int = Field(1, ge=0, description="Steps generation may run ahead of training (versions a "
                                                     "trained row may lag the weights); 0 is synchronous GRPO.")
-    kl_coef: float = Field(0.001, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
+    kl_coef: KLLossCoef = 0.001
     norm_by_std: bool = Field(True, description="Divide by the group's std; False gives Dr.GRPO.")
     rollout_correction: RolloutCorrectionConfig = Field(
         default_factory=lambda: RolloutCorrectionConfig(is_level="token"),

@@ -4,18 +4,14 @@ from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
-from flowrl.rl.correction import RolloutCorrectionConfig
+from flowrl.rl.options import GroupSampling, KLLoss, KLLossCoef
 from flowrl.rl.subgraphs import critic_free_step
 
 
-class GRPOPassKConfig(losses.PPOClip):
+class GRPOPassKConfig(losses.PPOClip, GroupSampling, KLLoss):
     model_config = ConfigDict(extra="forbid")
-    group_size: int = Field(8, ge=2, description="Responses sampled per prompt: the k of pass@k.")
-    kl_coef: float = Field(0.001, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
+    kl_coef: KLLossCoef = 0.001
     norm_by_std: bool = Field(True, description="Divide the best sample's advantage by its group's std.")
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
-                                                        description="Truncated IS / rejection against the "
-                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=GRPOPassKConfig)

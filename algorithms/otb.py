@@ -6,20 +6,14 @@ from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
-from flowrl.rl.correction import RolloutCorrectionConfig
+from flowrl.rl.options import GroupSampling, KLLoss
 
 
-class OTBConfig(losses.PPOClip):
+class OTBConfig(losses.PPOClip, GroupSampling, KLLoss):
     model_config = ConfigDict(extra="forbid")
-    group_size: int = Field(8, ge=2, description="Responses sampled per prompt (verl's OTB example: 8).")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 (verl's OTB example) "
-                                                  "drops the ref role.")
     handle_zero_tail: bool = Field(True, description="Baseline 0 on a group's single longest row past the "
                                                      "second-longest row's length, where the baseline would be "
                                                      "that row's own return (verl's default: on).")
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
-                                                        description="Truncated IS / rejection against the "
-                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=OTBConfig)

@@ -6,10 +6,10 @@ from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
-from flowrl.rl.correction import RolloutCorrectionConfig
+from flowrl.rl.options import KLReward, Sampled
 
 
-class PFPPOConfig(losses.PPOClip):
+class PFPPOConfig(losses.PPOClip, Sampled, KLReward):
     model_config = ConfigDict(extra="forbid")
     reweight_method: Literal["pow", "max_min", "max_random"] = Field(
         "pow", description="Row weight from its score: |s|^weight_pow, 1 at the batch's max or min score, or "
@@ -18,10 +18,6 @@ class PFPPOConfig(losses.PPOClip):
     value_clip: float = Field(0.5, gt=0, description="Value-function clip range.")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
-    kl_coef: float = Field(0.001, ge=0, description="KL-in-reward weight; 0 drops the ref role.")
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
-                                                        description="Truncated IS / rejection against the "
-                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=PFPPOConfig)

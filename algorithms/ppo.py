@@ -7,23 +7,18 @@ from pydantic import ConfigDict, Field, model_validator
 
 import flowrl as fl
 from flowrl.rl import losses, stages
-from flowrl.rl.correction import RolloutCorrectionConfig
+from flowrl.rl.options import KLReward, Sampled
 
 
-class PPOConfig(losses.PPOClip):
+class PPOConfig(losses.PPOClip, Sampled, KLReward):
     model_config = ConfigDict(extra="forbid")
     value_clip: float = Field(0.5, gt=0, description="Value-function clip range.")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
-    kl_coef: float = Field(0.001, ge=0, description="KL-in-reward weight (the adaptive controller's first); 0 drops "
-                                                    "the ref role.")
-    kl_ctrl: Literal["fixed", "adaptive"] = Field("fixed", description="'adaptive' moves the KL weight toward "
-                                                                       "target_kl each step (verl's kl_ctrl.type).")
+    kl_ctrl: Literal["fixed", "adaptive"] = Field("fixed", description="'adaptive' moves the KL weight, from kl_coef, "
+                                                  "toward target_kl each step (verl's kl_ctrl.type).")
     target_kl: float = Field(0.1, gt=0, description="The adaptive controller's target KL per token.")
     horizon: int = Field(10000, gt=0, description="The adaptive controller's horizon, in rows (verl's kl_ctrl).")
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
-                                                        description="Truncated IS / rejection against the "
-                                                                    "sampler's logprobs (verl's rollout correction).")
 
     @model_validator(mode="after")
     def _adaptive_needs_a_weight(self) -> "PPOConfig":

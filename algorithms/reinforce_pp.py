@@ -4,18 +4,13 @@ from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
-from flowrl.rl.correction import RolloutCorrectionConfig
+from flowrl.rl.options import KLReward, Sampled
 
 
-class ReinforcePPConfig(losses.PPOClip):
+class ReinforcePPConfig(losses.PPOClip, Sampled, KLReward):
     model_config = ConfigDict(extra="forbid")
     group_size: int = Field(4, ge=1, description="Responses sampled per prompt (whitening is over the batch).")
-    kl_coef: float = Field(0.001, ge=0, description="Weight of the k1 KL-to-reference penalty in the token "
-                                                    "rewards; 0 drops the ref role.")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount of the return-to-go.")
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
-                                                        description="Truncated IS / rejection against the "
-                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=ReinforcePPConfig)

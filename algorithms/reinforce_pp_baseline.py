@@ -1,20 +1,14 @@
 """REINFORCE++-baseline (arXiv:2501.03262): the group mean as baseline, then batch whitening; no critic."""
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict
 
 import flowrl as fl
 from flowrl.rl import losses, stages
-from flowrl.rl.correction import RolloutCorrectionConfig
+from flowrl.rl.options import GroupSampling, KLReward
 
 
-class ReinforcePPBaselineConfig(losses.PPOClip):
+class ReinforcePPBaselineConfig(losses.PPOClip, GroupSampling, KLReward):
     model_config = ConfigDict(extra="forbid")
-    group_size: int = Field(8, ge=2, description="Responses sampled per prompt (the baseline is their mean).")
-    kl_coef: float = Field(0.001, ge=0, description="Weight of the k1 KL-to-reference penalty in the token "
-                                                    "rewards (verl's use_kl_in_reward); 0 drops the ref role.")
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
-                                                        description="Truncated IS / rejection against the "
-                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=ReinforcePPBaselineConfig)

@@ -4,16 +4,13 @@ from pydantic import ConfigDict, Field
 
 import flowrl as fl
 from flowrl.rl import losses, stages
-from flowrl.rl.correction import RolloutCorrectionConfig
+from flowrl.rl.options import Sampled
 
 
-class ReMaxConfig(losses.PPOClip):
+class ReMaxConfig(losses.PPOClip, Sampled):
     model_config = ConfigDict(extra="forbid")
     group_size: int = Field(4, ge=1, description="Sampled responses per prompt besides the greedy one "
                                                  "(1 is the paper's setting).")
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
-                                                        description="Truncated IS / rejection against the "
-                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=ReMaxConfig)

@@ -1,20 +1,15 @@
 """SAPO (Qwen, arXiv:2511.20347): GRPO's advantages with a smooth sigmoid gate on the ratio instead of a clip."""
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict
 
 import flowrl as fl
 from flowrl.rl import losses, stages
-from flowrl.rl.correction import RolloutCorrectionConfig
+from flowrl.rl.options import GroupSampling, KLLoss
 from flowrl.rl.subgraphs import critic_free_step
 
 
-class SAPOConfig(losses.SAPOGate):
+class SAPOConfig(losses.SAPOGate, GroupSampling, KLLoss):
     model_config = ConfigDict(extra="forbid")
-    group_size: int = Field(8, ge=2, description="Responses sampled per prompt.")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL-to-reference loss; 0 drops the ref role.")
-    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig,
-                                                        description="Truncated IS / rejection against the "
-                                                                    "sampler's logprobs (verl's rollout correction).")
 
 
 @fl.algorithm(config=SAPOConfig)
