@@ -169,3 +169,17 @@ def test_closing_the_executor_closes_each_role_once():
     executor.close()
     executor.close()
     assert closed == [roles["rollout"].engine]  # once; roles without close() (actor, ref, reward) are left be
+
+
+def test_a_deferral_target_must_take_the_folded_call():
+    class Stateless:
+        @fl.graph_method(writes=("cached",), defer_to="use")
+        def cache(self, batch):
+            return batch
+
+        @fl.graph_method(reads=("cached",))
+        def use(self, batch):  # no `deferred`: the plan could not hand it the folded call
+            return batch
+
+    with pytest.raises(fl.GraphError, match=r"cache: defer_to='use', but use\(\) takes no `deferred` argument"):
+        fl.role("stateless_deferral")(Stateless)

@@ -28,6 +28,7 @@ that config's `build(cls, ctx)` (the built-in roles build their engines there, f
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -108,6 +109,10 @@ def role(name: str | type | None = None, *, trainable: bool = False, exported: b
             if mspec.defer_to is not None and mspec.defer_to not in methods:
                 raise GraphError(f"{role_name}.{method}: defer_to={mspec.defer_to!r} is not a graph method of "
                                  f"the role")
+            target = getattr(cls, mspec.defer_to) if mspec.defer_to is not None else None
+            if target is not None and "deferred" not in inspect.signature(target).parameters:
+                raise GraphError(f"{role_name}.{method}: defer_to={mspec.defer_to!r}, but {mspec.defer_to}() takes no "
+                                 f"`deferred` argument (the call the plan folds into it, flowrl.graph.trace.Deferred)")
         setattr(cls, ROLE_ATTR, spec)
         ROLES.register(role_name, spec, replace=_redefined(role_name, cls))
         return cls
