@@ -50,10 +50,10 @@ def test_a_finished_run_says_so_and_a_longer_one_resumes(tmp_path, capsys):
 
 def test_changed_settings_are_listed_and_a_new_lr_applies(tmp_path, capsys):
     train(config(tmp_path, "train.steps=2"), progress=False)
-    rows = train(config(tmp_path, "train.steps=3", "actor.lr=0.001", "algo.kl_coef=0.01"), progress=False)
+    rows = train(config(tmp_path, "train.steps=3", "roles.actor.lr=0.001", "algo.kl_coef=0.01"), progress=False)
     assert rows[0]["actor/lr"] == pytest.approx(0.001)  # the checkpoint's optimizer had 0.002
     err = capsys.readouterr().err
-    assert "resuming with changed settings: actor.lr 0.002 -> 0.001, algo" in err
+    assert "resuming with changed settings: algo {} -> {'kl_coef': 0.01}, roles.actor.lr 0.002 -> 0.001\n" in err
 
 
 def test_settings_a_checkpoint_fixes_are_refused_by_name(tmp_path):

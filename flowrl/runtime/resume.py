@@ -16,12 +16,14 @@ from typing import Any
 from flowrl.config import RunConfig
 from flowrl.data.prompts import PromptStream
 from flowrl.data.redact import redact
+from flowrl.graph.role import ROLES
 from flowrl.runtime import checkpoint
 from flowrl.runtime.executor import Executor
 
 FIXED = ("algorithm", "model.path", "model.dtype", "model.tiny_hidden_size", "model.tiny_num_layers",
-         "model.reward_path", "task.name", "task.max_operand", "task.chat_template", "train.seed", "roles")
-"""Settings a checkpoint fixes: its weights, data order and roles were made under them."""
+         "model.reward_path", "task.name", "task.max_operand", "task.chat_template", "train.seed")
+"""Settings a checkpoint fixes: its weights, data order and roles were made under them (and each role's binding,
+roles.<name>.use; a role's other options, its learning rate, may change)."""
 RUN_LENGTH = ("train.steps", "train.resume")
 
 
@@ -57,9 +59,10 @@ def check_settings(cfg: RunConfig, saved: dict[str, Any] | None, path: Path) -> 
     if saved is None:
         return
     current = redact(cfg.model_dump(mode="json"))  # as saved: secrets masked
+    saved, current = _sections_filled(saved, current), _sections_filled(current, saved)
     changed = {key: (old, new) for key, (old, new) in _diff(_flat(saved), _flat(current)).items()
-               if not key.startswith(RUN_LENGTH)}
-    fixed = [key for key in changed if key.startswith(FIXED)]
+               if not key.startswith(RUN_LENGTH) and not (_binding(key) and (old or "") == (new or ""))}
+    fixed = [key for key in changed if key.startswith(FIXED) or _binding(key)]
     if fixed:
         old, new = changed[fixed[0]]
         raise ValueError(f"{fixed[0]}: the checkpoint {path} was made with {old!r}, not {new!r}; it cannot change "
@@ -81,10 +84,26 @@ def restore(found: tuple[Path, dict[str, Any]], executor: Executor, stream: Prom
     return int(state["step"])
 
 
+def _sections_filled(values: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """`values` (a config as saved) with the default section of each role `other` sets and it does not, so a
+    section set on one side only compares field by field (roles.actor.lr 0.002 -> 0.001)."""
+    roles = dict(values.get("roles") or {})
+    for name in set(other.get("roles") or {}) - set(roles):
+        if name in ROLES:
+            roles[name] = RunConfig().section(name).model_dump(mode="json")
+    return {**values, "roles": roles}
+
+
+def _binding(key: str) -> bool:
+    """roles.<name>.use, the class a role name is bound to ('' or absent: the name's own)."""
+    parts = key.split(".")
+    return len(parts) == 3 and parts[0] == "roles" and parts[2] == "use"
+
+
 def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in values.items():
-        if isinstance(value, dict) and key not in ("algo", "roles"):
+        if isinstance(value, dict) and key != "algo":
             out.update(_flat(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
