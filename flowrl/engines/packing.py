@@ -21,6 +21,7 @@ Outputs are gathered back to each row's response columns, so callers see [B, R] 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from tensordict import TensorDict
@@ -30,6 +31,9 @@ from transformers.masking_utils import (and_masks, causal_mask_function, flex_at
 from flowrl.engines.attention import NAME as FLOWRL_SDPA
 from flowrl.engines.logprobs import full_logits_logprobs, token_logprobs
 from flowrl.engines.sampling import RowSampling, apply_sampling
+
+if TYPE_CHECKING:
+    from flowrl.engines.hf_train import HFTrainEngine
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ def gather_BR(values_1N: torch.Tensor, index_BR: torch.Tensor) -> torch.Tensor:
     return values_1N[0][index_BR]
 
 
-def packed_outputs(engine, mb: TensorDict, sampling: RowSampling, outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def packed_outputs(engine: HFTrainEngine, mb: TensorDict, sampling: RowSampling, outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """HFTrainEngine's outputs [B, R] of the (trimmed) micro-batch, computed packed: what its padded passes
     compute (flowrl.engines.hf_train), from one sequence of the rows' real tokens."""
     packed = pack(mb)
@@ -114,7 +118,7 @@ def packed_outputs(engine, mb: TensorDict, sampling: RowSampling, outputs: tuple
     return full_logits_logprobs(logits_NV.view(*before_BR.shape, -1), response_ids, outputs)
 
 
-def _wants_block_mask(engine, device: torch.device) -> bool:
+def _wants_block_mask(engine: HFTrainEngine, device: torch.device) -> bool:
     """On CUDA under flowrl_sdpa: a BlockMask, not the dense N x N mask transformers builds for SDPA."""
     base = engine.model.get_base_model() if engine.lora else engine.model
     return device.type == "cuda" and getattr(base.config, "_attn_implementation", None) == FLOWRL_SDPA
