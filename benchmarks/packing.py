@@ -153,7 +153,7 @@ def main() -> None:
     p.add_argument("--new-tokens", type=lambda s: [int(x) for x in s.split(",")], default=None,
                    help="caps on new tokens, comma separated (default 1024,4096; --tiny 64,128)")
     p.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")], default=None,
-                   help="rows per workload, one per cap (default 64,32; --tiny 16,8)")
+                   help="rows per workload, one per cap (default 64,64; --tiny 16,8)")
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 256; --tiny 16)")
     p.add_argument("--micro-batch-size", type=int, default=None, help="rows per update micro-batch (default 4)")
     p.add_argument("--forward-micro-batch-size", type=int, default=None, help="rows per no-grad pass (default 16)")
@@ -164,7 +164,7 @@ def main() -> None:
     args = p.parse_args()
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     args.new_tokens = args.new_tokens or ([64, 128] if args.tiny else [1024, 4096])
-    args.rows = args.rows or ([16, 8] if args.tiny else [64, 32])
+    args.rows = args.rows or ([16, 8] if args.tiny else [64, 64])
     args.prompt_len = args.prompt_len or (16 if args.tiny else 256)
     args.micro_batch_size = args.micro_batch_size or 4
     args.forward_micro_batch_size = args.forward_micro_batch_size or 16
