@@ -42,6 +42,10 @@ def test_pack_by_hand():
     assert document_ids(packed.position_ids_1N).tolist() == [[0, 0, 0, 1, 1, 1]]
     assert packed.at_BR.tolist() == [[2, 2], [4, 5]]  # row 0's padding column: its last real token's place
     assert packed.before_BR.tolist() == [[1, 1], [3, 4]]
+    empty = batch.clone()
+    empty["prompt_mask"].zero_()
+    empty["response_mask"].zero_()
+    assert pack(empty).input_ids_1N.tolist() == [[7]]  # one token, so that the pass runs
 
 
 @pytest.mark.parametrize("chunk", [4096, 0])  # logprobs chunk-wise from the decoder, or from full logits

@@ -69,6 +69,8 @@ def pack(mb: TensorDict) -> Packed:
     """The micro-batch (prompts left-padded, responses right-padded) packed into one sequence."""
     ids_BL = torch.cat([mb["prompt_ids"], mb["response_ids"]], dim=1)
     mask_BL = torch.cat([mb["prompt_mask"], mb["response_mask"]], dim=1).bool()
+    if not mask_BL.any():  # rows with no token at all: pass one (its outputs are masked), not an empty sequence
+        mask_BL[0, 0] = True
     positions_BL = mask_BL.long().cumsum(-1) - 1
     index_BL = (mask_BL.flatten().long().cumsum(0) - 1).clamp(min=0).view(mask_BL.shape)
     return Packed(ids_BL[mask_BL][None], positions_BL[mask_BL][None], index_BL, mb["prompt_ids"].shape[1])
