@@ -1,6 +1,6 @@
 """DPPO (arXiv:2602.04879): GRPO's graph with a divergence trust region (binary TV or KL) instead of ratio clipping."""
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict
 
 import flowrl as fl
 from flowrl.rl import losses, stages
@@ -10,9 +10,7 @@ from flowrl.rl.subgraphs import critic_free_step
 
 class DPPOConfig(losses.TrustRegion, GroupSampling, KLLoss):
     model_config = ConfigDict(extra="forbid")
-    ratio_cap: float = Field(3.0, ge=1, description="Truncation of the detached IS ratio: verl's clip_ratio_c, "
-                                                    "default 3.0 (its DPPO example and the paper use a large "
-                                                    "cap, 1e4).")
+    ratio_cap: losses.RatioCap = 3.0  # verl's clip_ratio_c default (its DPPO example and the paper use 1e4)
 
 
 @fl.algorithm(config=DPPOConfig)

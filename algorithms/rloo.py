@@ -1,22 +1,19 @@
 """RLOO: leave-one-out baselines over each prompt's samples, PPO clip, KL to the reference as a loss."""
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict
 
 import flowrl as fl
 from flowrl.rl import losses, stages
 from flowrl.rl.options import GroupSampling, GroupSize, KLLoss, KLLossCoef
 from flowrl.rl.subgraphs import critic_free_step
-from flowrl.rl.ops.aggregate import AggMode
 
 
 class RLOOConfig(losses.PPOClip, GroupSampling, KLLoss):
     model_config = ConfigDict(extra="forbid")
     group_size: GroupSize = 4
     kl_coef: KLLossCoef = 0.001
-    dual_clip: float | None = Field(None, gt=1, description="Dual-clip bound for negative advantages; None "
-                                                            "(RLOO's default) is off.")
-    loss_agg_mode: AggMode = Field("seq-mean-token-mean", description="How token losses are averaged (RLOO's "
-                                                                      "default: each sequence's mean).")
+    dual_clip: losses.DualClip = None
+    loss_agg_mode: losses.LossAggMode = "seq-mean-token-mean"
 
 
 @fl.algorithm(config=RLOOConfig)

@@ -15,7 +15,7 @@ algorithm's effective loss (tests/test_docs_algorithms.py checks it).
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +26,13 @@ from flowrl.rl.ops.policy_gradient import gmpo, gpg, reinforce, sapo
 from flowrl.rl.ops.policy_loss import cispo, dppo_kl, dppo_tv, gspo, ppo_clip
 
 __all__ = ["Loss", "PolicyLoss", "ValueLoss", "LossPreset", "PRESETS"]
+
+# Options whose bound and description are written once; an algorithm whose default differs states only the value
+# on the type (`dual_clip: DualClip = None`), as flowrl.rl.options does for the shared options.
+LossAggMode = Annotated[AggMode, Field(description="How token losses are aggregated (flowrl.rl.ops.aggregate).")]
+DualClip = Annotated[float | None, Field(gt=1, description="Dual-clip bound for negative advantages; None is off.")]
+RatioCap = Annotated[float, Field(ge=1, description="Truncation of the detached IS ratio (verl's clip_ratio_c).")]
+VERL_CLIP_RATIO_C = 3.0  # verl's default dual clip (clip_ratio_c), which its vanilla loss always applies
 
 
 class LossPreset(BaseModel):
@@ -39,8 +46,7 @@ class LossPreset(BaseModel):
     objective: ClassVar[Objective]
     weights_in_objective: ClassVar[bool] = False
     differs_from_op: ClassVar[dict[str, str]] = {}
-    loss_agg_mode: AggMode = Field("token-mean", description="How token losses are aggregated "
-                                                             "(flowrl.rl.ops.aggregate).")
+    loss_agg_mode: LossAggMode = "token-mean"
     entropy_coef: float = Field(0.0, description="Entropy bonus weight; 0 computes no entropy.")
 
     @classmethod
@@ -72,7 +78,7 @@ class PPOClip(LossPreset):
     differs_from_op: ClassVar[dict[str, str]] = {"dual_clip": "verl's clip_ratio_c, which its vanilla loss "
                                                                "always applies"}
     clip: float = Field(0.2, gt=0, lt=1, description="PPO clip range, the same on both sides.")
-    dual_clip: float | None = Field(3.0, gt=1, description="Dual-clip bound for negative advantages; None is off.")
+    dual_clip: DualClip = VERL_CLIP_RATIO_C
 
     @classmethod
     def objective_options(cls, cfg: LossPreset) -> dict[str, Any]:
@@ -86,14 +92,14 @@ class ClipHigher(LossPreset):
     differs_from_op: ClassVar[dict[str, str]] = {"clip_high": "DAPO's clip-higher", **PPOClip.differs_from_op}
     clip_low: float = Field(0.2, gt=0, lt=1, description="Lower clip range (ratio >= 1 - clip_low).")
     clip_high: float = Field(0.28, gt=0, description="Upper clip range (ratio <= 1 + clip_high).")
-    dual_clip: float | None = Field(3.0, gt=1, description="Dual-clip bound for negative advantages; None is off.")
+    dual_clip: DualClip = VERL_CLIP_RATIO_C
 
 
 class GSPOClip(LossPreset):
     """GSPO (arXiv:2507.18071) with the paper's clip range and its sequence-level aggregation."""
 
     objective: ClassVar[Objective] = gspo
-    loss_agg_mode: AggMode = Field("seq-mean-token-mean", description="How token losses are aggregated.")
+    loss_agg_mode: LossAggMode = "seq-mean-token-mean"
     clip_low: float = Field(3e-4, gt=0, lt=1, description="Lower clip of the sequence ratio (s >= 1 - clip_low).")
     clip_high: float = Field(4e-4, gt=0, lt=1, description="Upper clip of the sequence ratio (s <= 1 + clip_high).")
 
@@ -115,8 +121,7 @@ class TrustRegion(LossPreset):
                                                               "'tv' (p - q) or 'kl' (binary KL).")
     clip_low: float = Field(0.15, ge=0, le=1, description="Divergence bound for tokens with A <= 0.")
     clip_high: float = Field(0.15, ge=0, le=1, description="Divergence bound for tokens with A > 0.")
-    ratio_cap: float = Field(20.0, ge=1, description="Truncation of the detached IS ratio (verl's clip_ratio_c "
-                                                     "for DPPO).")
+    ratio_cap: RatioCap = 20.0  # the op's (verl's function's fallback); the dppo algorithm uses 3.0
 
     @classmethod
     def objective_options(cls, cfg: LossPreset) -> dict[str, Any]:
@@ -143,7 +148,7 @@ class SAPOGate(LossPreset):
     """SAPO (arXiv:2511.20347): soft sigmoid gate, verl's temperatures and its seq-mean-token-mean."""
 
     objective: ClassVar[Objective] = sapo
-    loss_agg_mode: AggMode = Field("seq-mean-token-mean", description="How token losses are aggregated.")
+    loss_agg_mode: LossAggMode = "seq-mean-token-mean"
     tau_pos: float = Field(1.0, gt=0, description="Gate temperature for tokens with A > 0.")
     tau_neg: float = Field(1.05, gt=0, description="Gate temperature for tokens with A <= 0 (sharper: > tau_pos).")
 
@@ -154,7 +159,7 @@ class GeometricMean(LossPreset):
 
     objective: ClassVar[Objective] = gmpo
     weights_in_objective: ClassVar[bool] = True
-    loss_agg_mode: AggMode = Field("seq-mean-token-mean", description="How token losses are aggregated.")
+    loss_agg_mode: LossAggMode = "seq-mean-token-mean"
     clip_low: float = Field(0.4, gt=0, description="Lower clip of each token's log-ratio (l >= -clip_low).")
     clip_high: float = Field(0.4, gt=0, description="Upper clip of each token's log-ratio (l <= clip_high).")
 
