@@ -203,9 +203,6 @@ class DataConfig(Section):
         return JudgeSettings(self.judge_template or TEMPLATE, self.judge_max_score, self.judge_max_new_tokens)
 
 
-SyncConfig = TransportConfig  # the `sync` section: a registered weight transport's config
-
-
 class RunConfig(Section):
     algorithm: str = Field("grpo", description="A registered name (flowrl.graph.algorithm.ALGORITHMS: the prebuilt ones) "
                                                   "or 'module:attribute'.")

@@ -35,13 +35,13 @@ class ExecutorConfig(BaseModel):
     OPTIONS: ClassVar[tuple[str, ...]] = ()  # train.* fields this executor reads and the local one does not
     CLUSTER: ClassVar[bool] = False  # places pools on a cluster: their strategy and resources apply
     name: str
-    device: str = "cpu"
+    device: str
     sync: TransportConfig
 
     @classmethod
     def from_run(cls, cfg: RunConfig) -> "ExecutorConfig":
         train = {key: getattr(cfg.train, key) for key in cls.model_fields if key in TrainConfig.model_fields}
-        return cls(name=cfg.train.executor, sync=cfg.sync, **train)
+        return cls(name=cfg.train.executor, sync=cfg.sync, **train)  # device: train.device
 
     @property
     def uses_cluster_gpus(self) -> bool:
@@ -103,10 +103,10 @@ class RayExecutorConfig(ExecutorConfig):
 
     OPTIONS: ClassVar[tuple[str, ...]] = ("node_timeout_s", "ship_files", "placement_timeout_s")
     CLUSTER: ClassVar[bool] = True
-    node_timeout_s: float | None = None
-    ship_files: bool = True
-    placement_timeout_s: float = 60.0
-    cpu_threads: int = 0
+    node_timeout_s: float | None  # these four: the train.* fields of the same names (documented there)
+    ship_files: bool
+    placement_timeout_s: float
+    cpu_threads: int
 
     def check_world(self, world: int) -> None:
         if world > 1:
