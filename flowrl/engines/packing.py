@@ -96,7 +96,8 @@ def gather_BR(values_1N: torch.Tensor, index_BR: torch.Tensor) -> torch.Tensor:
     return values_1N[0][index_BR]
 
 
-def packed_outputs(engine: HFTrainEngine, mb: TensorDict, sampling: RowSampling, outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def packed_outputs(engine: HFTrainEngine, mb: TensorDict, sampling: RowSampling,
+                   outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """HFTrainEngine's outputs [B, R] of the (trimmed) micro-batch, computed packed: what its padded passes
     compute (flowrl.engines.hf_train), from one sequence of the rows' real tokens."""
     packed = pack(mb)

@@ -10,9 +10,9 @@ padding, or a few long rows make one micro-batch far heavier than the rest. Here
   rows), so each holds rows of similar length.
 
 A row longer than the budget gets a micro-batch of its own. Every FSDP rank must run as many micro-batches:
-`num_micro_batches` splits the rows into the largest count any rank needs (balanced again, or by halving). How the rows are split leaves a step's
-gradient unchanged: the engine weights each micro-batch's loss against the whole mini-batch
-(flowrl.engines.protocols.LossFn).
+`num_micro_batches` splits the rows into the largest count any rank needs (balanced again, or by halving). How
+the rows are split leaves a step's gradient unchanged: the engine weights each micro-batch's loss against the
+whole mini-batch (flowrl.engines.protocols.LossFn).
 """
 
 from __future__ import annotations
