@@ -57,7 +57,7 @@ def fold_deferred(graph: nx.DiGraph, order: list[str], specs: dict[str, RoleSpec
         reader = readers[0]
         folded = replace(reader, reads=(reader.reads - node.writes) | node.reads,
                          kwargs={**reader.kwargs, DEFER_KWARG: Deferred(node.method, dict(node.kwargs))})
-        for before in graph.predecessors(name):
+        for before in list(graph.predecessors(name)):
             graph.add_edge(before, reader.name)
         graph.remove_node(name)
         graph.nodes[reader.name]["node"] = folded
