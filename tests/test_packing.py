@@ -113,3 +113,14 @@ def test_packed_passes_on_a_module_the_static_rollout_shares(tiny_model_path):
     torch.testing.assert_close(packed, first["rollout_logprobs"] * first["response_mask"], atol=1e-5, rtol=0)
     again = rollout.generate(ids, mask, params)
     assert torch.equal(again["response_ids"], first["response_ids"])
+
+
+def test_the_block_mask_is_for_flowrl_sdpa_on_cuda(tiny_model_path):
+    """On CUDA the dense N x N mask SDPA would get is replaced by a FlexAttention BlockMask; on the CPU, and for a
+    model on another attention implementation (flash or flex: their own packed paths), transformers decides."""
+    from flowrl.engines.packing import _wants_block_mask
+
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", packing=True)
+    assert _wants_block_mask(engine, torch.device("cuda")) and not _wants_block_mask(engine, torch.device("cpu"))
+    engine.model.set_attn_implementation("eager")
+    assert not _wants_block_mask(engine, torch.device("cuda"))
