@@ -11,7 +11,10 @@ are weighted by `loss_fn.weight(mb)` over the mini-batch's total weight
 (summed over ranks), those of a sum ("sum", token-sum) are added, so one
 step's gradient is the gradient of the loss on the whole mini-batch, however
 it is split (over ranks too: FSDP averages gradients, so each rank's loss is
-scaled by the world size).
+scaled by the world size). So micro-batches may also be formed by a token
+budget instead of a row count (flowrl.engines.token_batching; every rank runs
+as many), and each may run packed, its rows as one sequence with per-row
+attention (flowrl.engines.packing).
 
 Checkpoints are sharded (flowrl.engines.sharded_checkpoint): every rank writes
 its own shards and a checkpoint loads at any world size. Options: CPU offload
