@@ -9,6 +9,7 @@ from flowrl.engines.hf_models import load_causal_lm
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.rl.ops.aggregate import AGG_MODES, SUM_MODES, agg_loss, agg_weight
 from test_engine_hf_train import ROWS, make_batch
+from test_resources_options import per_gpu
 
 # lengths 6, 6, 7, 7, 3, 7, 11, 2: a long row and a short one
 LONG_TAIL = ROWS + [([4, 4, 5], [3, 12, 11, 10, 9, 8, 7, 1]), ([2], [1])]
@@ -103,8 +104,6 @@ def test_the_memory_estimate_uses_the_token_budget():
     of 4096 tokens halves the actor's activations, 34 bytes per token, layer (24) and hidden unit (896); the
     reference's no-grad passes (4 bytes) follow forward_max_tokens_per_micro_batch; a budget under one row is
     one row."""
-    from test_resources_options import per_gpu
-
     rows = per_gpu()
     assert rows["actor"]["activations"] == 8192 * 24 * 896 * 34
     budget = per_gpu(max_tokens_per_micro_batch=4096, forward_max_tokens_per_micro_batch=2048)

@@ -12,7 +12,7 @@ from flowrl.engines.hf_models import load_causal_lm, load_tokenizer, load_value_
 from flowrl.engines.hf_static import StaticCacheRolloutEngine
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.lora import BaseModelEngine
-from flowrl.engines.packing import document_ids, pack
+from flowrl.engines.packing import _wants_block_mask, document_ids, pack
 from flowrl.engines.protocols import SamplingParams
 from fakes import TokenMeanNLL
 from test_engine_hf_train import ROWS, make_batch, reference_logprobs
@@ -118,8 +118,6 @@ def test_packed_passes_on_a_module_the_static_rollout_shares(tiny_model_path):
 def test_the_block_mask_is_for_flowrl_sdpa_on_cuda(tiny_model_path):
     """On CUDA the dense N x N mask SDPA would get is replaced by a FlexAttention BlockMask; on the CPU, and for a
     model on another attention implementation (flash or flex: their own packed paths), transformers decides."""
-    from flowrl.engines.packing import _wants_block_mask
-
     engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", packing=True)
     assert _wants_block_mask(engine, torch.device("cuda")) and not _wants_block_mask(engine, torch.device("cpu"))
     engine.model.set_attn_implementation("eager")
