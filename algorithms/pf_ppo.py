@@ -9,13 +9,12 @@ from flowrl.rl import losses, stages
 from flowrl.rl.options import KLReward, Sampled
 
 
-class PFPPOConfig(losses.PPOClip, Sampled, KLReward):
+class PFPPOConfig(losses.PPOClip, losses.ValueClip, Sampled, KLReward):
     model_config = ConfigDict(extra="forbid")
     reweight_method: Literal["pow", "max_min", "max_random"] = Field(
         "pow", description="Row weight from its score: |s|^weight_pow, 1 at the batch's max or min score, or "
                            ".4 at the max and .1 elsewhere.")
     weight_pow: float = Field(2.0, description="Exponent of the 'pow' method.")
-    value_clip: float = Field(0.5, gt=0, description="Value-function clip range.")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
 
@@ -31,6 +30,6 @@ def pf_ppo(batch, actor, rollout, ref, critic, reward, cfg):
     batch = stages.token_rewards(batch, kl_coef=cfg.kl_coef)
     batch = stages.gae_advantage(batch, gamma=cfg.gamma, lam=cfg.lam)
     batch = stages.pf_ppo_resample(batch, method=cfg.reweight_method, weight_pow=cfg.weight_pow)
-    batch = critic.update(batch, loss=losses.ValueLoss(clip=cfg.value_clip))
+    batch = critic.update(batch, loss=losses.ValueClip.build(cfg))
     loss = losses.PPOClip.build(cfg, rollout_correction=cfg.rollout_correction.build())
     return actor.update(batch, loss=loss)

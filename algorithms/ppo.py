@@ -10,9 +10,8 @@ from flowrl.rl import losses, stages
 from flowrl.rl.options import KLReward, Sampled
 
 
-class PPOConfig(losses.PPOClip, Sampled, KLReward):
+class PPOConfig(losses.PPOClip, losses.ValueClip, Sampled, KLReward):
     model_config = ConfigDict(extra="forbid")
-    value_clip: float = Field(0.5, gt=0, description="Value-function clip range.")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     kl_ctrl: Literal["fixed", "adaptive"] = Field("fixed", description="'adaptive' moves the KL weight, from kl_coef, "
@@ -40,6 +39,6 @@ def ppo(batch, actor, rollout, ref, critic, reward, kl_ctrl, cfg):
     else:
         batch = stages.token_rewards(batch, kl_coef=cfg.kl_coef)
     batch = stages.gae_advantage(batch, gamma=cfg.gamma, lam=cfg.lam)
-    batch = critic.update(batch, loss=losses.ValueLoss(clip=cfg.value_clip))
+    batch = critic.update(batch, loss=losses.ValueClip.build(cfg))
     loss = losses.PPOClip.build(cfg, rollout_correction=cfg.rollout_correction.build())
     return actor.update(batch, loss=loss)

@@ -12,7 +12,7 @@ from fakes import ROLE_CLASSES
 from flowrl.algorithms import REGISTRY
 from flowrl.graph.role import ROLES
 from flowrl.rl import losses
-from flowrl.rl.loss_terms import EntropyTerm, KLTerm, Loss, PolicyTerm, ValueTerm
+from flowrl.rl.loss_terms import EntropyTerm, KLTerm, Loss, NLLTerm, PolicyTerm, ValueTerm
 
 DOC = Path(__file__).parent.parent / "docs" / "algorithms.md"
 INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer", "conversation", "pair"}
@@ -44,13 +44,15 @@ def _correction(loss: Loss) -> str:
 def describe_policy(loss_fn) -> list[str]:
     """[objective, aggregation, KL loss, entropy bonus, rollout correction] of an actor's loss."""
     loss = getattr(loss_fn, "loss", None)
-    if not isinstance(loss, Loss):  # a supervised loss of its own kind (sft_loss)
+    if not isinstance(loss, Loss):  # a loss of its own kind, not a sum of token terms (sft_loss.BradleyTerryLoss)
         fields = ", ".join(f"{k}={_number(v)}" for k, v in vars(loss_fn).items())
         return [f"`{type(loss_fn).__name__}` ({fields})", "-", "-", "-", "-"]
     row = ["-", loss.loss_agg_mode, "-", "-", _correction(loss)]
     for term in loss.terms:
         if isinstance(term, PolicyTerm):
             row[0] = _objective(term)
+        elif isinstance(term, NLLTerm):
+            row[0] = "`nll` (supervised)"
         elif isinstance(term, KLTerm):
             row[2] = f"{_number(term.coef)} {term.kind}"
         elif isinstance(term, EntropyTerm):

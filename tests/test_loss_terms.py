@@ -42,7 +42,7 @@ def test_reads_and_needs_are_the_terms_unions():
     assert full.needs == ("logprobs", "entropy")
     value = Loss((ValueTerm(0.5),))
     assert value.reads == ("values", "returns", "loss_mask") and value.needs == ("values",)
-    assert TERMS.names() == ["entropy", "kl", "policy", "value"]
+    assert TERMS.names() == ["entropy", "kl", "nll", "policy", "value"]
 
 
 def test_the_sum_of_terms_by_hand():

@@ -33,6 +33,7 @@ from flowrl.rl.ops.masked import valid_mask
 from flowrl.rl.ops.value_loss import clipped_value_loss
 
 Objective = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+VALUE_CLIP = 0.5  # the critic's value clip, verl's cliprange_value default
 TermResult = tuple[torch.Tensor, dict[str, torch.Tensor]]
 
 
@@ -129,7 +130,7 @@ class ValueTerm:
     """The critic's clipped value loss: mb["values"] are the rollout's (old) values, out["values"] the
     critic's current ones; `clip` is how far a prediction may move before the clipped term takes over."""
 
-    clip: float = 0.5
+    clip: float
     metric: ClassVar[str] = "vf_loss"
     coef: ClassVar[float] = 1.0
     corrected: ClassVar[bool] = False
@@ -142,6 +143,21 @@ class ValueTerm:
 
     def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict, is_weights_BT: torch.Tensor | None) -> TermResult:
         return clipped_value_loss(out["values"], mb["values"], mb["returns"], mb["loss_mask"], self.clip)
+
+
+@TERMS.register("nll")
+@dataclass(frozen=True)
+class NLLTerm:
+    """Supervised fine-tuning: the negative log-likelihood of the tokens under the loss mask."""
+
+    metric: ClassVar[str] = "sft_loss"
+    coef: ClassVar[float] = 1.0
+    corrected: ClassVar[bool] = False
+    reads: ClassVar[tuple[str, ...]] = ("loss_mask",)
+    needs: ClassVar[tuple[str, ...]] = ("logprobs",)
+
+    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict, is_weights_BT: torch.Tensor | None) -> TermResult:
+        return -torch.where(mb["loss_mask"].bool(), out["logprobs"], 0), {}
 
 
 def _union(*groups: tuple[str, ...]) -> tuple[str, ...]:
@@ -279,7 +295,7 @@ class ValueLoss:
     value before the clipped term takes over. Metrics "vf_loss", "vf_clipfrac".
     """
 
-    clip: float = 0.5
+    clip: float = VALUE_CLIP
     loss_agg_mode: str = "token-mean"
     norm_len: int | None = None
     loss: Loss = field(init=False, repr=False, compare=False)

@@ -19,7 +19,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flowrl.rl.loss_terms import Loss, Objective, PolicyLoss, ValueLoss
+from flowrl.rl.loss_terms import VALUE_CLIP, Loss, Objective, PolicyLoss, ValueLoss
 from flowrl.rl.ops.aggregate import AggMode
 from flowrl.rl.ops.cov_loss import clip_cov, kl_cov
 from flowrl.rl.ops.policy_gradient import gmpo, gpg, reinforce, sapo
@@ -190,6 +190,17 @@ class KLCov(LossPreset):
     @classmethod
     def objective_options(cls, cfg: LossPreset) -> dict[str, Any]:
         return {"kl_cov_ratio": cfg.kl_cov_ratio, "kl_coef": cfg.cov_kl_coef}
+
+
+class ValueClip(BaseModel):
+    """The critic's clipped value loss (PPO, PF-PPO): `build(cfg)` is its ValueLoss."""
+
+    model_config = ConfigDict(extra="forbid")
+    value_clip: float = Field(VALUE_CLIP, gt=0, description="Value-function clip range.")
+
+    @classmethod
+    def build(cls, cfg: ValueClip) -> ValueLoss:
+        return ValueLoss(clip=cfg.value_clip)
 
 
 PRESETS: tuple[type[LossPreset], ...] = (PPOClip, ClipHigher, GSPOClip, CISPOClip, TrustRegion, Reinforce, GPG,

@@ -15,7 +15,7 @@ arXiv:2312.09244: scores stay near 0). A pair's two rows must meet in one micro-
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -24,7 +24,8 @@ from tensordict import TensorDict
 
 from flowrl import metrics
 from flowrl.graph.stage import stage
-from flowrl.rl.ops.aggregate import SUM_MODES, AggMode, agg_loss, agg_weight, check_agg_mode
+from flowrl.rl.loss_terms import Loss, NLLTerm
+from flowrl.rl.ops.aggregate import AggMode
 
 
 def token_nll(logprobs_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
@@ -59,32 +60,31 @@ def bradley_terry(margins_P: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class SFTLoss:
-    """NLL over `loss_mask`, aggregated with `loss_agg_mode`; metric "sft_loss"."""
+    """NLL over `loss_mask` (loss_terms.NLLTerm), aggregated with `loss_agg_mode`; metric "sft_loss"."""
 
     loss_agg_mode: AggMode = "token-mean"
+    loss: Loss = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        check_agg_mode(self.loss_agg_mode)
+        object.__setattr__(self, "loss", Loss((NLLTerm(),), self.loss_agg_mode))
 
     @property
     def reads(self) -> tuple[str, ...]:
-        return ("loss_mask",)
+        return self.loss.reads
 
     @property
     def needs(self) -> tuple[str, ...]:
-        return ("logprobs",)
+        return self.loss.needs
 
     @property
     def combine(self) -> Literal["mean", "sum"]:
-        return "sum" if self.loss_agg_mode in SUM_MODES else "mean"
+        return self.loss.combine
 
     def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        mask_BT = mb["loss_mask"]
-        loss = agg_loss(-torch.where(mask_BT.bool(), out["logprobs"], 0), mask_BT, self.loss_agg_mode)
-        return loss, {"sft_loss": loss.detach()}
+        return self.loss(out, mb)
 
     def weight(self, mb: TensorDict) -> float:
-        return agg_weight(mb["loss_mask"], self.loss_agg_mode)
+        return self.loss.weight(mb)
 
 
 @dataclass(frozen=True)
