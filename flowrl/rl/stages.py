@@ -142,7 +142,7 @@ def passk_advantage(batch: TensorDict, *, norm_by_std: bool = True) -> TensorDic
        writes=("advantages", "returns"))
 def otb_advantage(batch: TensorDict, *, handle_zero_tail: bool = True) -> TensorDict:
     """Optimal token baseline: return-to-go minus a per-group, per-step baseline weighted by the cumulative
-    1 - 2 pi_t + sum pi^2 (actor.logprobs(batch, sum_pi_squared=True) writes the last)."""
+    1 - 2 pi_t + sum pi^2 (actor.logprobs(batch, outputs=("sum_pi_squared",)) writes the last)."""
     batch["advantages"], batch["returns"] = adv_ops.optimal_token_baseline(
         batch["token_rewards"], batch["response_mask"], batch["group"], batch["old_logprobs"],
         batch["sum_pi_squared"], handle_zero_tail=handle_zero_tail)

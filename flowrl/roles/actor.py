@@ -64,7 +64,7 @@ class Actor:
     @graph_method(reads=POLICY_INPUT, writes=_logprobs_writes, defer_to="update")
     def logprobs(self, batch: TensorDict, outputs: tuple[str, ...] = ()) -> TensorDict:
         """Old logprobs, and each of `outputs` (other outputs of the actor's table, flowrl.engines.model_outputs,
-        e.g. "sum_pi_squared") of the current policy under its own name. When only actor.update reads them,
+        e.g. "entropy") of the current policy under its own name. When only actor.update reads them,
         the plan folds this call into it (its `deferred`)."""
         extra = _extra_outputs(outputs)
         s = self.settings
