@@ -160,6 +160,15 @@ class NLLTerm:
         return -torch.where(mb["loss_mask"].bool(), out["logprobs"], 0), {}
 
 
+def _check_norm_len(norm_len: int | None, loss_agg_mode: str) -> None:
+    if norm_len is None:
+        return
+    if norm_len <= 0:
+        raise ValueError(f"norm_len must be > 0 or None, got {norm_len}")
+    if loss_agg_mode != "seq-mean-token-sum-norm":
+        warnings.warn(f"norm_len={norm_len} has no effect with loss_agg_mode={loss_agg_mode!r}", stacklevel=4)
+
+
 def _union(*groups: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name for group in groups for name in group))
 
@@ -178,6 +187,7 @@ class Loss:
 
     def __post_init__(self) -> None:
         check_agg_mode(self.loss_agg_mode)
+        _check_norm_len(self.norm_len, self.loss_agg_mode)
         if not self.terms:
             raise ValueError("terms: a loss needs at least one term")
         metrics = [term.metric for term in self.terms]
@@ -221,15 +231,6 @@ class Loss:
         return agg_weight(mb["loss_mask"], self.loss_agg_mode)
 
 
-def _check_norm_len(norm_len: int | None, loss_agg_mode: str) -> None:
-    if norm_len is None:
-        return
-    if norm_len <= 0:
-        raise ValueError(f"norm_len must be > 0 or None, got {norm_len}")
-    if loss_agg_mode != "seq-mean-token-sum-norm":
-        warnings.warn(f"norm_len={norm_len} has no effect with loss_agg_mode={loss_agg_mode!r}", stacklevel=3)
-
-
 @dataclass(frozen=True)
 class PolicyLoss:
     """The usual policy loss, agg(objective) + kl_coef * agg(kl(logp, ref)) - entropy_coef * agg(entropy):
@@ -257,7 +258,6 @@ class PolicyLoss:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.kl_coef == 0 and self.kl_kind != "k3":
             warnings.warn(f"kl_kind={self.kl_kind!r} has no effect with kl_coef=0", stacklevel=3)
-        _check_norm_len(self.norm_len, self.loss_agg_mode)
         terms = (PolicyTerm(self.objective, self.weights_in_objective),)
         terms += (KLTerm(self.kl_coef, self.kl_kind),) if self.kl_coef > 0 else ()
         terms += (EntropyTerm(self.entropy_coef),) if self.entropy_coef != 0 else ()
@@ -302,8 +302,6 @@ class ValueLoss:
 
     def __post_init__(self) -> None:
         term = ValueTerm(self.clip)
-        check_agg_mode(self.loss_agg_mode)
-        _check_norm_len(self.norm_len, self.loss_agg_mode)
         object.__setattr__(self, "loss", Loss((term,), self.loss_agg_mode, self.norm_len))
 
     @property
