@@ -59,16 +59,18 @@ def plot(runs: list[Path], labels: list[str], output: Path, x: str = "step", tit
     import matplotlib.pyplot as plt
 
     fig, (acc, rew) = plt.subplots(1, 2, figsize=(11, 4))
+    top = 0.0
     for run, label in zip(runs, labels):
         data = curves(run, x)
         acc.plot(*data[ACCURACY], marker="o", label=label)
         rew.plot(*data[REWARD], label=label)
+        top = max([top, *data[ACCURACY][1], *data[REWARD][1]])
     xlabel = {"wall": "seconds since the start", "train": "training seconds (start-up and evaluation left out)",
               "step": "step"}[x]
     for ax, name in ((acc, "greedy test accuracy (strict #### n)"), (rew, "reward/mean (training samples)")):
         ax.set_xlabel(xlabel)
         ax.set_title(name)
-        ax.set_ylim(0, 1)
+        ax.set_ylim(0, min(1.0, max(0.25, 1.2 * top)))  # small accuracies stay readable
         ax.grid(alpha=0.3)
         ax.legend()
     if title:
