@@ -105,3 +105,25 @@ def test_a_presets_defaults_are_its_ops_unless_it_names_the_difference(preset):
 
 if __name__ == "__main__":  # prints the table: python tests/test_docs_losses.py
     print(HEADER + "\n|" + " --- |" * (HEADER.count(" | ") + 1) + "\n" + "\n".join(effective_row(n) for n in REGISTRY))
+
+
+@pytest.mark.parametrize("name, option, expected", [
+    ("grpo", {"clip": 0.3}, {"clip_low": 0.3, "clip_high": 0.3, "dual_clip": 3.0}),
+    ("dapo", {"clip_high": 0.3}, {"clip_low": 0.2, "clip_high": 0.3, "dual_clip": 3.0}),
+    ("rloo", {"dual_clip": 2.0}, {"clip_low": 0.2, "clip_high": 0.2, "dual_clip": 2.0}),
+    ("dppo", {"divergence": "kl"}, {"clip_low": 0.15, "clip_high": 0.15, "ratio_cap": 3.0}),
+])
+def test_a_presets_options_are_the_algorithms_flat_keys(name, option, expected):
+    graph, _ = REGISTRY[name].trace(INPUTS, CLASSES, option)
+    loss = graph.nodes["actor.update"]["node"].kwargs["loss"]
+    assert loss.objective.keywords == expected
+    assert (loss.objective.func.__name__ == "dppo_kl") == (name == "dppo")
+
+
+def test_an_entropy_bonus_set_on_any_algorithm_asks_the_engine_for_entropy():
+    for name in ("grpo", "dapo", "ppo", "gspo", "otb"):
+        graph, _ = REGISTRY[name].trace(INPUTS, CLASSES, {"entropy_coef": 0.01})
+        loss = graph.nodes["actor.update"]["node"].kwargs["loss"]
+        assert loss.needs == ("logprobs", "entropy"), name
+        default, _ = REGISTRY[name].trace(INPUTS, CLASSES)
+        assert default.nodes["actor.update"]["node"].kwargs["loss"].needs == ("logprobs",), name
