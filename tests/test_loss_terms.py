@@ -56,6 +56,16 @@ def test_the_sum_of_terms_by_hand():
     assert metrics["entropy"] == pytest.approx(2.0) and metrics["clipfrac"] == 0.0
 
 
+def test_dr_grpo_sums_each_row_over_a_constant_length():
+    from flowrl.rl.losses import dr_grpo_loss, ppo_loss
+
+    loss_fn = dr_grpo_loss(norm_len=4)
+    out = {"logprobs": torch.zeros(2, 3, requires_grad=True)}
+    # ratio 1: pg = -A on valid tokens, row 0 [-1, -1], row 1 [4]: (-2 / 4 + 4 / 4) / 2 rows = .25
+    assert loss_fn(out, policy_batch())[0].item() == pytest.approx(0.25)
+    assert loss_fn.objective.keywords == ppo_loss().objective.keywords  # GRPO's clip, another aggregation
+
+
 def test_a_loss_refuses_no_terms_a_repeated_term_and_a_zero_kl():
     with pytest.raises(ValueError, match="terms"):
         Loss(())

@@ -85,6 +85,13 @@ class PPOClip(LossPreset):
         return {"clip_low": cfg.clip, "clip_high": cfg.clip, "dual_clip": cfg.dual_clip}
 
 
+class DrGRPO(PPOClip):
+    """Dr. GRPO (arXiv:2503.20783): GRPO's clip without the per-response length normalisation, each row's
+    token losses summed over a constant length (pass the longest response as PolicyLoss's `norm_len`)."""
+
+    loss_agg_mode: LossAggMode = "seq-mean-token-sum-norm"
+
+
 class ClipHigher(LossPreset):
     """DAPO's decoupled clip (arXiv:2503.14476): ppo_clip with clip_high > clip_low."""
 
@@ -203,13 +210,19 @@ class ValueClip(BaseModel):
         return ValueLoss(clip=cfg.value_clip)
 
 
-PRESETS: tuple[type[LossPreset], ...] = (PPOClip, ClipHigher, GSPOClip, CISPOClip, TrustRegion, Reinforce, GPG,
-                                         SAPOGate, GeometricMean, ClipCov, KLCov)
+PRESETS: tuple[type[LossPreset], ...] = (PPOClip, DrGRPO, ClipHigher, GSPOClip, CISPOClip, TrustRegion, Reinforce,
+                                         GPG, SAPOGate, GeometricMean, ClipCov, KLCov)
 
 
 def ppo_loss(**options: Any) -> PolicyLoss:
     """PPOClip's loss; `options`: its fields (clip, dual_clip, loss_agg_mode, entropy_coef), then PolicyLoss's."""
     return PPOClip.loss(**options)
+
+
+def dr_grpo_loss(**options: Any) -> PolicyLoss:
+    """Dr. GRPO's loss: ppo_loss() aggregated "seq-mean-token-sum-norm"; its advantages are GRPO's without the
+    std (stages.group_advantage(norm_by_std=False))."""
+    return DrGRPO.loss(**options)
 
 
 def clip_higher_loss(**options: Any) -> PolicyLoss:
