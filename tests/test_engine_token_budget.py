@@ -20,7 +20,6 @@ class Reinforce:
 
     reads = ("advantages", "loss_mask")
     needs = ("logprobs",)
-    needs_entropy = False
 
     def __init__(self, mode):
         self.mode, self.combine = mode, "sum" if mode in SUM_MODES else "mean"
