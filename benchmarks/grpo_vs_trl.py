@@ -49,7 +49,7 @@ PEAK_FLOPS, PEAK_NAME = 989e12, "H100/H200 SXM dense bf16"
 FULL_RUN = dict(prompts=64, group=8, new_tokens=256, micro=32)
 SMALL_RUN = dict(prompts=4, group=2, new_tokens=8, micro=4)
 SYSTEMS = ("flowrl", "trl", "trl_vllm", "plain")
-FAST_SETS = ("rollout.engine=hf_static", "actor.compile=true", "train.forward_micro_batch_size=128")
+FAST_SETS = ("roles.rollout.engine=hf_static", "roles.actor.compile=true", "train.forward_micro_batch_size=128")
 """The flowrl options of the H200 runs (docs/benchmarks.md); `train.device=cuda` alone picks them
 (flowrl.engines.hf_configs.CUDA_DEFAULTS, tests/test_cuda_defaults.py)."""
 EOS_ID = 1  # common.full_vocab_tokenizer's "<eos>"
@@ -96,7 +96,7 @@ class Workload:
         return sum(draws) / self.steps
 
     def flowrl_engine(self) -> str:
-        engines = [s.split("=", 1)[1] for s in self.flowrl_sets if s.startswith("rollout.engine=")]
+        engines = [s.split("=", 1)[1] for s in self.flowrl_sets if s.startswith("roles.rollout.engine=")]
         return engines[-1] if engines else ""
 
 
@@ -135,15 +135,15 @@ def flowrl_config(wl: Workload, path: str, out: str):
 
     sets = [f"model.path={path}", f"model.dtype={wl.dtype_name}", f"train.device={wl.device}",
             f"train.batch_size={wl.prompts}", f"algo.group_size={wl.group}", f"algo.kl_coef={wl.kl_coef}",
-            f"rollout.max_new_tokens={wl.new_tokens}", f"train.mini_batch_size={wl.rows}",
-            f"train.micro_batch_size={wl.micro}", f"actor.lr={wl.lr}", "train.eval_every=0", "train.save_every=0",
+            f"roles.rollout.max_new_tokens={wl.new_tokens}", f"train.mini_batch_size={wl.rows}",
+            f"train.micro_batch_size={wl.micro}", f"roles.actor.lr={wl.lr}", "train.eval_every=0", "train.save_every=0",
             "train.export=false", "train.resume=false", f"train.output_dir={out}", *wl.flowrl_sets]
     if wl.variable and wl.flowrl_engine() == "hf_static":
-        sets.append("rollout.engine=hf_static_lengths")  # eos at the drawn lengths
+        sets.append("roles.rollout.engine=hf_static_lengths")  # eos at the drawn lengths
     if wl.variable and wl.flowrl_engine() == "vllm":  # the logits processor masks eos before the drawn length
         return load_run_config(None, sets)
     try:
-        return load_run_config(None, ["rollout.ignore_eos=true", *sets])
+        return load_run_config(None, ["roles.rollout.ignore_eos=true", *sets])
     except ValueError as err:
         if "ignore_eos" not in str(err):
             raise

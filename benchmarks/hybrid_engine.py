@@ -21,7 +21,7 @@ SPLIT = '{"pools": [{"name": "train", "roles": ["actor", "ref"], "device": "%s"}
 def seconds_per_step(device: str, placement: str | None, size: list[str]) -> float:
     with tempfile.TemporaryDirectory() as out:
         overrides = [f"train.output_dir={out}", f"train.device={device}", "train.steps=6", "train.save_every=0",
-                     "rollout.max_new_tokens=16", "task.max_operand=9", *size]
+                     "roles.rollout.max_new_tokens=16", "task.max_operand=9", *size]
         if placement:
             overrides.append(f"placement={placement}")
         history = train(load_run_config(None, overrides), progress=False)

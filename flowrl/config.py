@@ -64,6 +64,11 @@ class TrainConfig(Section):
                                                                "ranks of the pool (each rank takes "
                                                                "1/world_size); 0: train.micro_batch_size.")
     epochs: int = Field(1, ge=1, description="Passes over each step's batch per update.")
+    balance_batch: bool = Field(False, description="Before each train engine pass (update, old and reference "
+                                "logprobs, values) on a pool of several ranks, move rows between the ranks so "
+                                "each holds as many rows and near-equal tokens (verl's trainer.balance_batch; "
+                                "flowrl.engines.rank_balance): an update's optimizer steps keep their rows, so "
+                                "the weights are the same. Off by default, so recorded runs are unchanged.")
     seed: int = Field(0, description="Seed of data order, sampling and the tiny model.")
     output_dir: str = Field("runs/flowrl", description="Checkpoints, metrics.jsonl and the tiny model go here.")
     save_every: int = Field(10, ge=0, description="Checkpoint every this many steps (0: only at the end).")
@@ -78,7 +83,7 @@ class TrainConfig(Section):
                                                    "before the first step and after the last (0: off).")
     eval_prompts: int = Field(64, ge=1, description="Prompts in the evaluation set.")
     eval_samples: int = Field(0, ge=0, description="Also sample this many responses per evaluation prompt (at "
-                                                   "rollout.temperature) for mean@k and pass@k (0: greedy only).")
+                                                   "roles.rollout.temperature) for mean@k and pass@k (0: greedy only).")
     export: bool = Field(True, description="At the end, write the actor as a Hugging Face model folder "
                                            "to output_dir/final (loadable with from_pretrained).")
     resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir if there is one.")
@@ -442,6 +447,11 @@ def warn_no_effect(cfg: RunConfig, used_sections: set[str]) -> None:
     if t.micro_batch_size > t.mini_batch_size:
         warnings.warn(f"train.micro_batch_size={t.micro_batch_size} above train.mini_batch_size={t.mini_batch_size} "
                       f"has no effect: micro-batches never exceed a mini-batch", stacklevel=2)
+    budgets = {name: cfg.section(name).engine.model_dump().get("max_tokens_per_micro_batch", 0)
+               for name in ("actor", "critic") if name in used_sections}
+    if t.micro_batch_size != default.train.micro_batch_size and budgets and all(budgets.values()):
+        named = ", ".join(f"roles.{name}.max_tokens_per_micro_batch={budget}" for name, budget in budgets.items())
+        warnings.warn(f"train.micro_batch_size has no effect: {named} groups micro-batches by tokens", stacklevel=2)
     if cfg.task.name not in ("arithmetic", "calculator") and cfg.task.max_operand != default.task.max_operand:
         warnings.warn("task.max_operand has no effect: task.name is neither 'arithmetic' nor 'calculator'",
                       stacklevel=2)

@@ -22,8 +22,8 @@ def test_the_cpu_defaults_are_unchanged():
 
 
 def test_what_a_cuda_run_sets_wins():
-    cfg = load_run_config(None, ["train.device=cuda", "rollout.engine=vllm", "actor.compile=false",
+    cfg = load_run_config(None, ["train.device=cuda", "roles.rollout.engine=vllm", "roles.actor.compile=false",
                                  "train.forward_micro_batch_size=32"])
     assert (cfg.rollout.engine, cfg.actor.compile, cfg.train.forward_micro_batch_size) == ("vllm", False, 32)
-    hf_only = load_run_config(None, ["train.device=cuda", "rollout.micro_batch_size=64"])  # a key of the hf engine
+    hf_only = load_run_config(None, ["train.device=cuda", "roles.rollout.micro_batch_size=64"])  # a key of the hf engine
     assert (hf_only.rollout.engine, hf_only.rollout.micro_batch_size, hf_only.actor.compile) == ("hf", 64, True)

@@ -75,7 +75,7 @@ def test_resuming_after_turning_lora_on_is_one_line_naming_the_checkpoint(tmp_pa
     train(config(tmp_path, "train.steps=1"), progress=False)
     with pytest.raises(checkpoint.CheckpointError, match=r"step_000001: role 'actor' does not load into this "
                                                          r"run's engine \(RuntimeError: Missing key"):
-        train(config(tmp_path, "train.steps=2", "actor.lora_rank=4"), progress=False)
+        train(config(tmp_path, "train.steps=2", "roles.actor.lora_rank=4"), progress=False)
     assert checkpoint.latest(tmp_path / "checkpoints").name == "step_000001"
 
 

@@ -139,7 +139,7 @@ def test_prompts_all_longer_than_the_context_are_refused_at_load(tmp_path):
              "reward_model": {"ground_truth": "2"}, "extra_info": {}}] * 4
     (tmp_path / "long.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     with pytest.raises(ValueError, match=r"data.train_files: all 4 prompts are longer than the 62 tokens the model's "
-                                         r"context leaves \(max_position_embeddings less rollout.max_new_tokens=2\)"):
+                                         r"context leaves \(max_position_embeddings less roles.rollout.max_new_tokens=2\)"):
         train(config(tmp_path / "run", "train.steps=1", f"data.train_files={tmp_path / 'long.jsonl'}",
                      "data.reward=exact_match"), progress=False)
 
@@ -176,10 +176,10 @@ def test_a_vllm_start_up_that_hangs_stops_the_run_in_one_line_within_the_timeout
         time.sleep(30)  # without the deadline the test fails after 30 s rather than hanging
 
     monkeypatch.setattr(vllm_rollout.vllm, "LLM", hang)
-    with pytest.raises(TimeoutError, match=r"^vLLM did not start within 1 s \(rollout.start_timeout_s\); the run "
+    with pytest.raises(TimeoutError, match=r"^vLLM did not start within 1 s \(roles.rollout.start_timeout_s\); the run "
                                            r"stops here"):
-        train(config(tmp_path, "train.steps=1", "rollout.engine=vllm", "model.tiny_hidden_size=128",
-                     "rollout.start_timeout_s=1"), progress=False)
+        train(config(tmp_path, "train.steps=1", "roles.rollout.engine=vllm", "model.tiny_hidden_size=128",
+                     "roles.rollout.start_timeout_s=1"), progress=False)
     assert len(started) == 1 and time.monotonic() - started[0] < 3  # within the timeout (+2 s)
     assert not (tmp_path / "checkpoints").exists()  # nothing to resume from was written: a rerun starts afresh
 

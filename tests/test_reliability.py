@@ -135,8 +135,8 @@ def test_a_restart_from_scratch_logs_each_step_once(tmp_path):
                                        "integer"),
     (["--set", "algo.group_size=4.0"], "flowrl: error: invalid config: algo.group_size: Input should be a valid "
                                        "integer"),
-    (["--set", "rollout.temperature=Infinity"], "flowrl: error: invalid config: rollout.temperature: inf is not a "
-                                                "finite number"),
+    (["--set", "roles.rollout.temperature=Infinity"], "flowrl: error: invalid config: roles.rollout.temperature: inf "
+                                                      "is not a finite number"),
     (["--set", "algo.entropy_coef=NaN"], "flowrl: error: invalid config: algo.entropy_coef: nan is not a finite "
                                          "number"),
     (["--set", 'train.output_dir=""'], "flowrl: error: invalid config: train.output_dir: Value error, an empty path"),
@@ -197,7 +197,7 @@ def test_plan_refuses_zero_gpus_and_a_negative_env_timeout_refuses_the_first_epi
                                                             "multiple of --nodes 1"), plan.stderr
     from flowrl.data.calculator import CalculatorEnv
 
-    with pytest.raises(ValueError, match=r"^rollout.env_options.timeout_s: expected a number > 0, got -1$"):
+    with pytest.raises(ValueError, match=r"^roles.rollout.env_options.timeout_s: expected a number > 0, got -1$"):
         CalculatorEnv(None, timeout_s=-1)
 
 

@@ -60,12 +60,12 @@ def test_a_fork_bomb_hits_the_process_budget():
 def test_without_bubblewrap_the_tool_refuses_in_one_line_naming_the_install(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(ValueError, match=r"^the python tool needs bubblewrap: apt-get install bubblewrap \(or "
-                                         r"rollout.env_options=\{'unsafe_no_sandbox': true\} runs model code "
+                                         r"roles.rollout.env_options=\{'unsafe_no_sandbox': true\} runs model code "
                                          r"unsandboxed\)$"):
         run_python("print(1)")
-    with pytest.raises(ValueError, match="^rollout.env=python needs bubblewrap: apt-get install bubblewrap"):
+    with pytest.raises(ValueError, match="^roles.rollout.env=python needs bubblewrap: apt-get install bubblewrap"):
         EnvSpec("python")
-    with pytest.warns(UserWarning, match="rollout.env=calculator: unsafe_no_sandbox: model code runs WITHOUT"):
+    with pytest.warns(UserWarning, match="roles.rollout.env=calculator: unsafe_no_sandbox: model code runs WITHOUT"):
         EnvSpec("calculator", {"unsafe_no_sandbox": True})
 
 

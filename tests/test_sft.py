@@ -111,7 +111,7 @@ def sft_config(tmp_path, *extra):
     train_file, val_file = write_sft(data / "train.jsonl"), write_sft(data / "val.jsonl", rows=16, seed=1)
     return ["--set", f"data.train_files={train_file}", "--set", f"data.val_files={val_file}", "--set",
             "train.batch_size=8", "--set", "train.mini_batch_size=8", "--set", "train.micro_batch_size=4", "--set",
-            "train.eval_prompts=16", "--set", "actor.lr=1e-3", "--set", "data.shuffle=false", *extra]
+            "train.eval_prompts=16", "--set", "roles.actor.lr=1e-3", "--set", "data.shuffle=false", *extra]
 
 
 def overrides(args):
@@ -192,7 +192,7 @@ def test_the_real_smollm2_models_held_out_loss_falls_on_generated_instructions(t
         "algorithm=sft", f"model.path={model}", f"data.train_files={tmp_path / 'train.jsonl'}",
         f"data.val_files={tmp_path / 'val.jsonl'}", "train.steps=3", "train.batch_size=8",
         "train.mini_batch_size=8", "train.micro_batch_size=4", "train.eval_every=3", "train.eval_prompts=8",
-        "actor.lr=2e-5", "train.export=false", f"train.output_dir={tmp_path / 'run'}"])
+        "roles.actor.lr=2e-5", "train.export=false", f"train.output_dir={tmp_path / 'run'}"])
     history = train(cfg, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     print(f"SmolLM2 SFT: held-out loss {rows[0]['eval/sft/loss']:.4f} -> {rows[-1]['eval/sft/loss']:.4f}, train "

@@ -1,7 +1,7 @@
 """The built-in tool task: multiply with a calculator, over several turns.
 
 `task.name=calculator` asks for the last digit of a product, "7*8%10";
-`rollout.env=calculator` hands the model a calculator whose display starts
+`roles.rollout.env=calculator` hands the model a calculator whose display starts
 with the question. Each model turn is keys: a turn with "=" evaluates the
 display followed by the keys typed before the "=" ("=" alone computes the
 question; "+1=" computes 7*8%10+1) in the sandboxed Python tool
@@ -9,11 +9,11 @@ question; "+1=" computes 7*8%10+1) in the sandboxed Python tool
 the tool failed (the error is kept in the row's `tool_error`); the episode's
 first call that computes a number earns `call_reward`. A turn without "=" is
 the answer: reward 1.0 when its leading integer is right, else 0.0. With
-one token per turn and two turns (rollout.max_new_tokens=1,
-rollout.max_turns=2) the tiny model learns to press "=" and copy the result
+one token per turn and two turns (roles.rollout.max_new_tokens=1,
+roles.rollout.max_turns=2) the tiny model learns to press "=" and copy the result
 within a few dozen steps, faster than it learns the table.
 
-`rollout.env=python` is the general tool: a turn holding a ```python fenced
+`roles.rollout.env=python` is the general tool: a turn holding a ```python fenced
 block runs it and shows what it printed (or "error: <the tool error>"); a
 turn without code is the answer, 1.0 when its last integer is the task's
 `answer`.
@@ -77,7 +77,7 @@ class _ToolEnv:
                            max_processes=max_processes)
         for name, value in {**self.limits, "max_observation_tokens": max_observation_tokens}.items():
             if not (isinstance(value, (int, float)) and value > 0):  # nan too
-                raise ValueError(f"rollout.env_options.{name}: expected a number > 0, got {value!r}")
+                raise ValueError(f"roles.rollout.env_options.{name}: expected a number > 0, got {value!r}")
         self.limits["unsafe_no_sandbox"] = unsafe_no_sandbox is True
         self.max_observation_tokens = max_observation_tokens
         self.prompt, self.meta = "", {}

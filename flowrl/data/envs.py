@@ -8,9 +8,9 @@ observation's token ids (appended to the context, outside the loss), a
 reward, whether the episode is done, and a named error when a tool failed.
 Token ids in and out, so nothing the model sampled is ever retokenised.
 
-`rollout.env` picks a built-in environment (`calculator`, `python`: see
+`roles.rollout.env` picks a built-in environment (`calculator`, `python`: see
 flowrl.data.calculator) or names your own as "package.module:attribute": a
-class or factory called as `factory(tokenizer, **rollout.env_options)` once
+class or factory called as `factory(tokenizer, **roles.rollout.env_options)` once
 per episode.
 """
 
@@ -43,7 +43,7 @@ BUILT_IN = {"calculator": "flowrl.data.calculator:CalculatorEnv", "python": "flo
 SANDBOXED = ("calculator", "python")  # built-ins that run model-written code in flowrl.data.sandbox
 
 
-def load_env(name: str, where: str = "rollout.env: ") -> EnvFactory:
+def load_env(name: str, where: str = "roles.rollout.env: ") -> EnvFactory:
     """The factory of the built-in environment `name`, or of the user's at "module:attribute"."""
     factory = import_attribute(BUILT_IN.get(name, name), where, BUILT_IN)
     if not callable(factory):
@@ -53,7 +53,7 @@ def load_env(name: str, where: str = "rollout.env: ") -> EnvFactory:
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """How `rollout.interact` makes and bounds each episode (from the rollout config: `rollout.env`, ...)."""
+    """How `rollout.interact` makes and bounds each episode (from the rollout config: `roles.rollout.env`, ...)."""
 
     name: str
     options: dict[str, Any] = field(default_factory=dict)
@@ -66,16 +66,16 @@ class EnvSpec:
         """A sandboxed tool without bubblewrap refuses here, before any model loads (one line naming the install),
         unless options hold unsafe_no_sandbox=True, which warns."""
         if self.name in SANDBOXED:
-            sandbox.check(f"rollout.env={self.name}", unsafe=self.options.get("unsafe_no_sandbox") is True)
+            sandbox.check(f"roles.rollout.env={self.name}", unsafe=self.options.get("unsafe_no_sandbox") is True)
 
     def make(self, tokenizer: Any) -> Environment:
         """A fresh environment for one episode; a bad option is one line naming env.options."""
         try:
             env = load_env(self.name)(tokenizer, **self.options)
         except TypeError as err:
-            raise ValueError(f"rollout.env_options: {self.name!r} refused {self.options}: {err}") from None
+            raise ValueError(f"roles.rollout.env_options: {self.name!r} refused {self.options}: {err}") from None
         missing = [attr for attr in ("reset", "step") if not callable(getattr(env, attr, None))]
         if missing:
-            raise ValueError(f"rollout.env: {self.name!r} made a {type(env).__name__} with no {missing[0]}(); an "
+            raise ValueError(f"roles.rollout.env: {self.name!r} made a {type(env).__name__} with no {missing[0]}(); an "
                              f"environment needs reset(prompt_ids, meta) and step(turn_ids)")
         return env

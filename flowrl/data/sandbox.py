@@ -20,7 +20,7 @@ one-line error:
   zero", or the signal that ended it, "killed by SIGSEGV".
 
 Without bubblewrap the tool refuses with one line naming the install. With
-`unsafe_no_sandbox=True` (rollout.env_options) it runs the code as this
+`unsafe_no_sandbox=True` (roles.rollout.env_options) it runs the code as this
 process's user, with these limits but no isolation: for a trusted machine
 only, and it says so loudly.
 """
@@ -62,7 +62,7 @@ def check(where: str, unsafe: bool = False) -> None:
         return
     missing = bwrap.problem()
     if missing:
-        raise ValueError(f"{where} needs {missing} (or rollout.env_options={{'unsafe_no_sandbox': true}} runs "
+        raise ValueError(f"{where} needs {missing} (or roles.rollout.env_options={{'unsafe_no_sandbox': true}} runs "
                          f"model code unsandboxed)")
 
 

@@ -17,7 +17,7 @@ tokens, and `rollout_logprobs` holds the sampler's logprob of each turn token
 reaches `max_total_tokens` (MAX_TOKENS): a turn is cut to the budget left and
 not sent to the environment, an observation is cut to it.
 
-A step has a deadline, `step_timeout_s` (`rollout.env_step_timeout_s`): it
+A step has a deadline, `step_timeout_s` (`roles.rollout.env_step_timeout_s`): it
 runs in a daemon thread of its own, waited for that long. A step past it ends
 its episode (FinishReason.STOP) with the reward 0 and the tool error
 "environment step timed out after N s", counted in `env/timed_out` (and in

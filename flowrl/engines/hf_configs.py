@@ -1,4 +1,4 @@
-"""The transformers engines' configs: `actor.engine=hf`, `critic.engine=hf`, `rollout.engine=hf`."""
+"""The transformers engines' configs: `roles.actor.engine=hf`, `roles.critic.engine=hf`, `roles.rollout.engine=hf`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from flowrl.engines.lr_schedules import check_schedule
 from flowrl.engines.protocols import TrainEngine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-CUDA_DEFAULTS = {"rollout.engine": "hf_static", "actor.compile": True, "train.forward_micro_batch_size": 128}
+CUDA_DEFAULTS = {"roles.rollout.engine": "hf_static", "roles.actor.compile": True,
+                 "train.forward_micro_batch_size": 128}
 """What `train.device=cuda` changes from the CPU defaults where the run sets nothing else: the configuration
 of docs/benchmarks.md's H200 runs (the static-cache rollout with its captured decode loop, compiled train
 passes, 128-row no-grad forward passes). flowrl.config.load_run_config applies it."""
@@ -39,9 +40,9 @@ def device_defaults(values: dict[str, Any], rollout_options: frozenset[str] = fr
     rollout, actor = roles.get("rollout", {}), roles.get("actor", {})
     static_keys = set(HFStaticRolloutConfig.model_fields) | rollout_options
     if isinstance(rollout, dict) and "engine" not in rollout and set(rollout) <= static_keys:  # (not a binding)
-        roles["rollout"] = {**rollout, "engine": CUDA_DEFAULTS["rollout.engine"]}  # micro_batch_size: hf's own
+        roles["rollout"] = {**rollout, "engine": CUDA_DEFAULTS["roles.rollout.engine"]}  # micro_batch_size: hf's own
     if isinstance(actor, dict) and actor.get("engine", "hf") == "hf":
-        roles["actor"] = {"compile": CUDA_DEFAULTS["actor.compile"], **actor}
+        roles["actor"] = {"compile": CUDA_DEFAULTS["roles.actor.compile"], **actor}
     values["train"].setdefault("forward_micro_batch_size", CUDA_DEFAULTS["train.forward_micro_batch_size"])
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -174,7 +175,7 @@ class HFRolloutConfig(RolloutEngineConfig):
 
 
 class HFStaticRolloutConfig(RolloutEngineConfig):
-    """`rollout.engine=hf_static`: a static KV cache and one compiled decode step (a CUDA graph on GPUs)."""
+    """`roles.rollout.engine=hf_static`: a static KV cache and one compiled decode step (a CUDA graph on GPUs)."""
 
     compile: bool | None = Field(None, description="torch.compile the decode step (CUDA graphs); None: on CUDA "
                                                    "devices only.")

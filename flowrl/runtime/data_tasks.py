@@ -70,7 +70,7 @@ def _some_prompt_fits(cfg: RunConfig, tokenizer: Any, task: DatasetTask, room: i
     if not any(len(encode(row["prompt"] if task.chat_template else prompt_text(row["prompt"]))) <= room
                for row in task.rows):
         raise ValueError(f"data.train_files: all {len(task.rows)} prompts are longer than the {room} tokens the "
-                         f"model's context leaves (max_position_embeddings less rollout.max_new_tokens="
+                         f"model's context leaves (max_position_embeddings less roles.rollout.max_new_tokens="
                          f"{cfg.rollout.max_new_tokens}); use shorter prompts or a longer-context model")
 
 

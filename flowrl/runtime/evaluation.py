@@ -42,7 +42,7 @@ def greedy_episode_eval(batch, rollout):
 
 
 def sampled_eval(k: int, episodes: bool = False) -> Algorithm:
-    """k responses (or episodes in rollout.env) per prompt at the rollout's temperature."""
+    """k responses (or episodes in roles.rollout.env) per prompt at the rollout's temperature."""
     def sampled_eval(batch, rollout, reward):
         batch = rollout.sync_weights(batch)
         batch = rollout.generate(batch, n=k)
