@@ -22,6 +22,18 @@ def test_karmarkar_karp_by_hand():
     assert karmarkar_karp([3], 2) == [[0], []]
 
 
+def test_karmarkar_karp_equal_sizes_by_hand():
+    # starts 8 | 7, 6 | 5, 4 | 3 (spread 1 each); 8+5 | 7+6 (spread 0); then 7+6+4 | 8+5+3: 17 and 16, 3 each
+    assert karmarkar_karp([8, 7, 6, 5, 4, 3], 2, equal_size=True) == [[1, 2, 4], [0, 3, 5]]
+    # 3 parts of 2: starts 10 | 3 | 3 and 3 | 1 | 1 merge to 10+1 | 3+3 | 3+1; 11 is the least 10's part can hold
+    lengths = [10, 1, 1, 3, 3, 3]
+    parts = karmarkar_karp(lengths, 3, equal_size=True)
+    assert [len(part) for part in parts] == [2, 2, 2] and sorted(sums(lengths, parts)) == [4, 6, 11]
+    assert karmarkar_karp([], 2, equal_size=True) == [[], []]
+    with pytest.raises(ValueError, match="5 items do not split into 2 parts of equal size"):
+        karmarkar_karp([1, 2, 3, 4, 5], 2, equal_size=True)
+
+
 def test_packed_micro_batches_fit_the_budget_balanced():
     lengths = [10, 1, 1, 1, 9, 2]  # 24 tokens, budget 12: two micro-batches of 12
     parts = token_micro_batches(lengths, 12, packed=True)

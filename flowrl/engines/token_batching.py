@@ -25,21 +25,29 @@ import torch
 from tensordict import TensorDict
 
 
-def karmarkar_karp(lengths: Sequence[int], num_parts: int) -> list[list[int]]:
+def karmarkar_karp(lengths: Sequence[int], num_parts: int, *, equal_size: bool = False) -> list[list[int]]:
     """Indices of `lengths` in `num_parts` parts of near-equal sums (largest differencing, k-way).
 
     Each item starts as a partial solution: its own part plus num_parts - 1 empty ones. The two solutions with
     the largest spread (max - min sum) merge, the heaviest part of one joining the lightest of the other, until
     one is left. Parts come heaviest first; a part is empty only when there are fewer items than parts.
+    `equal_size`: every part gets len(lengths) / num_parts items (verl's get_seqlen_balanced_partitions with
+    equal_size=True): the items, longest first, start num_parts at a time as one solution of one item per
+    part, and merging joins parts one to one, so the counts stay equal.
 
         karmarkar_karp([8, 7, 6, 5, 4], 2) -> [[1, 3, 4], [0, 2]]: sums 16 and 14 (a heuristic: the best
         split is 15 and 15; 8 - 7 and 6 - 5 leave 4, 1, 1, and 4 - 1 - 1 = 2 is the spread)
+        karmarkar_karp([8, 7, 6, 5, 4, 3], 2, equal_size=True) -> [[1, 2, 4], [0, 3, 5]]: 3 items each, sums 17
+        and 16 (starts 8 | 7, 6 | 5, 4 | 3, spread 1 each; 8+5 | 7+6 spreads 0, then 7+6+4 | 8+5+3)
     """
     assert num_parts >= 1, num_parts
+    if equal_size and len(lengths) % num_parts:
+        raise ValueError(f"equal_size: {len(lengths)} items do not split into {num_parts} parts of equal size")
     heap: list[tuple[int, int, list[tuple[int, list[int]]]]] = []
-    for index, length in enumerate(lengths):
-        parts = [(length, [index])] + [(0, []) for _ in range(num_parts - 1)]
-        heapq.heappush(heap, (-length, index, parts))
+    for tie, start in enumerate(_starts(lengths, num_parts, equal_size)):
+        parts = sorted(((lengths[i], [i]) for i in start), key=lambda part: -part[0])
+        parts += [(0, []) for _ in range(num_parts - len(parts))]
+        heapq.heappush(heap, (-(parts[0][0] - parts[-1][0]), tie, parts))
     if not heap:
         return [[] for _ in range(num_parts)]
     while len(heap) > 1:
@@ -50,6 +58,14 @@ def karmarkar_karp(lengths: Sequence[int], num_parts: int) -> list[list[int]]:
         merged.sort(key=lambda part: -part[0])
         heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), tie, merged))
     return [sorted(indices) for _, indices in heap[0][2]]
+
+
+def _starts(lengths: Sequence[int], num_parts: int, equal_size: bool) -> list[list[int]]:
+    """The items of each starting solution: one each, or (equal_size) num_parts each, longest first."""
+    if not equal_size:
+        return [[index] for index in range(len(lengths))]
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: ties keep their order
+    return [order[at:at + num_parts] for at in range(0, len(order), num_parts)]
 
 
 def token_micro_batches(lengths: Sequence[int], max_tokens: int, *, packed: bool,

@@ -12,6 +12,7 @@ from flowrl import metrics
 from flowrl.data.batch import MODEL_INPUT
 from flowrl.engines.model_outputs import check_outputs
 from flowrl.engines.protocols import LossFn, TrainEngine
+from flowrl.engines.rank_balance import exchange
 from flowrl.engines.sampling import SAMPLED_WITH
 from flowrl.graph.role import graph_method, role
 from flowrl.graph.trace import Deferred
@@ -31,7 +32,23 @@ def _value_reads(loss: LossFn, **_: Any) -> tuple[str, ...]:
 
 
 def _logprobs(engine: TrainEngine, s: UpdateSettings, batch: TensorDict) -> torch.Tensor:
-    return engine.forward(batch, micro_batch_size=s.forward_rows)["logprobs"]
+    return _forward(engine, s, batch)["logprobs"]
+
+
+def _forward(engine: TrainEngine, s: UpdateSettings, batch: TensorDict, balance: bool = True,
+             **kwargs: Any) -> dict[str, torch.Tensor]:
+    """engine.forward over this rank's rows; with train.balance_batch (and `balance`) over rows balanced across
+    the pool's ranks (flowrl.engines.rank_balance), its outputs brought back to these rows."""
+    moved = exchange(batch, batch.batch_size[0]) if s.balance_batch and balance else None
+    out = engine.forward(batch if moved is None else moved.rows, micro_batch_size=s.forward_rows, **kwargs)
+    return out if moved is None else moved.restore(out)
+
+
+def _balanced(s: UpdateSettings, batch: TensorDict) -> TensorDict:
+    """The rows an update of this rank runs on: with train.balance_batch, each mini-batch's rows over the pool's
+    ranks balanced by tokens (the same rows per optimizer step: flowrl.engines.rank_balance), else `batch`."""
+    moved = exchange(batch, s.mini_batch_size) if s.balance_batch else None
+    return batch if moved is None else moved.rows
 
 
 def _logprobs_writes(outputs: tuple[str, ...] = (), **_: Any) -> tuple[str, ...]:
@@ -48,7 +65,7 @@ def _extra_outputs(outputs: tuple[str, ...]) -> tuple[str, ...]:
 
 def _update(engine: TrainEngine, s: UpdateSettings, batch: TensorDict, loss: LossFn, seed: int | None,
             prefix: str, **kwargs: Any) -> None:
-    """One engine update; metrics logged under `prefix`."""
+    """One engine update (on `batch` as _balanced gives it); metrics logged under `prefix`."""
     result = engine.update(batch, loss, mini_batch_size=s.mini_batch_size, micro_batch_size=s.micro_batch_size,
                            epochs=s.epochs, shuffle_seed=seed, **kwargs)
     metrics.log_dict(prefix, result)
@@ -66,9 +83,11 @@ class Actor:
         """Old logprobs, and each of `outputs` (other outputs of the actor's table, flowrl.engines.model_outputs,
         e.g. "entropy") of the current policy under its own name. When only actor.update reads them,
         the plan folds this call into it (its `deferred`)."""
+        return self._logprobs(batch, outputs)
+
+    def _logprobs(self, batch: TensorDict, outputs: tuple[str, ...] = (), balance: bool = True) -> TensorDict:
         extra = _extra_outputs(outputs)
-        s = self.settings
-        out = self.engine.forward(batch, micro_batch_size=s.forward_rows, outputs=("logprobs", *extra))
+        out = _forward(self.engine, self.settings, batch, balance, outputs=("logprobs", *extra))
         batch["old_logprobs"] = out["logprobs"]
         for name in extra:
             batch[name] = out[name]
@@ -82,7 +101,9 @@ class Actor:
         skips the call; otherwise the call runs first, on a copy: the batch gets no old_logprobs either way."""
         single = deferred is not None and self._single_step(batch)
         assert deferred is None or deferred.method == "logprobs", deferred
-        inputs = batch if deferred is None or single else self.logprobs(batch.copy(), **deferred.kwargs)
+        rows = _balanced(self.settings, batch)  # balanced already: the deferred call runs on them where they are
+        inputs = rows if deferred is None or single else self._logprobs(rows.copy(), balance=False,
+                                                                        **deferred.kwargs)
         _update(self.engine, self.settings, inputs, loss, seed, "actor", old_logprobs_from_current=single)
         self.version += 1
         return batch
@@ -111,11 +132,10 @@ class Critic:
 
     @graph_method(reads=MODEL_INPUT, writes=("values",))
     def values(self, batch: TensorDict) -> TensorDict:
-        out = self.engine.forward(batch, micro_batch_size=self.settings.forward_rows)
-        batch["values"] = out["values"] * batch["response_mask"]
+        batch["values"] = _forward(self.engine, self.settings, batch)["values"] * batch["response_mask"]
         return batch
 
     @graph_method(reads=_value_reads)
     def update(self, batch: TensorDict, loss: LossFn, seed: int | None = None) -> TensorDict:
-        _update(self.engine, self.settings, batch, loss, seed, "critic")
+        _update(self.engine, self.settings, _balanced(self.settings, batch), loss, seed, "critic")
         return batch

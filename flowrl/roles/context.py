@@ -21,6 +21,7 @@ class UpdateSettings:
     forward_micro_batch_size: int = 0  # rows per no-grad forward pass (logprobs, values, scores); 0: micro's
 
     epochs: int = 1
+    balance_batch: bool = False  # rows move between the pool's ranks to even their tokens (engines.rank_balance)
 
     @property
     def forward_rows(self) -> int:

@@ -87,7 +87,7 @@ def make_factory(cfg: RunConfig, plan: Plan, task: Any, path: Path, extra: dict[
     t, m = cfg.train, cfg.model
     settings = UpdateSettings(mini_batch_size=t.mini_batch_size, micro_batch_size=t.micro_batch_size,
                               forward_micro_batch_size=t.forward_micro_batch_size,
-                              epochs=t.epochs)
+                              epochs=t.epochs, balance_batch=t.balance_batch)
     reward_model = None if m.reward_path is None else ModelSource(model_folder(m.reward_path, "model.reward_path"),
                                                                   m.dtype)
     specs = {**(extra or {}), **plan.specs}
