@@ -3,11 +3,14 @@ and near-equal tokens. Partitions checked by hand; two gloo ranks on CPU, one ho
 actor with and without it: the tokens even out, and outputs and final weights are the same."""
 
 import pathlib
+import warnings
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from flowrl import metrics
+from flowrl.config import load_run_config, warn_no_effect
 from flowrl.engines.hf_models import load_causal_lm
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.rank_balance import balanced_shares, max_over_mean
@@ -103,3 +106,15 @@ def test_balanced_ranks_even_their_tokens_and_train_the_same(tiny_model_path, tm
         assert_states_close(balanced["state"], plain["state"], atol=1e-5)
     initial = load_causal_lm(tiny_model_path).state_dict()
     assert not torch.allclose(ranks[0][True]["state"]["model.norm.weight"], initial["model.norm.weight"])
+
+
+def test_micro_batch_size_under_a_token_budget_warns():
+    """train.micro_batch_size has no effect when every train role groups micro-batches by tokens."""
+    budget = ["roles.actor.max_tokens_per_micro_batch=64", "train.micro_batch_size=8"]
+    with pytest.warns(UserWarning, match="train.micro_batch_size has no effect: "
+                                         "roles.actor.max_tokens_per_micro_batch=64 groups micro-batches by tokens"):
+        warn_no_effect(load_run_config(None, budget), {"actor", "ref", "rollout"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_no_effect(load_run_config(None, budget[:1]), {"actor", "ref", "rollout"})  # left at its default
+        warn_no_effect(load_run_config(None, budget), {"actor", "critic", "rollout"})  # the critic counts rows
