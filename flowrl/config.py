@@ -377,10 +377,15 @@ def set_dotted(values: dict[str, Any], key: str, raw: str) -> None:
     *parents, leaf = key.split(".")
     node = values
     for part in parents:
+        if isinstance(node.get(part), str) and node is values.get("roles"):
+            node[part] = {"use": node[part]}  # roles.<name>=<class> is roles.<name>.use, beside its options
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ValueError(f"--set {key}: {part!r} is not a section")
-    node[leaf] = value
+    if isinstance(value, str) and isinstance(node.get(leaf), dict) and node is values.get("roles"):
+        node[leaf]["use"] = value
+    else:
+        node[leaf] = value
 
 
 def load_run_config(path: str | None = None, overrides: list[str] = ()) -> RunConfig:

@@ -88,6 +88,10 @@ def test_a_binding_is_the_sections_use_and_the_shorthand_still_works():
     assert short.model_dump() == long.model_dump()
     assert short.role_classes() == {"reward": ROLES.get("llm_judge").cls}
     assert type(short.section("reward")).__name__ == "GeneratorConfig"  # the judge's config, on its own engine
+    for order in (["roles.reward=llm_judge", "roles.reward.temperature=0.5"],
+                  ["roles.reward.temperature=0.5", "roles.reward=llm_judge"]):  # the shorthand beside its options
+        both = load_run_config(None, order)
+        assert (both.role_classes(), both.section("reward").engine.temperature) == (short.role_classes(), 0.5)
 
 
 def test_the_role_decorator_takes_a_config_bare_or_with_arguments():
