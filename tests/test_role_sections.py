@@ -99,3 +99,28 @@ def test_the_role_decorator_takes_a_config_bare_or_with_arguments():
     assert ROLES.get("bare").cls is bare and ROLES.get("bare").config is fl.RoleConfig
     with pytest.raises(GraphError, match="role 'odd': config=<class 'dict'> is not a flowrl.RoleConfig subclass"):
         fl.role("odd", config=dict)(type("Odd", (), {"run": fl.graph_method(lambda self, batch: batch)}))
+
+
+def test_a_role_loads_its_own_model_when_its_section_names_one(tmp_path):
+    """The reference defaults to the run's model (the actor's); roles.ref.model gives it another folder."""
+    from flowrl.engines.tiny_model import build_tiny_model
+    from flowrl.runtime.factory import make_factory
+
+    policy, other = (build_tiny_model(tmp_path / name, chars=ArithmeticTask.chars, seed=seed)
+                     for name, seed in (("policy", 1), ("other", 2)))
+    grpo, task = resolve_algorithm("grpo"), ArithmeticTask(4)
+
+    def weights(*overrides):
+        cfg = load_run_config(None, [f"model.path={policy}", *overrides])
+        roles = make_factory(cfg, make_plan(cfg, grpo, task), task, Path(cfg.model.path)).build(("actor", "ref"))
+        return [roles[name].engine.model.get_input_embeddings().weight for name in ("actor", "ref")]
+
+    actor, ref = weights()
+    assert ref.equal(actor)  # the default: the actor's starting weights
+    actor, ref = weights(f"roles.ref.model={other}")
+    assert not ref.equal(actor) and ref.equal(weights(f"model.path={other}")[0])
+    with pytest.raises(ValueError, match=r"^roles.ref.model: '.*nope' is not a Hugging Face model folder"):
+        weights(f"roles.ref.model={tmp_path / 'nope'}")
+    with pytest.raises(ValueError, match=r"^invalid config: roles.actor.model: Value error, the policy's folder is "
+                                         r"model.path"):
+        load_run_config(None, [f"roles.actor.model={other}"])

@@ -16,7 +16,7 @@ from flowrl.engines.rank_balance import exchange
 from flowrl.engines.sampling import SAMPLED_WITH
 from flowrl.graph.role import graph_method, role
 from flowrl.graph.trace import Deferred
-from flowrl.roles.configs import CriticConfig, RefConfig, TrainRoleConfig
+from flowrl.roles.configs import ActorConfig, CriticConfig, RefConfig
 from flowrl.roles.context import UpdateSettings
 
 
@@ -71,7 +71,7 @@ def _update(engine: TrainEngine, s: UpdateSettings, batch: TensorDict, loss: Los
     metrics.log_dict(prefix, result)
 
 
-@role("actor", trainable=True, exported=True, engines=("actor",), config=TrainRoleConfig)
+@role("actor", trainable=True, exported=True, engines=("actor",), config=ActorConfig)
 @dataclass
 class Actor:
     engine: TrainEngine

@@ -25,7 +25,20 @@ class EngineRoleConfig(RoleConfig):
 
     ENGINE_DEFAULTS: ClassVar[dict[str, Any]] = {}  # engine values this role's section starts from
     FLAT: ClassVar[tuple[str, ...]] = ("engine",)
+    POLICY: ClassVar[bool] = False  # the policy's own roles (actor, rollout): their model is model.path
     engine: SerializeAsAny[EngineConfig]
+    model: str | None = Field(None, description="Hugging Face model folder this role loads; None: the run's "
+                                                "(model.path, or model.reward_path for a reward model or judge).")
+
+    @field_validator("model")
+    @classmethod
+    def _a_folder_name(cls, model: str | None) -> str | None:
+        if model is not None and not model.strip():
+            raise ValueError("an empty path; give a model folder, or leave it unset for the run's model")
+        if model is not None and cls.POLICY:
+            raise ValueError("the policy's folder is model.path (the actor, its rollout and its reference start "
+                             "from it)")
+        return model
 
     @classmethod
     def starting_from(cls, source: RoleConfig, values: dict[str, Any]) -> dict[str, Any]:
@@ -70,6 +83,10 @@ class TrainRoleConfig(EngineRoleConfig):
         return cls(self.engine.build(ctx.model, head=self.HEAD, device=ctx.device), ctx.settings)
 
 
+class ActorConfig(TrainRoleConfig):
+    POLICY: ClassVar[bool] = True
+
+
 class CriticConfig(TrainRoleConfig):
     HEAD: ClassVar[Head] = "critic"
     ENGINE_DEFAULTS: ClassVar[dict[str, Any]] = {"lr": 5e-3}
@@ -83,7 +100,7 @@ class RefConfig(TrainRoleConfig):
     def build(self, cls: type, ctx: Any) -> Any:
         """The actor's starting weights, frozen; under LoRA, the actor's own module with its adapters disabled
         when the actor lives in this process."""
-        actor = ctx.roles.get("actor")
+        actor = ctx.roles.get("actor") if self.model is None else None  # a model of its own: not the actor's
         engine = self.engine.build(ctx.model, head="actor", device=ctx.device, trainable=False,
                                    base_of=actor.engine if actor is not None else None)
         return cls(engine, ctx.settings)
@@ -91,6 +108,8 @@ class RefConfig(TrainRoleConfig):
 
 class RolloutConfig(EngineRoleConfig):
     """The rollout: its engine (sampling options and the engine's own) and the environment of `interact`."""
+
+    POLICY: ClassVar[bool] = True
 
     engine: SerializeAsAny[RolloutEngineConfig] = Field(
         default_factory=lambda: RolloutEngineConfig.model_validate({}),

@@ -43,6 +43,7 @@ class BuildContext:
     shared: frozenset[str] = frozenset()  # roles that generate with their weight source's own module here
     judge: Any = None  # the generative judge's settings (flowrl.roles.judge.JudgeSettings; None: its defaults)
     reward_fn_timeout_s: float | None = None  # the task's reward function: a call past it stops the run
+    role_models: dict[str, ModelSource] = field(default_factory=dict)  # roles.<name>.model, where a section sets one
 
     @cached_property
     def tokenizer(self) -> Any:
@@ -51,6 +52,10 @@ class BuildContext:
     def named(self, name: str) -> "BuildContext":
         """This context for building role `name` (the same built-roles table and tokenizer)."""
         ctx = replace(self, name=name, config=self.sections.get(name))
-        if "tokenizer" in self.__dict__:
+        own = self.role_models.get(name)
+        if own is not None:  # the role's own model (a reward model's, a judge's); batches keep the policy's tokens
+            ctx = replace(ctx, model=own, reward_model=own)
+            ctx.__dict__["tokenizer"] = self.tokenizer
+        elif "tokenizer" in self.__dict__:
             ctx.__dict__["tokenizer"] = self.__dict__["tokenizer"]
         return ctx

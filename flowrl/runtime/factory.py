@@ -20,6 +20,7 @@ from flowrl.engines.tiny_model import build_tiny_model
 from flowrl.graph.role import RoleSpec
 from flowrl.plan.placement import Pool
 from flowrl.plan.planner import Plan
+from flowrl.roles.configs import EngineRoleConfig
 from flowrl.roles.context import BuildContext, UpdateSettings
 
 
@@ -70,16 +71,18 @@ class RoleFactory:
         return replace(self, context=replace(self.context, settings=replace(s, **shares)))
 
     def folders(self) -> tuple[Path, ...]:
-        """The model folders its roles load from (model.path, model.reward_path)."""
+        """The model folders its roles load from (model.path, model.reward_path, roles.<name>.model)."""
         c = self.context
-        return (c.model.path, *((c.reward_model.path,) if c.reward_model is not None else ()))
+        return (c.model.path, *((c.reward_model.path,) if c.reward_model is not None else ()),
+                *(source.path for source in c.role_models.values()))
 
     def relocated(self, moved: dict[str, Path]) -> "RoleFactory":
         """The factory loading each model folder from `moved[str(folder)]` (e.g. a node's copy of it)."""
         c = self.context
         reward = None if c.reward_model is None else replace(c.reward_model, path=moved[str(c.reward_model.path)])
         model = replace(c.model, path=moved[str(c.model.path)])
-        return replace(self, context=replace(c, model=model, reward_model=reward))
+        own = {name: replace(source, path=moved[str(source.path)]) for name, source in c.role_models.items()}
+        return replace(self, context=replace(c, model=model, reward_model=reward, role_models=own))
 
 
 def make_factory(cfg: RunConfig, plan: Plan, task: Any, path: Path, extra: dict[str, RoleSpec] | None = None) -> RoleFactory:
@@ -91,11 +94,14 @@ def make_factory(cfg: RunConfig, plan: Plan, task: Any, path: Path, extra: dict[
     reward_model = None if m.reward_path is None else ModelSource(model_folder(m.reward_path, "model.reward_path"),
                                                                   m.dtype)
     specs = {**(extra or {}), **plan.specs}
-    context = BuildContext(model=ModelSource(path, m.dtype, m.gradient_checkpointing),
-                           sections={name: cfg.section(name, spec) for name, spec in specs.items()},
+    sections = {name: cfg.section(name, spec) for name, spec in specs.items()}
+    own = {name: ModelSource(model_folder(section.model, f"roles.{name}.model"), m.dtype, m.gradient_checkpointing)
+           for name, section in sections.items() if isinstance(section, EngineRoleConfig) and section.model}
+    context = BuildContext(model=ModelSource(path, m.dtype, m.gradient_checkpointing), sections=sections,
                            device=t.device, settings=settings, seed=t.seed, task=task, reward_model=reward_model,
                            shared=plan.shared(), judge=cfg.data.judge_settings(),
-                           reward_fn_timeout_s=None if isinstance(task, DatasetTask) else cfg.data.reward_fn_timeout_s)
+                           reward_fn_timeout_s=None if isinstance(task, DatasetTask) else cfg.data.reward_fn_timeout_s,
+                           role_models=own)
     return RoleFactory(context, specs)
 
 
