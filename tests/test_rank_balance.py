@@ -13,7 +13,7 @@ from flowrl import metrics
 from flowrl.config import load_run_config, warn_no_effect
 from flowrl.engines.hf_models import load_causal_lm
 from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.engines.rank_balance import balanced_shares, max_over_mean
+from flowrl.engines.rank_balance import balanced_shares, exchange, max_over_mean
 from flowrl.roles.actor import Actor
 from flowrl.roles.context import UpdateSettings
 from test_engine_fsdp2 import WORLD, assert_states_close, make_batch, spawn_and_join
@@ -84,6 +84,10 @@ def _worker(rank, world, model_path, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{out_dir / 'rendezvous'}", rank=rank, world_size=world)
     try:
+        even = make_batch([([1, 2], [3] * (1 + (rank + i) % 2)) for i in range(4)])  # 14 tokens on each rank
+        with metrics.collect() as logged:
+            assert exchange(even, 4) is None  # no better balance: no row moves
+        assert logged == {RATIO: 1.0, f"{RATIO}_before": 1.0}
         torch.save({balance: run(model_path, rank, balance) for balance in (False, True)}, out_dir / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()

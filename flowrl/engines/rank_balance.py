@@ -91,7 +91,7 @@ class Balanced:
 def exchange(batch: TensorDict, group_rows: int) -> Balanced | None:
     """Rows balanced over the ranks of the process group (collective), group by group of `group_rows` rows of
     each rank; None without a group of two or more ranks. Logs the heaviest rank's tokens over the mean, after
-    (train/balance_tokens_max_over_mean) and before (..._before)."""
+    (train/balance_tokens_max_over_mean) and before (..._before); rows move only where that evens the tokens."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return None
     lengths_RN = _gather(row_lengths(batch))
@@ -101,9 +101,12 @@ def exchange(batch: TensorDict, group_rows: int) -> Balanced | None:
     if not lengths_RN[0]:
         return None
     shares = balanced_shares(lengths_RN, group_rows)
-    metrics.log("train/balance_tokens_max_over_mean_before", max_over_mean([sum(lengths) for lengths in lengths_RN]))
-    metrics.log("train/balance_tokens_max_over_mean",
-                max_over_mean([sum(lengths_RN[rank][row] for rank, row in share) for share in shares]))
+    before = max_over_mean([sum(lengths) for lengths in lengths_RN])
+    after = max_over_mean([sum(lengths_RN[rank][row] for rank, row in share) for share in shares])
+    metrics.log("train/balance_tokens_max_over_mean_before", before)
+    metrics.log("train/balance_tokens_max_over_mean", min(after, before))
+    if after >= before:  # no better: the rows stay (every rank decides alike, from the same lengths)
+        return None
     device, rank = batch["prompt_ids"].device, dist.get_rank()
     batches = _gather(batch.cpu())
     every = concat(batches)  # padded to the widest rank's columns
