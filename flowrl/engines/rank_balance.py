@@ -9,7 +9,8 @@ at every micro-batch and optimizer step. Before a train engine's pass the ranks 
   again into one part per rank, of `group_rows` rows and near-equal tokens (flowrl.engines.token_batching's
   Karmarkar-Karp with equal sizes). Every optimizer step sees the rows it saw before, only which rank holds
   which changes, and the engine's step is exact over ranks (each micro-batch's loss weighted against the
-  mini-batch's total over ranks), so the weights are the same up to float summation order;
+  mini-batch's total over ranks), so the weights are the same up to float summation order (an update with a
+  shuffle seed draws its mini-batches from the rows a rank then holds: another random draw);
 - a no-grad pass: the whole batch is one group, and the outputs go back to the rows' own ranks, in their order.
 
 Rows are exchanged at the engine call, where each row stands alone (advantages, group statistics and every
