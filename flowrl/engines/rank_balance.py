@@ -109,12 +109,9 @@ def exchange(batch: TensorDict, group_rows: int) -> Balanced | None:
     if after >= before:  # no better: the rows stay (every rank decides alike, from the same lengths)
         return None
     device, rank = batch["prompt_ids"].device, dist.get_rank()
-    batches = _gather(batch.cpu())
-    every = concat(batches)  # padded to the widest rank's columns
-    offsets = [0]
-    for each in batches[:-1]:
-        offsets.append(offsets[-1] + each.batch_size[0])
-    rows = every[torch.tensor([offsets[r] + row for r, row in shares[rank]], dtype=torch.long)]
+    every = concat(_gather(batch.cpu()))  # rank r's rows at r * num_rows on, padded to the widest rank's columns
+    num_rows = len(lengths_RN[0])
+    rows = every[torch.tensor([r * num_rows + row for r, row in shares[rank]], dtype=torch.long)]
     return Balanced(rows.to(device), shares, rank, batch["response_ids"].shape[1])
 
 
