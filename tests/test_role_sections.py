@@ -97,6 +97,11 @@ def test_a_binding_is_the_sections_use_and_the_shorthand_still_works():
 def test_the_role_decorator_takes_a_config_bare_or_with_arguments():
     bare = fl.role(type("Bare", (), {"run": fl.graph_method(lambda self, batch: batch)}))
     assert ROLES.get("bare").cls is bare and ROLES.get("bare").config is fl.RoleConfig
+    rollout = ROLES.get("rollout")
+    fl.role("my_rollout", weights_from="actor")(type("MyRollout", (rollout.cls,), {}))  # configured as the rollout
+    assert (ROLES.get("my_rollout").config, ROLES.get("my_rollout").engines) == (rollout.config, rollout.engines)
+    cfg = load_run_config(None, ["roles.rollout=my_rollout", "roles.rollout.temperature=0.5"])
+    assert cfg.rollout.temperature == 0.5  # its section holds the rollout's engine options
     with pytest.raises(GraphError, match="role 'odd': config=<class 'dict'> is not a flowrl.RoleConfig subclass"):
         fl.role("odd", config=dict)(type("Odd", (), {"run": fl.graph_method(lambda self, batch: batch)}))
 

@@ -88,16 +88,22 @@ ROLES: Registry[RoleSpec] = Registry("role")
 
 def role(name: str | type | None = None, *, trainable: bool = False, exported: bool = False,
          on_driver: bool = False, weights_from: str | None = None, base_of: str | None = None,
-         engines: tuple[str, ...] = (), config: type[RoleConfig] = RoleConfig) -> Any:
+         engines: tuple[str, ...] | None = None, config: type[RoleConfig] | None = None) -> Any:
     """Register a role class; bare (`@flowrl.role`, named after the class in snake_case) or with arguments;
-    `config` (a RoleConfig subclass) is its section of the run config, `roles.<name>`."""
+    `config` (a RoleConfig subclass) is its section of the run config, `roles.<name>`. A subclass of a registered
+    role keeps that role's `config` and `engines` unless it gives its own (a rollout's subclass is configured as
+    the rollout is)."""
 
     def register(cls: type) -> type:
         role_name = name if isinstance(name, str) else _snake(cls.__name__)
+        inherited = getattr(cls, ROLE_ATTR, None) or RoleSpec(role_name, cls)  # a registered base class's
         spec = RoleSpec(role_name, cls, trainable=trainable, exported=exported, on_driver=on_driver,
-                        weights_from=weights_from, base_of=base_of, engines=tuple(engines), config=config)
-        if not (isinstance(config, type) and issubclass(config, RoleConfig)):
-            raise GraphError(f"role {role_name!r}: config={config!r} is not a flowrl.RoleConfig subclass")
+                        weights_from=weights_from, base_of=base_of,
+                        engines=inherited.engines if engines is None else tuple(engines),
+                        config=config or inherited.config)
+        config_cls = spec.config
+        if not (isinstance(config_cls, type) and issubclass(config_cls, RoleConfig)):
+            raise GraphError(f"role {role_name!r}: config={config_cls!r} is not a flowrl.RoleConfig subclass")
         methods = graph_methods(cls)
         if not methods:
             raise GraphError(f"role {role_name!r} ({cls.__name__}) has no @flowrl.graph_method")
