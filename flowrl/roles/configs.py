@@ -106,14 +106,18 @@ class RefConfig(TrainRoleConfig):
         return cls(engine, ctx.settings)
 
 
-class RolloutConfig(EngineRoleConfig):
-    """The rollout: its engine (sampling options and the engine's own) and the environment of `interact`."""
-
-    POLICY: ClassVar[bool] = True
+class GeneratorConfig(EngineRoleConfig):
+    """A role generating on a rollout engine of its own (the generative judge)."""
 
     engine: SerializeAsAny[RolloutEngineConfig] = Field(
         default_factory=lambda: RolloutEngineConfig.model_validate({}),
         description="The rollout engine (a name in flowrl.engines.ROLLOUT_ENGINES) and its options.")
+
+
+class RolloutConfig(GeneratorConfig):
+    """The rollout: its engine (sampling options and the engine's own) and the environment of `interact`."""
+
+    POLICY: ClassVar[bool] = True
     env: str | None = Field(None, description="The environment `rollout.interact` plays episodes in: 'calculator', "
                                               "'python' (built in) or 'module:attribute' (flowrl.data.envs); "
                                               "max_new_tokens is then per turn.")
@@ -151,11 +155,3 @@ class RolloutConfig(EngineRoleConfig):
         return cls(engine=engine, params=self.engine.sampling(), source=source, weight_sync=sync, seed=ctx.seed,
                    env=env, tokenizer=ctx.tokenizer if env else None,
                    meta_keys=tuple(ctx.task.meta_keys) if env and ctx.task is not None else ())
-
-
-class GeneratorConfig(EngineRoleConfig):
-    """A role generating on a rollout engine of its own (the generative judge)."""
-
-    engine: SerializeAsAny[RolloutEngineConfig] = Field(
-        default_factory=lambda: RolloutEngineConfig.model_validate({}),
-        description="The rollout engine (a name in flowrl.engines.ROLLOUT_ENGINES) and its options.")
