@@ -15,7 +15,6 @@ from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
-from flowrl.engines.configs import RolloutEngineConfig, TrainEngineConfig
 from flowrl.engines.transports import TransportConfig
 import flowrl.roles  # noqa: F401 (registers the built-in roles the role sections name)
 from flowrl.graph.role import ROLES, RoleSpec
