@@ -172,7 +172,7 @@ class ForcedLengthQwen2(Qwen2ForCausalLM):
 # ---- flowrl's hf_static -------------------------------------------------------------------------------------
 
 def register_flowrl_engine() -> None:
-    """`rollout.engine=hf_static_lengths`: hf_static with each row's eos_at_B from the draws."""
+    """`roles.rollout.engine=hf_static_lengths`: hf_static with each row's eos_at_B from the draws."""
     from flowrl.engines.configs import ROLLOUT_ENGINES
     from flowrl.engines.hf_configs import HFStaticRolloutConfig
     from flowrl.engines.hf_models import load_causal_lm

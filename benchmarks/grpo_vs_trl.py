@@ -450,7 +450,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--sigma", type=float, default=1.0, help="log-normal sigma of the variable lengths")
     p.add_argument("--label", default="", help="suffix of flowrl's name in the results (flowrl-LABEL)")
     p.add_argument("--flowrl-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra flowrl config override, e.g. rollout.micro_batch_size=512 (repeatable)")
+                   help="extra flowrl config override, e.g. roles.rollout.micro_batch_size=512 (repeatable)")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--json", help="write the results here")
     p.add_argument("--jsonl", help="append one line per system here")

@@ -17,10 +17,10 @@ W=vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
   HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 B="python3 $TREE/benchmarks/grpo_vs_trl.py --device cuda --jsonl $OUT/runs.jsonl"
-COMMON="--flowrl-set actor.compile=true --flowrl-set train.forward_micro_batch_size=128"
-STATIC="--systems flowrl --label hf_static --flowrl-set rollout.engine=hf_static $COMMON"
-VLLM="--systems flowrl --flowrl-set rollout.engine=vllm --flowrl-set rollout.enforce_eager=false \
-  --flowrl-set rollout.gpu_memory_utilization=0.3 --flowrl-set rollout.max_num_seqs=512 $COMMON"
+COMMON="--flowrl-set roles.actor.compile=true --flowrl-set train.forward_micro_batch_size=128"
+STATIC="--systems flowrl --label hf_static --flowrl-set roles.rollout.engine=hf_static $COMMON"
+VLLM="--systems flowrl --flowrl-set roles.rollout.engine=vllm --flowrl-set roles.rollout.enforce_eager=false \
+  --flowrl-set roles.rollout.gpu_memory_utilization=0.3 --flowrl-set roles.rollout.max_num_seqs=512 $COMMON"
 
 run() {  # NAME SECONDS COMMAND...: the command's log in $OUT/NAME.log, its results and errors printed
   local name=$1 limit=$2
@@ -59,12 +59,12 @@ pyarrow.__version__, trl.__version__, datasets.__version__)"
     || exit 4
   cd "$ROOT"
   run trl_variable 100 $B --steps 2 --systems trl --lengths variable
-  run vllm_fixed_l1 240 $B --steps 19 --label vllm_l1 --flowrl-set rollout.free_cache_engine=1 $VLLM
+  run vllm_fixed_l1 240 $B --steps 19 --label vllm_l1 --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   run trl_vllm_fixed 150 $B --steps 2 --systems trl_vllm
   ;;
 3)
   run vllm_variable_l2 220 $B --steps 19 --lengths variable --label vllm_l2 \
-    --flowrl-set rollout.free_cache_engine=2 $VLLM
+    --flowrl-set roles.rollout.free_cache_engine=2 $VLLM
   run trl_vllm_variable 150 $B --steps 2 --systems trl_vllm --lengths variable
   run static_variable_again 150 $B --steps 3 --lengths variable $STATIC
   ;;

@@ -16,7 +16,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARAL
 rm -rf /tmp/bt && cp -r "$ROOT/.benchtree" /tmp/bt && ln -s ../algorithms /tmp/bt/flowrl/algorithms || exit 3
 cd /tmp/bt  # flowrl.algorithms is pyproject's mapping of algorithms/: a link stands in for the install
 LEARN="python3 benchmarks/real_model_learning.py --model /tmp/smollm2 --data /tmp/wp --device cuda \
-  --set actor.compile=false"  # eager train passes: no cold compile for a 135M model
+  --set roles.actor.compile=false"  # eager train passes: no cold compile for a 135M model
 
 run() {  # NAME SECONDS COMMAND...: the command's output in $OUT/NAME.log, then NAME's folder packed
   local name=$1 limit=$2

