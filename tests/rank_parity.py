@@ -44,16 +44,17 @@ class UidSeededRollout(Rollout):
 
 @fl.role("rows_actor", trainable=True, exported=True)
 class RowsActor(Actor):
-    def logprobs(self, batch: TensorDict, **kwargs) -> TensorDict:
-        """The built-in logprobs; logs the batch sizes this rank was given (the same on every rank)."""
+    def update(self, batch: TensorDict, **kwargs) -> TensorDict:
+        """The built-in update (which a one-step update's old logprobs are folded into); logs the batch sizes
+        this rank was given (the same on every rank)."""
         s = self.settings
         fl.metrics.log("rank/rows", batch.batch_size[0])
         fl.metrics.log("rank/forward_micro_batch_size", s.forward_micro_batch_size or s.micro_batch_size)
         fl.metrics.log("rank/mini_batch_size", s.mini_batch_size)
         fl.metrics.log("rank/micro_batch_size", s.micro_batch_size)
-        return Actor.logprobs(self, batch, **kwargs)
+        return Actor.update(self, batch, **kwargs)
 
-    logprobs = _same_spec(logprobs, Actor.logprobs)
+    update = _same_spec(update, Actor.update)
 
 
 def main(out: str, runs: str) -> None:

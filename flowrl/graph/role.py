@@ -116,7 +116,8 @@ def role(name: str | type | None = None, *, trainable: bool = False, exported: b
                 raise GraphError(f"{role_name}.{method}: defer_to={mspec.defer_to!r} is not a graph method of "
                                  f"the role")
             target = getattr(cls, mspec.defer_to) if mspec.defer_to is not None else None
-            if target is not None and "deferred" not in inspect.signature(target).parameters:
+            params = inspect.signature(target).parameters.values() if target is not None else ()
+            if target is not None and not any(p.name == "deferred" or p.kind is p.VAR_KEYWORD for p in params):
                 raise GraphError(f"{role_name}.{method}: defer_to={mspec.defer_to!r}, but {mspec.defer_to}() takes no "
                                  f"`deferred` argument (the call the plan folds into it, flowrl.graph.trace.Deferred)")
         setattr(cls, ROLE_ATTR, spec)
