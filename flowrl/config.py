@@ -179,12 +179,6 @@ class DataConfig(Section):
                                        "data.reward_timeout_s per response instead.")
     max_length: int | None = Field(None, ge=2, description="SFT and preference rows (flowrl.data.conversations) "
                                    "longer than this many tokens are cut to it; None: no limit.")
-    judge_template: str | None = Field(None, description="The generative judge's prompt (roles.reward=llm_judge; "
-                                       "flowrl.roles.judge): {prompt} and {response} are replaced by the row's; "
-                                       "None: flowrl.roles.judge.TEMPLATE, a 0-10 rating.")
-    judge_max_score: float = Field(10.0, gt=0, description="The judge's top score: a parsed score s in [0, max] "
-                                   "rewards s / max; no number, or one out of range, rewards 0 (counted).")
-    judge_max_new_tokens: int = Field(8, ge=1, description="Tokens the judge may answer with.")
 
     @field_validator("train_files", "val_files", mode="before")
     @classmethod
@@ -192,19 +186,6 @@ class DataConfig(Section):
         return [value] if isinstance(value, str) else value
 
     _paths = field_validator("train_files", "val_files")(_a_path)
-
-    @field_validator("judge_template")
-    @classmethod
-    def _fills_a_response(cls, value: str | None) -> str | None:
-        if value is not None and "{response}" not in value:
-            raise ValueError("the template must contain {response} (and usually {prompt})")
-        return value
-
-    def judge_settings(self) -> Any:
-        """The generative judge's settings (flowrl.roles.judge.JudgeSettings)."""
-        from flowrl.roles.judge import TEMPLATE, JudgeSettings
-
-        return JudgeSettings(self.judge_template or TEMPLATE, self.judge_max_score, self.judge_max_new_tokens)
 
 
 class RunConfig(Section):
@@ -300,14 +281,20 @@ LEGACY_SECTIONS = ("actor", "critic", "rollout")
 """The engine sections of the run config before each role had its own (issue 24): `actor.lr` is roles.actor.lr."""
 
 
+LEGACY_JUDGE = {"judge_template": "template", "judge_max_score": "max_score",
+                "judge_max_new_tokens": "answer_tokens"}
+"""The generative judge's options that were data.* keys: now its section's (flowrl.roles.judge.JudgeConfig)."""
+
+
 def move_legacy_sections(values: dict[str, Any]) -> dict[str, Any]:
-    """`actor.*`, `critic.*` and `rollout.*` moved under roles.<name> (what roles.<name> sets wins); each key
-    used says once that it is deprecated."""
+    """`actor.*`, `critic.*` and `rollout.*` moved under roles.<name>, and data.judge_* under the judge's
+    section (what roles.<name> sets wins); each key used says once that it is deprecated."""
     legacy = [name for name in LEGACY_SECTIONS if name in values]
     roles = values.get("roles", {})
-    if not legacy or not isinstance(roles, dict):
+    if not isinstance(roles, dict):
         return values
     values, roles = dict(values), dict(roles)
+    _move_judge_options(values, roles)
     for name in legacy:
         old, new = (_as_values(values.pop(name), name), _as_values(roles.get(name, {}), f"roles.{name}"))
         roles[name] = {**old, **new}
@@ -315,6 +302,22 @@ def move_legacy_sections(values: dict[str, Any]) -> dict[str, Any]:
             warnings.warn(f"{name}.{key} is deprecated; use roles.{name}.{key}", FutureWarning, stacklevel=2)
     values["roles"] = roles
     return values
+
+
+def _move_judge_options(values: dict[str, Any], roles: dict[str, Any]) -> None:
+    """data.judge_* into the section of each role name bound to llm_judge (llm_judge's own if none is)."""
+    data = values.get("data")
+    moved = {key: data[key] for key in LEGACY_JUDGE if key in data} if isinstance(data, dict) else {}
+    if not moved:
+        return
+    values["data"] = {k: v for k, v in data.items() if k not in moved}
+    bound = [name for name, section in roles.items() if _as_values(section, name).get("use") == "llm_judge"]
+    for name in bound or ["llm_judge"]:
+        section = _as_values(roles.get(name, {}), f"roles.{name}")
+        roles[name] = {**{LEGACY_JUDGE[key]: value for key, value in moved.items()}, **section}
+        for key in moved:
+            warnings.warn(f"data.{key} is deprecated; use roles.{name}.{LEGACY_JUDGE[key]}", FutureWarning,
+                          stacklevel=3)
 
 
 def _as_values(section: Any, where: str) -> dict[str, Any]:

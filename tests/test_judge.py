@@ -61,8 +61,8 @@ def test_scores_parse_the_verdicts_and_unparseable_ones_count_as_failures(tiny_m
 
 
 def test_a_template_without_response_is_refused_at_load():
-    with pytest.raises(ValueError, match=r"data.judge_template: .*must contain \{response\}"):
-        load_run_config(None, ["data.judge_template=rate {prompt}"])
+    with pytest.raises(ValueError, match=r"roles.llm_judge.template: .*must contain \{response\}"):
+        load_run_config(None, ["roles.llm_judge.template=rate {prompt}"])
 
 
 def test_the_tiny_model_judges_through_the_hf_rollout_engine(tiny_model_path):
@@ -81,7 +81,7 @@ def test_the_tiny_model_judges_through_the_hf_rollout_engine(tiny_model_path):
 
 def test_grpo_trains_a_step_with_the_judge_as_its_reward(tmp_path):
     cfg = load_run_config(None, [
-        "roles.reward=llm_judge", "data.judge_template={prompt}{response}=", "train.steps=1", "train.batch_size=2",
+        "roles.reward=llm_judge", "roles.reward.template={prompt}{response}=", "train.steps=1", "train.batch_size=2",
         "algo.group_size=2", "algo.kl_coef=0", "train.eval_every=0", "train.export=false",
         "roles.rollout.max_new_tokens=4", f"train.output_dir={tmp_path}"])
     step = train(cfg, progress=False)[0]

@@ -60,7 +60,7 @@ def test_each_built_in_role_has_its_section_and_the_reference_starts_from_the_ac
     assert (critic.engine.lr, critic.engine.compile) == (5e-3, False)  # the critic's own default, not the actor's
     assert (rollout.env, rollout.max_turns, rollout.env_spec().max_turns) == ("calculator", 2, 2)
     assert "env" not in type(cfg.rollout).model_fields  # the rollout role's option, not its engine's
-    assert type(cfg.section("llm_judge")).__name__ == "GeneratorConfig"
+    assert type(cfg.section("llm_judge")).__name__ == "JudgeConfig"
 
 
 def test_old_flat_keys_are_aliases_that_say_once_they_are_deprecated():
@@ -87,7 +87,7 @@ def test_a_binding_is_the_sections_use_and_the_shorthand_still_works():
     short, long = (load_run_config(None, [item]) for item in ("roles.reward=llm_judge", "roles.reward.use=llm_judge"))
     assert short.model_dump() == long.model_dump()
     assert short.role_classes() == {"reward": ROLES.get("llm_judge").cls}
-    assert type(short.section("reward")).__name__ == "GeneratorConfig"  # the judge's config, on its own engine
+    assert type(short.section("reward")).__name__ == "JudgeConfig"  # the judge's config, on its own engine
     for order in (["roles.reward=llm_judge", "roles.reward.temperature=0.5"],
                   ["roles.reward.temperature=0.5", "roles.reward=llm_judge"]):  # the shorthand beside its options
         both = load_run_config(None, order)
@@ -129,3 +129,20 @@ def test_a_role_loads_its_own_model_when_its_section_names_one(tmp_path):
     with pytest.raises(ValueError, match=r"^invalid config: roles.actor.model: Value error, the policy's folder is "
                                          r"model.path"):
         load_run_config(None, [f"roles.actor.model={other}"])
+
+
+def test_the_judges_options_are_its_sections_and_the_data_keys_their_aliases():
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        old = load_run_config(None, ["roles.reward=llm_judge", "data.judge_template=<{response}>",
+                                     "data.judge_max_new_tokens=3"])
+    new = load_run_config(None, ["roles.reward=llm_judge", "roles.reward.template=<{response}>",
+                                 "roles.reward.answer_tokens=3"])
+    assert old.model_dump() == new.model_dump()
+    settings = new.section("reward").settings()  # what the judge builds with (flowrl.roles.judge.Judge.build)
+    assert (settings.render("p", "r"), settings.max_new_tokens) == ("<r>", 3)
+    assert [str(w.message) for w in record] == [
+        "data.judge_template is deprecated; use roles.reward.template",
+        "data.judge_max_new_tokens is deprecated; use roles.reward.answer_tokens"]
+    with pytest.raises(ValueError, match=r"^invalid config: roles.reward.max_score: Input should be greater than 0$"):
+        load_run_config(None, ["roles.reward=llm_judge", "roles.reward.max_score=0"])

@@ -41,7 +41,6 @@ class BuildContext:
     config: Any = None  # its section, roles.<name> (flowrl.graph.role_config.RoleConfig)
     roles: dict[str, Any] = field(default_factory=dict)  # roles already built in this process
     shared: frozenset[str] = frozenset()  # roles that generate with their weight source's own module here
-    judge: Any = None  # the generative judge's settings (flowrl.roles.judge.JudgeSettings; None: its defaults)
     reward_fn_timeout_s: float | None = None  # the task's reward function: a call past it stops the run
     role_models: dict[str, ModelSource] = field(default_factory=dict)  # roles.<name>.model, where a section sets one
 

@@ -1,12 +1,13 @@
 """A generative judge: a reward role that asks a language model to rate each response and parses its score.
 
 Bind it to an algorithm's `reward` parameter with `roles.reward=llm_judge`. Each row's prompt and response
-(decoded with the policy's tokenizer, special tokens dropped) fill `data.judge_template`'s `{prompt}` and
-`{response}`; the text goes to the judge model as a user turn of its chat template (as it is without
-one), the judge answers greedily on a rollout engine of its own (`roles.rollout.engine`: hf, hf_static or
-vllm), and the first number of its answer, s, scores the row s / `data.judge_max_score` when 0 <= s <=
-max. An answer with no number, or one out of range, scores 0 and counts in `judge/parse_failures` (and
-`judge/parse_failure_rate`): a judge that rambles never stops the run. The judge model is
+(decoded with the policy's tokenizer, special tokens dropped) fill the section's `template`
+(`roles.reward.template`) at `{prompt}` and `{response}`; the text goes to the judge model as a user turn of
+its chat template (as it is without one), the judge answers greedily on a rollout engine of its own (the
+section's `engine`, starting from roles.rollout's: hf, hf_static or vllm), and the first number of its
+answer, s, scores the row s / `max_score` when 0 <= s <= max. An answer with no number, or one out of range,
+scores 0 and counts in `judge/parse_failures` (and `judge/parse_failure_rate`): a judge that rambles never
+stops the run. The judge model is
 model.reward_path when set (a generative model folder sharing nothing with the policy), else the
 policy's starting weights, frozen.
 """
@@ -19,6 +20,8 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict
+
+from pydantic import Field, field_validator
 
 from flowrl import metrics
 from flowrl.data.batch import left_pad
@@ -36,7 +39,7 @@ NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 @dataclass(frozen=True)
 class JudgeSettings:
-    """The judge's prompt and parsing (data.judge_*)."""
+    """The judge's prompt and parsing (its section's template, max_score, answer_tokens)."""
 
     template: str = TEMPLATE
     max_score: float = 10.0
@@ -44,10 +47,10 @@ class JudgeSettings:
 
     def __post_init__(self) -> None:
         if "{response}" not in self.template:
-            raise ValueError("data.judge_template: it must contain {response} (and usually {prompt})")
+            raise ValueError("template: it must contain {response} (and usually {prompt})")
         if not self.max_score > 0 or self.max_new_tokens < 1:
-            raise ValueError(f"data.judge_max_score must be > 0 and data.judge_max_new_tokens >= 1, got "
-                             f"{self.max_score} and {self.max_new_tokens}")
+            raise ValueError(f"max_score must be > 0 and answer_tokens >= 1, got {self.max_score} and "
+                             f"{self.max_new_tokens}")
 
     def render(self, prompt: str, response: str) -> str:
         """The template with the row filled in (plain replacement: other braces in it stay as they are)."""
@@ -67,7 +70,27 @@ def _scores_key(key: str = "scores", **_: Any) -> tuple[str, ...]:
     return (key,)
 
 
-@role("llm_judge", engines=("rollout",), config=GeneratorConfig)
+class JudgeConfig(GeneratorConfig):
+    """The judge's section (roles.llm_judge, or the name bound to it: roles.reward=llm_judge)."""
+
+    template: str | None = Field(None, description="The judge's prompt: {prompt} and {response} are replaced by "
+                                 "the row's; None: flowrl.roles.judge.TEMPLATE, a 0-10 rating.")
+    max_score: float = Field(10.0, gt=0, description="The top score: a parsed score s in [0, max] rewards s / max; "
+                             "no number, or one out of range, rewards 0 (counted).")
+    answer_tokens: int = Field(8, ge=1, description="Tokens the judge may answer with.")
+
+    @field_validator("template")
+    @classmethod
+    def _fills_a_response(cls, value: str | None) -> str | None:
+        if value is not None and "{response}" not in value:
+            raise ValueError("the template must contain {response} (and usually {prompt})")
+        return value
+
+    def settings(self) -> JudgeSettings:
+        return JudgeSettings(self.template or TEMPLATE, self.max_score, self.answer_tokens)
+
+
+@role("llm_judge", engines=("rollout",), config=JudgeConfig)
 @dataclass
 class Judge:
     engine: RolloutEngine
@@ -80,7 +103,7 @@ class Judge:
         source = ctx.reward_model or ctx.model
         tokenizer = load_tokenizer(source.path)
         engine = ctx.config.engine.build(source, tokenizer=tokenizer, device=ctx.device, share=None)
-        return cls(engine, tokenizer, ctx.tokenizer, ctx.judge or JudgeSettings())
+        return cls(engine, tokenizer, ctx.tokenizer, ctx.config.settings())
 
     @graph_method(reads=("prompt_ids", "prompt_mask", "response_ids", "response_mask"), writes=_scores_key)
     def score(self, batch: TensorDict, metric: str = "reward", key: str = "scores") -> TensorDict:
@@ -102,7 +125,7 @@ class Judge:
         try:
             ids = self._encode(texts)
         except Exception as err:  # tokenizers raise their own types
-            raise ValueError(f"data.judge_template: the judge's tokenizer cannot encode the filled-in template "
+            raise ValueError(f"template: the judge's tokenizer cannot encode the filled-in template "
                              f"({texts[0][:80]!r}): {' '.join(str(err).split())}") from None
         prompt_ids, prompt_mask = left_pad(ids, self.tokenizer.pad_token_id)
         params = SamplingParams(max_new_tokens=self.settings.max_new_tokens, greedy=True)

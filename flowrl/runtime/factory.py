@@ -99,7 +99,7 @@ def make_factory(cfg: RunConfig, plan: Plan, task: Any, path: Path, extra: dict[
            for name, section in sections.items() if isinstance(section, EngineRoleConfig) and section.model}
     context = BuildContext(model=ModelSource(path, m.dtype, m.gradient_checkpointing), sections=sections,
                            device=t.device, settings=settings, seed=t.seed, task=task, reward_model=reward_model,
-                           shared=plan.shared(), judge=cfg.data.judge_settings(),
+                           shared=plan.shared(),
                            reward_fn_timeout_s=None if isinstance(task, DatasetTask) else cfg.data.reward_fn_timeout_s,
                            role_models=own)
     return RoleFactory(context, specs)
