@@ -1,7 +1,6 @@
 """A user role with options of its own (`roles.grader.*`), in a module a run imports by name
 (`algorithm=graded_roles:graded`), so its config is known only once the algorithm is resolved."""
 
-import torch
 from pydantic import Field
 
 import flowrl as fl

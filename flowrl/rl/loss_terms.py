@@ -231,8 +231,36 @@ class Loss:
         return agg_weight(mb["loss_mask"], self.loss_agg_mode)
 
 
+class BuiltLoss:
+    """A loss built from terms in `__post_init__` (its `loss` field): the LossFn protocol answered by that Loss."""
+
+    loss: Loss
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return self.loss.reads
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return self.loss.needs
+
+    @property
+    def needs_entropy(self) -> bool:
+        return "entropy" in self.needs
+
+    @property
+    def combine(self) -> Literal["mean", "sum"]:
+        return self.loss.combine
+
+    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.loss(out, mb)
+
+    def weight(self, mb: TensorDict) -> float:
+        return self.loss.weight(mb)
+
+
 @dataclass(frozen=True)
-class PolicyLoss:
+class PolicyLoss(BuiltLoss):
     """The usual policy loss, agg(objective) + kl_coef * agg(kl(logp, ref)) - entropy_coef * agg(entropy):
     `loss` is the Loss of a PolicyTerm(objective, weights_in_objective), a KLTerm(kl_coef, kl_kind) when
     kl_coef > 0 (else "ref_logprobs" is not read) and an EntropyTerm when entropy_coef != 0 (else no
@@ -263,31 +291,9 @@ class PolicyLoss:
         terms += (EntropyTerm(self.entropy_coef),) if self.entropy_coef != 0 else ()
         object.__setattr__(self, "loss", Loss(terms, self.loss_agg_mode, self.norm_len, self.rollout_correction))
 
-    @property
-    def reads(self) -> tuple[str, ...]:
-        return self.loss.reads
-
-    @property
-    def needs(self) -> tuple[str, ...]:
-        return self.loss.needs
-
-    @property
-    def needs_entropy(self) -> bool:
-        return "entropy" in self.needs
-
-    @property
-    def combine(self) -> Literal["mean", "sum"]:
-        return self.loss.combine
-
-    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.loss(out, mb)
-
-    def weight(self, mb: TensorDict) -> float:
-        return self.loss.weight(mb)
-
 
 @dataclass(frozen=True)
-class ValueLoss:
+class ValueLoss(BuiltLoss):
     """The critic's clipped value loss (loss_terms.ValueTerm) aggregated with `loss_agg_mode`.
 
     mb["values"] are the rollout's (old) values and out["values"] the
@@ -303,25 +309,3 @@ class ValueLoss:
     def __post_init__(self) -> None:
         term = ValueTerm(self.clip)
         object.__setattr__(self, "loss", Loss((term,), self.loss_agg_mode, self.norm_len))
-
-    @property
-    def reads(self) -> tuple[str, ...]:
-        return self.loss.reads
-
-    @property
-    def needs(self) -> tuple[str, ...]:
-        return self.loss.needs
-
-    @property
-    def needs_entropy(self) -> bool:
-        return False
-
-    @property
-    def combine(self) -> Literal["mean", "sum"]:
-        return self.loss.combine
-
-    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.loss(out, mb)
-
-    def weight(self, mb: TensorDict) -> float:
-        return self.loss.weight(mb)

@@ -24,7 +24,7 @@ from tensordict import TensorDict
 
 from flowrl import metrics
 from flowrl.graph.stage import stage
-from flowrl.rl.loss_terms import Loss, NLLTerm
+from flowrl.rl.loss_terms import BuiltLoss, Loss, NLLTerm
 from flowrl.rl.ops.aggregate import AggMode
 
 
@@ -59,7 +59,7 @@ def bradley_terry(margins_P: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class SFTLoss:
+class SFTLoss(BuiltLoss):
     """NLL over `loss_mask` (loss_terms.NLLTerm), aggregated with `loss_agg_mode`; metric "sft_loss"."""
 
     loss_agg_mode: AggMode = "token-mean"
@@ -67,24 +67,6 @@ class SFTLoss:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "loss", Loss((NLLTerm(),), self.loss_agg_mode))
-
-    @property
-    def reads(self) -> tuple[str, ...]:
-        return self.loss.reads
-
-    @property
-    def needs(self) -> tuple[str, ...]:
-        return self.loss.needs
-
-    @property
-    def combine(self) -> Literal["mean", "sum"]:
-        return self.loss.combine
-
-    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.loss(out, mb)
-
-    def weight(self, mb: TensorDict) -> float:
-        return self.loss.weight(mb)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
