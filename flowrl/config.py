@@ -166,7 +166,7 @@ class DataConfig(Section):
                                                  "is logged) or stop with an 'error' naming the row.")
     shuffle: bool = Field(True, description="Shuffle the training rows each epoch (by train.seed and epoch).")
     reward: str = Field("auto", description="'auto' scores each row by its data_source (gsm8k, math); or a "
-                                            "scorer: gsm8k, gsm8k_flexible, math, exact_match, "
+                                            "scorer: gsm8k, gsm8k_format, gsm8k_flexible, math, exact_match, "
                                             "module:function, file.py:function, or an http(s):// reward server "
                                             "(flowrl.data.http_reward).")
     reward_workers: int = Field(4, ge=0, description="Processes scoring responses (0: in the driver, no timeout); "
