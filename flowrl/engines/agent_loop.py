@@ -15,7 +15,8 @@ tokens, and `rollout_logprobs` holds the sampler's logprob of each turn token
 (0 on observations). An episode ends when the environment says done
 (FinishReason.STOP), after `max_turns` turns (MAX_TURNS) or when the response
 reaches `max_total_tokens` (MAX_TOKENS): a turn is cut to the budget left and
-not sent to the environment, an observation is cut to it.
+not sent to the environment (a turn that fills the budget exactly without its eos
+counts as cut), an observation is cut to it.
 
 A step has a deadline, `step_timeout_s` (`roles.rollout.env_step_timeout_s`): it
 runs in a daemon thread of its own, waited for that long. A step past it ends
@@ -26,6 +27,9 @@ killed, so the hung step's thread is abandoned (a daemon: it does not keep
 the process alive) and its environment is never stepped again. A turn's
 steps share `env_workers` threads, so a turn ends within ceil(hung steps /
 workers) x the deadline.
+
+flowrl.engines.async_agent_loop plays the same episodes over a StreamingEngine, one coroutine each, with
+these helpers.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from tensordict import TensorDict
@@ -85,7 +89,7 @@ def run_episodes(engine: RolloutEngine, envs: Sequence[Environment], prompts: Se
         start = time.perf_counter()
         out = engine.generate(ids_BP, mask_BP, turn_params, seed=None if seed is None else seed + 7_919 * turn)
         timing["generate"] += time.perf_counter() - start
-        lengths = out["response_mask"].sum(-1).tolist()
+        lengths, finishes = out["response_mask"].sum(-1).tolist(), out["finish_reason"].tolist()
         start = time.perf_counter()
         sent = []
         for row, (episode, left) in enumerate(zip(active, room)):
@@ -93,7 +97,7 @@ def run_episodes(engine: RolloutEngine, envs: Sequence[Environment], prompts: Se
             turn_ids = out["response_ids"][row, :n].tolist()
             episode.add(turn_ids[:left], 1, out["rollout_logprobs"][row, :min(n, left)].tolist())
             episode.turns += 1
-            if n > left:  # cut by the budget: not sent to the environment
+            if _cut_by_budget(n, left, params.max_new_tokens, finishes[row]):  # not sent to the environment
                 episode.finish = FinishReason.MAX_TOKENS
             else:
                 sent.append((episode, turn_ids))
@@ -105,31 +109,51 @@ def run_episodes(engine: RolloutEngine, envs: Sequence[Environment], prompts: Se
             else:
                 _observe(episode, step, max_total_tokens)
         timing["env"] += time.perf_counter() - start
+    return _result(episodes, pad_id, timing)
+
+
+def _cut_by_budget(n: int, left: int, max_new_tokens: int, finish: int) -> bool:
+    """Whether a turn of n tokens, with `left` tokens of the episode's budget, was cut by the budget: it is
+    longer, or exactly as long and stopped by a length limit the budget set (not by its eos)."""
+    return n > left or (n == left < max_new_tokens and finish != FinishReason.STOP)
+
+
+def _result(episodes: list[Episode], pad_id: int, timing: dict[str, float]) -> tuple[TensorDict, dict[str, Any]]:
+    """The rows and stats of finished episodes (those still running reached max_turns)."""
     for episode in episodes:
         episode.finish = episode.finish if episode.finish is not None else FinishReason.MAX_TURNS
     metrics.log("env/timed_out", sum(e.timed_out for e in episodes))
     return _rows(episodes, pad_id), _stats(episodes, timing)
 
 
-def _step_within(env: Environment, turn_ids: list[int], timeout_s: float | None) -> EnvStep | None:
-    """env.step(turn_ids), or None when it did not return within `timeout_s`: the step runs in a daemon thread,
-    abandoned if it hangs (a thread cannot be killed). What the step raises is raised here."""
-    if timeout_s is None:
-        return env.step(turn_ids)
-    box: dict[str, Any] = {}
-
+def _step_thread(env: Environment, turn_ids: list[int],
+                 done: Callable[[EnvStep | None, BaseException | None], None]) -> threading.Thread:
+    """Starts env.step(turn_ids) in a daemon thread of its own (abandoned if it hangs: a thread cannot be
+    killed), which calls done(step, None), or done(None, what the step raised)."""
     def run() -> None:
         try:
-            box["step"] = env.step(turn_ids)
-        except BaseException as err:  # handed to the caller's thread as it was raised
-            box["error"] = err
+            step = env.step(turn_ids)
+        except BaseException as err:  # handed to the caller as it was raised
+            done(None, err)
+            return
+        done(step, None)
 
     thread = threading.Thread(target=run, daemon=True, name="flowrl-env-step")
     thread.start()
+    return thread
+
+
+def _step_within(env: Environment, turn_ids: list[int], timeout_s: float | None) -> EnvStep | None:
+    """env.step(turn_ids), or None when it did not return within `timeout_s` (its thread is abandoned). What
+    the step raises is raised here."""
+    if timeout_s is None:
+        return env.step(turn_ids)
+    box: dict[str, Any] = {}
+    thread = _step_thread(env, turn_ids, lambda step, error: box.update(step=step, error=error))
     thread.join(timeout_s)
     if thread.is_alive():
         return None
-    if "error" in box:
+    if box["error"] is not None:
         raise box["error"]
     return box["step"]
 
