@@ -36,6 +36,8 @@ case $STAGE in
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, transformers, trl, datasets, pydantic, tensordict, gguf; print(torch.__version__, \
 transformers.__version__, trl.__version__, datasets.__version__, pydantic.__version__, tensordict.__version__)"
+  # issue 26's figures ride on this call (they need only the wheels): padded vs packed, Qwen2.5-0.5B shape
+  timeout 330 python3 benchmarks/packing.py --device cuda | tee "$OUT/packing.jsonl" | cut -c1-400
   ;;
 2)
   test -f "/tmp/rc/$G.part0" || exit 3
@@ -45,13 +47,11 @@ transformers.__version__, trl.__version__, datasets.__version__, pydantic.__vers
   python3 -c "from transformers import AutoTokenizer as A; t = A.from_pretrained('/tmp/smollm2'); \
 print('tokenizer eos/pad/bos', t.eos_token_id, t.pad_token_id, t.bos_token_id)"
   python3 -m flowrl.cli data wordproblems --output /tmp/wp
-  # GRPO and RLOO share the GPU (two processes at once): GRPO's times are an upper bound of its own
-  run rloo 420 $LEARN --algorithm rloo --steps 40 --output /tmp/runs/rloo &
-  run grpo 420 $LEARN --algorithm grpo --steps 40 --output /tmp/runs/grpo
-  wait
+  # GRPO alone on the GPU (the RLOO run of the first session shared it), then the export re-scored
+  run grpo 500 $LEARN --algorithm grpo --steps 40 --output /tmp/runs/grpo
   ;;
 3)
-  run trl 280 python3 benchmarks/real_model_trl.py --model /tmp/smollm2 --data /tmp/wp --output /tmp/runs/trl \
-    --steps 30
+  run trl 560 python3 benchmarks/real_model_trl.py --model /tmp/smollm2 --data /tmp/wp --output /tmp/runs/trl \
+    --steps 35
   ;;
 esac

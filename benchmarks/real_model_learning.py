@@ -9,7 +9,7 @@ word problems, greedy test accuracy every --eval-every steps (docs/real_model.md
 
 The run is `flowrl train` with the options below (each a `--set` the docs can repeat): the prompts go
 through the model's chat template, the training reward is --reward (by default gsm8k_format: the strict gsm8k scorer, with 0.1 for a wrong
-`#### n`), the evaluation is strict (the last `#### n`), and the
+`#### n`), the evaluation is strict (`data.val_reward=gsm8k`: the last `#### n`, no format credit), and the
 first --eval-prompts test rows are decoded greedily at step 0 and every --eval-every steps
 (`eval/openai/gsm8k/greedy` in OUTPUT/metrics.jsonl). OUTPUT/wall_clock.jsonl holds each step's seconds
 since the start (wall_s) and the steps' own seconds so far (train_s: start-up, evaluation and saving left out,
@@ -64,7 +64,7 @@ def run_options(args: argparse.Namespace) -> list[str]:
             f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'test.parquet'}",
             f"roles.rollout.engine={args.rollout_engine or ('hf_static' if cuda else 'hf')}",
             f"roles.rollout.max_new_tokens={args.max_new_tokens}", f"roles.rollout.temperature={args.temperature}",
-            f"data.reward={args.reward}", f"train.steps={args.steps}",
+            f"data.reward={args.reward}", "data.val_reward=gsm8k", f"train.steps={args.steps}",
             f"train.batch_size={args.batch_size}", f"algo.group_size={args.group_size}",
             f"train.mini_batch_size={args.mini_batch_size}", f"train.micro_batch_size={args.micro_batch_size}",
             f"roles.actor.lr={args.lr}", f"roles.actor.warmup_steps={args.warmup_steps}",

@@ -169,6 +169,9 @@ class DataConfig(Section):
                                             "scorer: gsm8k, gsm8k_format, gsm8k_flexible, math, exact_match, "
                                             "module:function, file.py:function, or an http(s):// reward server "
                                             "(flowrl.data.http_reward).")
+    val_reward: str | None = Field(None, description="The evaluation's scorer for data.val_files (the names of "
+                                   "data.reward, no reward server); None: data.reward. A training reward with "
+                                   "format credit (gsm8k_format) is not an accuracy: evaluate with gsm8k.")
     reward_workers: int = Field(4, ge=0, description="Processes scoring responses (0: in the driver, no timeout); "
                                                      "with a reward server, batches in flight at once.")
     reward_timeout_s: float = Field(10.0, gt=0, description="A response scored longer than this scores 0.0 "

@@ -126,6 +126,23 @@ def test_training_on_a_data_set_with_validation_rows(tmp_path):
         assert r["eval/pass@3"] >= r["eval/mean@3"] - 1e-6  # 0/1 scores: a prompt's mean is at most its max
 
 
+def test_the_evaluation_scores_with_data_val_reward_and_training_with_data_reward(tmp_path):
+    """gsm8k_format gives a wrong `#### n` 0.1 in training; data.val_reward=gsm8k scores the validation rows
+    strictly, though the run's one reward role calls the training task's reward function on them."""
+    rows = [row(i, source="openai/gsm8k", truth="7") for i in range(2)]
+    files = [f"data.train_files={write_jsonl(tmp_path / 't.jsonl', rows)}",
+             f"data.val_files={write_jsonl(tmp_path / 'v.jsonl', rows)}", "data.reward=gsm8k_format"]
+    task = run_task(load_run_config(None, [*files, "data.val_reward=gsm8k", "data.reward_workers=0"]))
+    answers = ["so #### 5", "so #### 7"]  # wrong then right
+    train_meta = [task.example(0, i)[1] for i in range(2)]
+    val_meta = [task.val.example(0, i)[1] for i in range(2)]
+    assert task.reward(answers, train_meta) == [0.1, 1.0] and task.reward(answers, val_meta) == [0.0, 1.0]
+    same = run_task(load_run_config(None, [*files, "data.reward_workers=0"]))  # no val_reward: data.reward
+    assert same.reward(answers, [same.val.example(0, i)[1] for i in range(2)]) == [0.1, 1.0]
+    with pytest.raises(ValueError, match=r"^data.val_reward: it scores data.val_files, which is empty$"):
+        run_task(load_run_config(None, [files[0], "data.val_reward=gsm8k"]))
+
+
 def test_cli_names_a_missing_data_file_in_one_line(tmp_path, capsys):
     from flowrl.cli import main
 

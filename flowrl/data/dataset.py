@@ -85,9 +85,11 @@ def prompt_text(prompt: Prompt) -> str:
 
 
 class DatasetTask:
-    """A task over data-set rows (see the module doc); `reward` scores by each row's data_source."""
+    """A task over data-set rows (see the module doc); `reward` scores each row by the scorer its task chose
+    (`reward`: a name, or "auto": by the row's data_source), which travels with the row as its `scorer` column:
+    the validation task's rows (data.val_reward) are scored by theirs, whichever task's `reward` is called."""
 
-    meta_keys = ("data_source", "ground_truth", "extra_info", "where")
+    meta_keys = ("data_source", "ground_truth", "extra_info", "where", "scorer")
 
     def __init__(self, rows: list[dict[str, Any]], reward: str = "auto", shuffle: bool = True,
                  chat_template: bool = False, pool: ScoringPool | None = None):
@@ -129,10 +131,11 @@ class DatasetTask:
     def example(self, seed: int, index: int) -> tuple[Prompt, dict[str, Any]]:
         row = self.rows[self.position(seed, index)[1]]
         prompt = row["prompt"] if self.chat_template else prompt_text(row["prompt"])
-        return prompt, {key: row[key] for key in self.meta_keys}
+        return prompt, {**{key: row[key] for key in self.meta_keys if key != "scorer"},
+                        "scorer": scorer_name(row["data_source"], self.reward_spec) or ""}
 
     def reward(self, responses: list[str], meta: list[dict[str, Any]]) -> list[float]:
-        samples = [Sample(scorer_name(m["data_source"], self.reward_spec), m["data_source"], text,
+        samples = [Sample(m.get("scorer") or scorer_name(m["data_source"], self.reward_spec), m["data_source"], text,
                           m["ground_truth"], json.loads(m["extra_info"]), m["where"])
                    for text, m in zip(responses, meta)]
         return self.pool.score(samples)

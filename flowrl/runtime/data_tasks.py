@@ -33,7 +33,12 @@ def run_task(cfg: RunConfig) -> Any:
         pool = ScoringPool(d.reward_workers, d.reward_timeout_s)
     options = dict(reward=d.reward, chat_template=cfg.task.chat_template, pool=pool)
     task = DatasetTask(load_rows(d.train_files, "data.train_files"), shuffle=d.shuffle, **options)
-    task.val = DatasetTask(load_rows(d.val_files, "data.val_files"), shuffle=False, **options) if d.val_files else None
+    if d.val_reward is not None and (not d.val_files or is_url(d.reward) or is_url(d.val_reward)):
+        raise ValueError("data.val_reward: " + ("it scores data.val_files, which is empty" if not d.val_files else
+                         "a reward server scores every row; use scorer names in data.reward and data.val_reward"))
+    val_options = {**options, "reward": d.val_reward or d.reward}
+    task.val = DatasetTask(load_rows(d.val_files, "data.val_files"), shuffle=False, **val_options) \
+        if d.val_files else None
     if task.val is not None:  # the tiny model's alphabet covers the validation rows too
         task.extra_chars = task.val.chars
     return task
