@@ -86,7 +86,7 @@ class _Busy:
             self.since = time.perf_counter()
         self.running += 1
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.running -= 1
         if self.running == 0:
             self.seconds += time.perf_counter() - self.since
