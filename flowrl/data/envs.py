@@ -9,7 +9,8 @@ reward, whether the episode is done, and a named error when a tool failed.
 Token ids in and out, so nothing the model sampled is ever retokenised.
 
 `roles.rollout.env` picks a built-in environment (`calculator`, `python`: see
-flowrl.data.calculator) or names your own as "package.module:attribute": a
+flowrl.data.calculator; `chat_tools`, tool calls of real chat models through their chat template: see
+flowrl.data.chat_env) or names your own as "package.module:attribute": a
 class or factory called as `factory(tokenizer, **roles.rollout.env_options)` once
 per episode.
 """
@@ -39,8 +40,9 @@ class Environment(Protocol):
 
 EnvFactory = Callable[..., Environment]
 
-BUILT_IN = {"calculator": "flowrl.data.calculator:CalculatorEnv", "python": "flowrl.data.calculator:PythonEnv"}
-SANDBOXED = ("calculator", "python")  # built-ins that run model-written code in flowrl.data.sandbox
+BUILT_IN = {"calculator": "flowrl.data.calculator:CalculatorEnv", "python": "flowrl.data.calculator:PythonEnv",
+            "chat_tools": "flowrl.data.chat_env:ChatToolEnv"}
+SANDBOXED = ("calculator", "python", "chat_tools")  # built-ins that run model-written code in flowrl.data.sandbox
 
 
 def load_env(name: str, where: str = "roles.rollout.env: ") -> EnvFactory:
@@ -61,6 +63,7 @@ class EnvSpec:
     max_total_tokens: int = 32
     num_workers: int = 8  # threads stepping a turn's environments at once
     step_timeout_s: float | None = 60.0  # a step past it ends its episode (flowrl.engines.agent_loop)
+    async_episodes: bool = False  # each episode a coroutine over a StreamingEngine (flowrl.engines.async_agent_loop)
 
     def __post_init__(self) -> None:
         """A sandboxed tool without bubblewrap refuses here, before any model loads (one line naming the install),

@@ -119,8 +119,8 @@ class RolloutConfig(GeneratorConfig):
 
     POLICY: ClassVar[bool] = True
     env: str | None = Field(None, description="The environment `rollout.interact` plays episodes in: 'calculator', "
-                                              "'python' (built in) or 'module:attribute' (flowrl.data.envs); "
-                                              "max_new_tokens is then per turn.")
+                                              "'python', 'chat_tools' (built in) or 'module:attribute' "
+                                              "(flowrl.data.envs); max_new_tokens is then per turn.")
     env_options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment's "
                                         "factory, e.g. {'timeout_s': 1.0} for the sandboxed tools.")
     max_turns: int = Field(4, ge=1, description="Most model turns per episode (finish_reason MAX_TURNS).")
