@@ -11,11 +11,12 @@ in Qwen2.5-Instruct), which would make rollout and training logprobs disagree.
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Iterable, Iterator
 
 import torch
 from tensordict import TensorDict
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from flowrl.engines.protocols import FinishReason, SamplingParams, TrainEngine, WeightSync
@@ -37,6 +38,9 @@ class HFRolloutEngine:
         self.eos_id: int = tokenizer.eos_token_id
         self.pad_id: int = tokenizer.pad_token_id
         self.micro_batch_size = micro_batch_size
+        # set: a running generate() returns after its current step, each row cut where it is (finish LENGTH, fewer
+        # than max_new_tokens tokens); the streaming engine's abort (flowrl.engines.thread_streamer)
+        self.stop = threading.Event()
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
                  *, seed: int | None = None) -> TensorDict:
@@ -88,7 +92,8 @@ class HFRolloutEngine:
         """(response ids, the sampler's logprob of each)."""
         recorder = _SampledLogprobs(params)
         out = self.model.generate(input_ids=ids_BP.to(self.device), attention_mask=mask_BP.to(self.device),
-                                  generation_config=config, logits_processor=LogitsProcessorList([recorder]))
+                                  generation_config=config, logits_processor=LogitsProcessorList([recorder]),
+                                  stopping_criteria=StoppingCriteriaList([_StopOnEvent(self.stop)]))
         response_BR = out[:, ids_BP.shape[1]:]
         return response_BR, recorder.finish(response_BR)
 
@@ -102,6 +107,16 @@ class HFRolloutEngine:
             repetition_penalty=1.0, no_repeat_ngram_size=0,
             min_new_tokens=params.max_new_tokens if params.ignore_eos else 0,
             num_beams=1, num_return_sequences=1, eos_token_id=self.eos_id, pad_token_id=self.pad_id)
+
+
+class _StopOnEvent(StoppingCriteria):
+    """Stops every row once `event` is set (checked after each step)."""
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
 
 
 class _SampledLogprobs(LogitsProcessor):

@@ -91,6 +91,8 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         loop = self._start(phase, total, params, eos_at_B)
         steps = 1
         while steps < new:
+            if self.stop.is_set():  # the streaming engine's abort (flowrl.engines.thread_streamer): rows end here
+                break
             if steps % COMPACT_EVERY == 0:
                 live_b = (~loop.done_B[:phase.real]).nonzero().squeeze(-1)  # waits on the device
                 if not len(live_b):

@@ -184,15 +184,14 @@ class VLLMRolloutEngine:
         self._wake()
         with self._peak_memory("generate"):
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                                        [self._sampling(params, s) for s in seeds], use_tqdm=False,
+                                        [self.sampling(params, s) for s in seeds], use_tqdm=False,
                                         lora_request=self.lora)[mine]
         self._sleep()
         ids, logprobs = [], []
         for output in outputs:
             sample = output.outputs[0]
             ids.append(torch.tensor([list(sample.token_ids)]))
-            logprobs.append(torch.tensor([[step[token].logprob for step, token in
-                                           zip(sample.logprobs, sample.token_ids)]], dtype=torch.float32))
+            logprobs.append(torch.tensor([token_logprobs(sample)], dtype=torch.float32))
         return responses(_right_pad_cat(ids, self.pad_id), _right_pad_cat(logprobs, 0.0), self.eos_id, self.pad_id,
                          prompt_ids_BP.device)
 
@@ -232,7 +231,7 @@ class VLLMRolloutEngine:
         self.weights_fresh = True
         return count[0]
 
-    def _sampling(self, params: SamplingParams, seed: int | None) -> vllm.SamplingParams:
+    def sampling(self, params: SamplingParams, seed: int | None) -> vllm.SamplingParams:
         """vLLM's sampling for one row; vLLM samples greedily at temperature 0 and reads top_k 0 as off."""
         greedy = params.greedy
         return vllm.SamplingParams(
@@ -304,6 +303,12 @@ class AdapterSync:
         folder = tempfile.mkdtemp(prefix="flowrl-lora-")
         rollout.use_adapter(train.save_adapter(folder))
         metrics.log("timing_s/sync", time.perf_counter() - start)
+
+
+def token_logprobs(completion: Any) -> list[float]:
+    """The sampler's logprob of each token of a vLLM CompletionOutput (asked with logprobs=0: the sampled
+    token's only; processed: after temperature, top-k, top-p)."""
+    return [step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids)]
 
 
 def _device_used_gib(cuda: bool) -> float:
