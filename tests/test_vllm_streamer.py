@@ -12,7 +12,7 @@ from vllm.exceptions import VLLMClientError  # noqa: E402
 
 from flowrl.data.arithmetic import ArithmeticTask  # noqa: E402
 from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource  # noqa: E402
-from flowrl.engines.hf_models import load_tokenizer  # noqa: E402
+from flowrl.engines.hf_models import load_causal_lm, load_tokenizer  # noqa: E402
 from flowrl.engines.protocols import FinishReason, SamplingParams  # noqa: E402
 from flowrl.engines.streaming import Request  # noqa: E402
 from flowrl.engines.tiny_model import build_tiny_model  # noqa: E402
@@ -30,7 +30,7 @@ def setup(tmp_path_factory):
     tokenizer = load_tokenizer(path)
     config = ROLLOUT_ENGINES.get("vllm").model_validate({"engine": "vllm", "block_size": 32, "kv_cache_gb": 0.25})
     engine = config.build(ModelSource(path), tokenizer=tokenizer, device="cpu")
-    yield engine, [tokenizer.encode(text) for text in TEXTS]
+    yield engine, [tokenizer.encode(text) for text in TEXTS], path
     engine.close()
 
 
@@ -56,7 +56,7 @@ async def until_sampling(streamer, count):
 
 
 def test_streamed_greedy_equals_the_batch_generate(setup):
-    engine, rows = setup
+    engine, rows, _ = setup
     params = SamplingParams(max_new_tokens=10, greedy=True)
     expected = batch(engine, rows, params)
     streamer = VLLMStreamer(engine)
@@ -78,7 +78,7 @@ def test_streamed_greedy_equals_the_batch_generate(setup):
 
 
 def test_pause_finishes_in_flight_requests_and_abort_resumes_them_from_their_prefix(setup):
-    engine, rows = setup
+    engine, rows, _ = setup
     full = SamplingParams(max_new_tokens=100, greedy=True, ignore_eos=True)
     streamer = VLLMStreamer(engine)
 
@@ -111,8 +111,43 @@ def test_pause_finishes_in_flight_requests_and_abort_resumes_them_from_their_pre
     assert not engine.llm.llm_engine.has_unfinished_requests()
 
 
+def test_an_aborted_request_continues_on_the_weights_synced_meanwhile(setup):
+    """The resumed part is what the new weights give for prompt + prefix: nothing of the old weights' KV cache
+    is reused (the sync resets vLLM's prefix cache)."""
+    engine, rows, path = setup
+    full = SamplingParams(max_new_tokens=100, greedy=True, ignore_eos=True)
+    model = load_causal_lm(path)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param, generator=torch.Generator().manual_seed(0)) * 0.1)
+    streamer = VLLMStreamer(engine)
+
+    async def main():
+        task = asyncio.create_task(streamer.sample(Request(tuple(rows[0]), full)))
+        await until_sampling(streamer, 1)
+        await streamer.pause(abort=True)
+        old = batch(engine, rows[:1], full)[0][0]
+        engine.load_weights(model.state_dict())
+        streamer.resume(1)
+        sample = await task
+        await streamer.pause()
+        return sample, old
+
+    try:
+        sample, old = run(main())
+        cut = sample.versions.index(1)
+        (new_ids, new_logprobs, _), = batch(engine, [rows[0] + sample.response_ids[:cut]],
+                                             SamplingParams(max_new_tokens=100 - cut, greedy=True, ignore_eos=True))
+    finally:
+        streamer.close()
+        engine.load_weights(load_causal_lm(path).state_dict())  # back to the checkpoint for the other tests
+    assert sample.aborts == 1 and 0 < cut < 100 and sample.response_ids[:cut] == old[:cut]
+    assert sample.response_ids[cut:] == new_ids and sample.response_ids[cut:] != old[cut:]
+    assert sample.logprobs[cut:] == pytest.approx(new_logprobs, abs=1e-3)
+
+
 def test_a_refused_or_cancelled_request_leaves_the_others_going(setup):
-    engine, rows = setup
+    engine, rows, _ = setup
     streamer = VLLMStreamer(engine)
 
     async def main():
