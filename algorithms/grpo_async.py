@@ -18,6 +18,9 @@ class GRPOAsyncConfig(losses.PPOClip, GroupSampling, KLLoss):
     model_config = ConfigDict(extra="forbid")
     max_staleness: int = Field(1, ge=0, description="Steps generation may run ahead of training (versions a "
                                                     "trained row may lag the weights); 0 is synchronous GRPO.")
+    stream: bool = Field(False, description="Sample each response on its own and train on the first groups to "
+                                            "finish, max_staleness bounding each sample's versions "
+                                            "(flowrl.runtime.streaming; roles.rollout.max_in_flight, .partial).")
     kl_coef: KLLossCoef = 0.001
     norm_by_std: bool = Field(True, description="Divide by the group's std; False gives Dr.GRPO.")
     rollout_correction: RolloutCorrectionConfig = Field(
@@ -30,7 +33,7 @@ class GRPOAsyncConfig(losses.PPOClip, GroupSampling, KLLoss):
 def grpo_async(batch, actor, rollout, ref, reward, cfg):
     batch = rollout.generate(batch, n=cfg.group_size)
     batch = reward.score(batch)
-    batch = fl.buffer(batch, max_staleness=cfg.max_staleness)
+    batch = fl.buffer(batch, max_staleness=cfg.max_staleness, stream=cfg.stream)
     loss = losses.PPOClip.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
     batch = actor.logprobs(batch)
     if "ref_logprobs" in loss.reads:

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flowrl.engines import memory
 from flowrl.engines.memory import ModelShape, RankLoad
 from flowrl.engines.protocols import RolloutEngine, SamplingParams, TrainEngine
+from flowrl.engines.streaming import StreamingEngine
 from flowrl.graph.registry import Registry
 
 Head = Literal["actor", "critic", "reward"]  # what the model outputs: logprobs, values, or a scalar score
@@ -77,6 +78,7 @@ class RolloutEngineConfig(EngineConfig):
     """Sampling options every rollout engine honours; engines add their own."""
 
     registry: ClassVar[Registry[type[EngineConfig]]] = Registry("rollout engine")
+    STREAMER: ClassVar[str] = "thread"  # its engines stream through this STREAMERS entry
     max_new_tokens: int = Field(2, ge=1, description="Longest response, in tokens.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; logprobs use the same one.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
@@ -92,6 +94,11 @@ class RolloutEngineConfig(EngineConfig):
         """The engine; with `share` (a train engine in this process) it generates with that engine's weights."""
         raise NotImplementedError(f"{type(self).__name__} must implement build()")
 
+    def streamer(self, engine: RolloutEngine) -> StreamingEngine:
+        """`engine` (built by this config) as a StreamingEngine, for streamed rollouts (fl.buffer(stream=True)):
+        the STREAMERS entry its class names in STREAMER."""
+        return STREAMERS.get(self.STREAMER)(engine)
+
     def estimate_memory(self, shape: ModelShape, load: RankLoad, *, shares_weights: bool = False) -> dict[str, int]:
         """Bytes per GPU: its own copy of the weights unless it `shares_weights` with its source's module, and
         the KV cache of its rows at full length."""
@@ -104,3 +111,8 @@ TRAIN_ENGINES.register("hf", "flowrl.engines.hf_configs:HFTrainConfig")
 ROLLOUT_ENGINES.register("hf", "flowrl.engines.hf_configs:HFRolloutConfig")
 ROLLOUT_ENGINES.register("hf_static", "flowrl.engines.hf_configs:HFStaticRolloutConfig")
 ROLLOUT_ENGINES.register("vllm", "flowrl.engines.vllm_rollout:VLLMRolloutConfig")
+# How a rollout engine becomes a StreamingEngine (flowrl.engines.streaming), in one place: a worker thread over
+# any batch `generate`, or vLLM's own scheduler (a config picks one by its STREAMER)
+STREAMERS: Registry[Callable[[RolloutEngine], StreamingEngine]] = Registry("streaming engine")
+STREAMERS.register("thread", "flowrl.engines.thread_streamer:ThreadedStreamer")
+STREAMERS.register("vllm", "flowrl.engines.vllm_streamer:VLLMStreamer")

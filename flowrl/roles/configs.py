@@ -131,6 +131,13 @@ class RolloutConfig(GeneratorConfig):
     env_step_timeout_s: float | None = Field(60.0, gt=0, description="Deadline of one environment step: a step "
                                              "past it ends its episode with reward 0 and a tool_error, counted in "
                                              "env/timed_out (its thread is abandoned); None waits for ever.")
+    max_in_flight: int = Field(64, ge=1, description="Streamed rollouts (fl.buffer(stream=True)): responses "
+                                                     "sampled at once, one request each.")
+    partial: bool = Field(False, description="Streamed rollouts: a weight update aborts the responses in flight, "
+                                             "which resume from their prefix under the new weights (one response "
+                                             "then holds tokens of two versions); False lets them finish first.")
+    stream_timeout_s: float = Field(600.0, gt=0, description="Streamed rollouts: deadline of a step's wait for "
+                                                             "train.batch_size finished groups, and of a pause.")
 
     @field_validator("env")
     @classmethod
@@ -154,4 +161,6 @@ class RolloutConfig(GeneratorConfig):
         env = self.env_spec()
         return cls(engine=engine, params=self.engine.sampling(), source=source, weight_sync=sync, seed=ctx.seed,
                    env=env, tokenizer=ctx.tokenizer if env else None,
-                   meta_keys=tuple(ctx.task.meta_keys) if env and ctx.task is not None else ())
+                   meta_keys=tuple(ctx.task.meta_keys) if env and ctx.task is not None else (),
+                   max_in_flight=self.max_in_flight, partial=self.partial, stream_timeout_s=self.stream_timeout_s,
+                   make_streamer=self.engine.streamer)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from tensordict import NonTensorStack, TensorDict
@@ -17,8 +17,9 @@ from flowrl.data.envs import EnvSpec
 from flowrl.engines.agent_loop import run_episodes
 from flowrl.engines.protocols import FinishReason, RolloutEngine, SamplingParams, WeightSync
 from flowrl.engines.sampling import SAMPLED_WITH, sampling_columns
+from flowrl.engines.streaming import Request, Sample, StreamingEngine
 from flowrl.errors import GraphError
-from flowrl.graph.context import current_call
+from flowrl.graph.context import CallInfo, calling, current_call
 from flowrl.graph.role import graph_method, role
 from flowrl.roles.configs import RolloutConfig
 
@@ -56,6 +57,11 @@ class Rollout:
     env: EnvSpec | None = None  # rollout.interact's environment (roles.rollout.env)
     tokenizer: Any = None  # what environments decode turns and encode observations with
     meta_keys: tuple[str, ...] = ()  # the task's metadata columns, handed to each episode's reset
+    max_in_flight: int = 64  # streamed rollouts (flowrl.runtime.streaming): roles.rollout.max_in_flight,
+    partial: bool = False  # roles.rollout.partial,
+    stream_timeout_s: float = 600.0  # roles.rollout.stream_timeout_s
+    make_streamer: Callable[[RolloutEngine], StreamingEngine] | None = None  # the engine config's `streamer`
+    streamer: StreamingEngine | None = None  # `engine` as a StreamingEngine, made on first use
 
     @graph_method(reads=("prompt_ids", "prompt_mask", "uid"), writes=GENERATED, kind="rows", check=_check_sampling)
     def generate(self, batch: TensorDict, n: int = 1, **sampling: Any) -> TensorDict:
@@ -117,6 +123,45 @@ class Rollout:
         rows["group"] = rows["uid"].clone()
         metrics.log("response_length/mean", response_lengths(rows).float().mean())
         return rows
+
+    def requests(self, batch: TensorDict, info: CallInfo, n: int = 1,
+                 **sampling: Any) -> tuple[TensorDict, list[Request]]:
+        """Streamed `generate`: its rows (each prompt n times) and one Request per row, row r seeded with the
+        seed `generate` would use as call `info`, plus r."""
+        _check_sampling(n, **sampling)
+        with calling(info):
+            params, rows, seed = self._start(batch, n, sampling)
+        prompts = [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(rows["prompt_ids"], rows["prompt_mask"])]
+        return rows, [Request(prompt, params, seed=(seed + r) % (2**31)) for r, prompt in enumerate(prompts)]
+
+    def streamed(self, rows: TensorDict, samples: list[Sample]) -> TensorDict:
+        """`rows` (from `requests`) with their finished samples: the fields `generate` writes, `policy_version_min`
+        and `policy_version_max` over each sample's tokens (`policy_version` is the min)."""
+        params = samples[0].request.params
+        width = max((len(s.response_ids) for s in samples), default=0)
+        out = TensorDict({"response_ids": torch.zeros(len(samples), width, dtype=torch.long),
+                          "response_mask": torch.zeros(len(samples), width, dtype=torch.long),
+                          "rollout_logprobs": torch.zeros(len(samples), width),
+                          "finish_reason": torch.tensor([int(s.finish) for s in samples])}, batch_size=[len(samples)])
+        for row, s in enumerate(samples):
+            out["response_ids"][row, :len(s.response_ids)] = torch.tensor(s.response_ids, dtype=torch.long)
+            out["response_mask"][row, :len(s.response_ids)] = 1
+            out["rollout_logprobs"][row, :len(s.logprobs)] = torch.tensor(s.logprobs)
+        out["loss_mask"] = out["response_mask"].clone()
+        rows = self._finish(rows, out, params)
+        rows["policy_version_min"] = torch.tensor([s.min_version for s in samples], dtype=torch.long)
+        rows["policy_version_max"] = torch.tensor([s.max_version for s in samples], dtype=torch.long)
+        rows["policy_version"] = rows["policy_version_min"].clone()
+        metrics.log("response_length/clip_ratio", (response_lengths(rows) >= params.max_new_tokens).float().mean())
+        return rows
+
+    def streaming_engine(self) -> StreamingEngine:
+        """The engine as a StreamingEngine (made once, by roles.rollout.engine's config)."""
+        if self.streamer is None:
+            if self.make_streamer is None:
+                raise ValueError("fl.buffer(stream=True): this rollout role was built without a streaming engine")
+            self.streamer = self.make_streamer(self.engine)
+        return self.streamer
 
     @graph_method(kind="sync")
     def sync_weights(self, batch: TensorDict) -> TensorDict:

@@ -78,6 +78,7 @@ class Split:
     max_staleness: int
     version_field: str  # the rows' version: what the buffer node reads
     source: str  # the role whose update count the versions are
+    stream: bool = False  # fl.buffer(stream=True): flowrl.runtime.streaming runs it
 
 
 @dataclass
@@ -88,9 +89,10 @@ class Produced:
 
 
 def split(plan: Plan, nodes: list[Node]) -> Split | None:
-    """The split at the plan's buffer node (`nodes` in schedule order), or None without one or with k = 0."""
+    """The split at the plan's buffer node (`nodes` in schedule order), or None without one or with k = 0 (and
+    no stream)."""
     at = next((i for i, node in enumerate(nodes) if node.kind is NodeKind.BUFFER), None)
-    if at is None or not nodes[at].kwargs.get("max_staleness", 0):
+    if at is None or not (nodes[at].kwargs.get("max_staleness", 0) or nodes[at].kwargs.get("stream", False)):
         return None
     node, before = nodes[at], nodes[:at]
     (version_field,) = node.reads
@@ -100,8 +102,8 @@ def split(plan: Plan, nodes: list[Node]) -> Split | None:
                         f"following another's weights must write before it; writers follow {sorted(map(str, sources))}")
     return Split(syncs=[n for n in before if n.kind is NodeKind.SYNC],
                  producers=[n for n in before if n.kind is not NodeKind.SYNC], consumers=nodes[at + 1:],
-                 max_staleness=node.kwargs["max_staleness"], version_field=version_field,
-                 source=(sources - {None}).pop())
+                 max_staleness=node.kwargs.get("max_staleness", 0), version_field=version_field,
+                 source=(sources - {None}).pop(), stream=node.kwargs.get("stream", False))
 
 
 def can_overlap(plan: Plan, s: Split) -> bool:
@@ -217,6 +219,9 @@ def make(plan: Plan, nodes: list[Node], versions: Callable[[], dict[str, int]], 
     """The executor's pipeline for `plan` (None: no buffer, or k = 0); `overlap`: the executor can run the
     producers beside the consumers where the plan allows it; `spread`: the rows' ranks, for a fill."""
     s = split(plan, nodes)
+    if s is not None and s.stream:
+        raise PlanError(f"{plan.algorithm}: fl.buffer(stream=True) runs on the local executor only "
+                        f"(train.executor=local)")
     return None if s is None else Pipeline(s, versions, overlap and can_overlap(plan, s), spread)
 
 

@@ -19,7 +19,7 @@ from flowrl.graph.context import StepCalls
 from flowrl.graph.role import close_role
 from flowrl.graph.trace import Node
 from flowrl.plan.planner import Plan
-from flowrl.runtime import buffering
+from flowrl.runtime import buffering, streaming
 from flowrl.runtime.scheduling import Spread, call_node, fill_index, run_step, scheduled
 
 
@@ -67,10 +67,14 @@ class LocalExecutor:
         self.fill_at = fill_index(self.nodes)
         # torchrun: each rank holds its own rows; a fill gathers them and deals them out again evenly
         self.spread = Spread(ranks=world_size, collective=world_size > 1)
-        self.pipeline = buffering.make(plan, self.nodes, lambda: self.versions, overlap=False, spread=self.spread)
+        self.stream = streaming.make(plan, self.nodes, roles, lambda: self.versions, world_size)
+        self.pipeline = None if self.stream else buffering.make(plan, self.nodes, lambda: self.versions,
+                                                                overlap=False, spread=self.spread)
 
     def run_step(self, step: int, prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
         """One training step over prompt batches drawn from `prompts`; returns the batch and metrics."""
+        if self.stream is not None:
+            return self.stream.step(step, prompts, self._run)
         if self.pipeline is not None:
             return self.pipeline.step(step, prompts, self._run)
         return run_step(step, self.nodes, self.fill_at, self._run, prompts, self.spread)
@@ -98,6 +102,8 @@ class LocalExecutor:
         """Closes the roles in this process (each role class's optional `close()`); again, does nothing."""
         if not self.closed:
             self.closed = True
+            if self.stream is not None:
+                self.stream.close()
             for instance in self.roles.values():
                 close_role(instance)
 

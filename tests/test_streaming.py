@@ -1,0 +1,114 @@
+"""Streamed rollouts (fl.buffer(stream=True), flowrl.runtime.streaming): a step trains on the first groups to
+finish, k bounds each sample's versions, partial rollouts keep per-token versions and logprobs, and k = 0
+trains the synchronous run's rows.
+
+Over tests/fake_streamer.FakeStreamer (prompts of 2 per batch, 2 samples each: draw d's prompt i has uid 2d + i;
+the i-th request to arrive is sample i % 2 of prompt i // 2 in draw order) and, end to end, the built-in task.
+"""
+
+import pytest
+import torch
+
+import flowrl as fl
+from flowrl.algorithms import grpo_async
+from flowrl.data import PromptStream
+from flowrl.runtime import buffering
+from flowrl.runtime.scheduling import scheduled
+from flowrl.runtime.trainer import train
+from fake_streamer import FakeStreamer
+from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask
+from test_buffer import COLOCATED, INPUTS, config, untimed
+from test_planner_executor import make_roles
+
+
+def run(steps, k, stream=True, stall=lambda i: None, partial=False, per_version=0.0):
+    roles = make_roles()
+    streamer = FakeStreamer(roles["rollout"].engine, stall, per_version)
+    roles["rollout"].streamer, roles["rollout"].partial = streamer, partial
+    plan = fl.compile_plan(grpo_async, COLOCATED, INPUTS, ROLE_CLASSES,
+                           {"group_size": 2, "max_staleness": k, "stream": stream})
+    ex = fl.LocalExecutor(plan, roles)
+    prompts = PromptStream(ParityTask(), FakeTokenizer(), batch_size=2, seed=1)
+    try:
+        return streamer, [ex.run_step(step, prompts) for step in range(steps)]
+    finally:
+        ex.close()
+
+
+def groups(batch):
+    return batch["group"].unique_consecutive().tolist()
+
+
+def test_a_batch_is_taken_while_a_long_group_is_in_flight():
+    # requests 2 and 3 (prompt uid 1) run until the first pause, which lets them finish under version 0
+    streamer, steps = run(2, k=1, stall=lambda i: (1, 1) if i in (2, 3) else None)
+    (first, first_logged), (second, second_logged) = steps
+    assert groups(first) == [0, 2] and first_logged["stream/in_flight"] >= 2
+    # uid 1 finished during step 0's pause: trained at step 1 (version 1) with uid 3, both sampled at version 0
+    assert groups(second) == [1, 3] and second["policy_version"].tolist() == [0, 0, 0, 0]
+    assert second["policy_version_max"].tolist() == [0, 0, 0, 0]
+    assert second_logged["buffer/staleness/max"] == 1 and second_logged["buffer/dropped"] == 0
+    assert streamer.pauses == [False, False] and streamer.closed
+
+
+def test_partial_rollouts_keep_each_tokens_version_and_logprob():
+    # request 2 (uid 1, sample 0) is cut by step 0's pause after one token and resumes under version 1
+    streamer, steps = run(2, k=1, stall=lambda i: (1, 1) if i == 2 else None, partial=True, per_version=0.01)
+    batch, logged = steps[1]
+    assert groups(batch) == [1, 3] and streamer.pauses == [True, True]
+    assert batch["policy_version_min"].tolist() == [0, 0, 0, 0]
+    assert batch["policy_version_max"].tolist() == [1, 0, 0, 0]
+    # FakeRolloutEngine: response [digit + 1, eos 11], logprobs -0.1 x id; minus 0.01 x version for each token
+    digit = batch["response_ids"][0, 0].item()
+    torch.testing.assert_close(batch["rollout_logprobs"][0], torch.tensor([-0.1 * digit, -1.1 - 0.01]))
+    assert logged["stream/aborted"] == 1 and logged["stream/mixed_versions"] == 1
+
+
+def test_samples_more_than_k_versions_behind_are_dropped():
+    # request 2 is cut at steps 0 and 1 and finishes under version 2, request 3 is cut at step 0 and finishes
+    # under version 1: uid 1's samples, started under version 0, are trained at step 2 (version 2) with uid 5
+    _, steps = run(3, k=1, stall=lambda i: (1, 2) if i == 2 else (1, 1) if i == 3 else None, partial=True)
+    assert [groups(b) for b, _ in steps] == [[0, 2], [3, 4], [5]]
+    batch, logged = steps[2]
+    # staleness [2, 2, 1, 1] (uid 1 twice, uid 5 twice): uid 1's two samples dropped
+    assert logged["buffer/dropped"] == 2 and logged["buffer/staleness/mean"] == 1.5
+    assert logged["buffer/staleness/max"] == 2 and logged["stream/mixed_versions"] == 2
+    assert logged["stream/aborted"] == 2 and batch["policy_version"].tolist() == [1, 1]
+
+
+def test_k0_streamed_rows_equal_the_synchronous_rows():
+    _, plain = run(3, k=0, stream=False)
+    _, streamed = run(3, k=0)
+    for (a, _), (b, b_logged) in zip(plain, streamed):
+        assert set(b.keys()) == set(a.keys()) | {"policy_version_min", "policy_version_max"}
+        for key in (k for k in a.keys() if isinstance(a[k], torch.Tensor)):
+            torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(b["policy_version_max"], a["policy_version"])
+        assert b_logged["buffer/dropped"] == 0 and b_logged["stream/aborted"] == 0
+
+
+def test_a_plan_that_cannot_stream_is_refused_in_one_line():
+    plan = fl.compile_plan(grpo_async, COLOCATED, INPUTS, ROLE_CLASSES, {"group_size": 2, "stream": True})
+    with pytest.raises(fl.PlanError, match=r"^grpo_async: fl.buffer\(stream=True\) runs on the local executor "
+                                           r"only \(train.executor=local\)$"):
+        buffering.make(plan, scheduled(plan), dict, overlap=True)  # as the Ray executor calls it
+    episodes = fl.compile_plan(interact, fl.Placement.colocated(("rollout",)), INPUTS, ROLE_CLASSES)
+    with pytest.raises(fl.PlanError, match=r"^interact: fl.buffer\(stream=True\) streams rollout.generate, which "
+                                           r"must be the first node before it; got rollout.interact$"):
+        fl.LocalExecutor(episodes, make_roles())
+
+
+@fl.algorithm
+def interact(batch, rollout):
+    return fl.buffer(rollout.interact(batch, n=2), stream=True)
+
+
+def test_grpo_async_streams_end_to_end_on_the_tiny_task(tmp_path):
+    rows = train(config(tmp_path, "algorithm=grpo_async", "train.steps=3", "algo.stream=true",
+                        "algo.max_staleness=1", "roles.rollout.partial=true", "roles.rollout.max_in_flight=8"),
+                 progress=False)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert {"stream/wait_s", "stream/aborted", "stream/in_flight", "buffer/staleness/max",
+                "buffer/dropped", "reward/mean", "actor/rollout/is_weight_mean"} <= set(r)
+        assert 0 <= r["buffer/staleness/max"] <= 1 and r["buffer/dropped"] == 0
