@@ -15,9 +15,15 @@ from flowrl.data.calculator import CalculatorEnv, CalculatorTask
 from flowrl.data.envs import EnvSpec, EnvStep
 from flowrl.engines.agent_loop import run_episodes
 from flowrl.engines.async_agent_loop import play_episodes, run_episodes_async
+from flowrl.engines.configs import ModelSource
+from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
+from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.protocols import FinishReason, SamplingParams
 from flowrl.engines.streaming import Sample
-from flowrl.engines.tiny_model import build_char_tokenizer
+from flowrl.engines.tiny_model import build_char_tokenizer, build_tiny_model
+from flowrl.roles import Rollout
+from flowrl.roles.configs import RolloutConfig
+from test_multiturn import calculator_prompts
 
 CALC = build_char_tokenizer(CalculatorTask.chars)
 EOS = CALC.eos_token_id
@@ -188,3 +194,25 @@ def test_the_python_sandbox_answers_through_the_async_loop():
     assert observations == ["output: 42\n", "error: ZeroDivisionError: division by zero\n"]
     assert stats["tool_error"] == ["", "ZeroDivisionError: division by zero"]
     assert out["scores"].tolist() == [1.0, 1.0] and out["num_turns"].tolist() == [2, 2]
+
+
+def test_interact_plays_coroutine_episodes_through_the_threaded_streamer_keeping_the_samplers_logprobs(tmp_path):
+    """roles.rollout.async_episodes on the tiny model: the `hf` engine as a ThreadedStreamer; the train engine's
+    logprobs of the model's turns, read in one pass over each episode, equal the sampler's."""
+    path = build_tiny_model(tmp_path / "model", chars=CalculatorTask.chars)
+    section = RolloutConfig.model_validate({"engine": "hf", "env": "calculator", "max_new_tokens": 3, "max_turns": 3,
+                                            "max_total_tokens": 12, "async_episodes": True})
+    tokenizer, actor = load_tokenizer(path), HFTrainEngine(load_causal_lm(path), kind="actor")
+    engine = section.engine.build(ModelSource(path), tokenizer=tokenizer, device="cpu", share=actor)
+    rollout = Rollout(engine=engine, params=section.engine.sampling(), env=section.env_spec(), tokenizer=tokenizer,
+                      meta_keys=CalculatorTask.meta_keys, make_streamer=section.engine.streamer)
+    try:
+        batch = rollout.interact(calculator_prompts(tokenizer), n=4)
+    finally:
+        if rollout.streamer is not None:
+            rollout.streamer.close()
+    assert rollout.streamer is not None  # the episodes went through the streamer
+    assert (batch["num_turns"] > 1).any() and (batch["loss_mask"] < batch["response_mask"]).any()
+    mask = batch["loss_mask"].bool()
+    assert torch.allclose(actor.forward(batch)["logprobs"][mask], batch["rollout_logprobs"][mask], atol=1e-4)
+    assert (batch["rollout_logprobs"][~mask] == 0).all()

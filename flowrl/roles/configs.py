@@ -128,6 +128,9 @@ class RolloutConfig(GeneratorConfig):
                                                         "together (finish_reason MAX_TOKENS).")
     env_workers: int = Field(8, ge=0, description="Threads stepping a turn's environments at once (tools wait on "
                                                   "subprocesses); 0 steps them one by one.")
+    async_episodes: bool = Field(False, description="Each episode of `interact` a coroutine of its own over the "
+                                 "engine as a StreamingEngine (flowrl.engines.async_agent_loop): tools run while "
+                                 "other episodes generate; False plays all episodes turn by turn.")
     env_step_timeout_s: float | None = Field(60.0, gt=0, description="Deadline of one environment step: a step "
                                              "past it ends its episode with reward 0 and a tool_error, counted in "
                                              "env/timed_out (its thread is abandoned); None waits for ever.")
@@ -151,7 +154,7 @@ class RolloutConfig(GeneratorConfig):
         if self.env is None:
             return None
         return EnvSpec(self.env, dict(self.env_options), self.max_turns, self.max_total_tokens, self.env_workers,
-                       self.env_step_timeout_s)
+                       self.env_step_timeout_s, self.async_episodes)
 
     def build(self, cls: type, ctx: Any) -> Any:
         source = ctx.roles.get("actor")

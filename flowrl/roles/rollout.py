@@ -15,6 +15,7 @@ from flowrl import metrics
 from flowrl.data.batch import column, repeat_rows, response_lengths
 from flowrl.data.envs import EnvSpec
 from flowrl.engines.agent_loop import run_episodes
+from flowrl.engines.async_agent_loop import run_episodes_async
 from flowrl.engines.protocols import FinishReason, RolloutEngine, SamplingParams, WeightSync
 from flowrl.engines.sampling import SAMPLED_WITH, sampling_columns
 from flowrl.engines.streaming import Request, Sample, StreamingEngine
@@ -78,7 +79,8 @@ class Rollout:
                   check=_check_episode)
     def interact(self, batch: TensorDict, n: int = 1, key: str = "scores", metric: str = "reward",
                  **sampling: Any) -> TensorDict:
-        """n episodes per prompt row in roles.rollout.env (flowrl.engines.agent_loop), adjacent; `key` holds each
+        """n episodes per prompt row in roles.rollout.env (flowrl.engines.agent_loop; flowrl.engines.async_agent_loop
+        with roles.rollout.async_episodes), adjacent; `key` holds each
         episode's summed reward (logged as `<metric>/mean`), `num_turns` and `tool_error` its turns and first
         tool error; max_new_tokens bounds each turn."""
         if self.env is None:
@@ -90,11 +92,14 @@ class Rollout:
         envs = [self.env.make(self.tokenizer) for _ in prompts]
         for env, prompt, meta in zip(envs, prompts, metas or [{}] * len(prompts)):
             env.reset(prompt, meta)
-        with ThreadPoolExecutor(self.env.num_workers) if self.env.num_workers else nullcontext() as pool:
-            out, stats = run_episodes(self.engine, envs, prompts, params, max_turns=self.env.max_turns,
-                                      max_total_tokens=self.env.max_total_tokens,
-                                      pad_id=self.tokenizer.pad_token_id, seed=seed, pool=pool,
-                                      step_timeout_s=self.env.step_timeout_s)
+        limits = dict(max_turns=self.env.max_turns, max_total_tokens=self.env.max_total_tokens,
+                      pad_id=self.tokenizer.pad_token_id, seed=seed, step_timeout_s=self.env.step_timeout_s)
+        if self.env.async_episodes:  # roles.rollout.async_episodes: each episode a coroutine
+            out, stats = run_episodes_async(self.streaming_engine(), envs, prompts, params, **limits,
+                                            env_workers=self.env.num_workers)
+        else:
+            with ThreadPoolExecutor(self.env.num_workers) if self.env.num_workers else nullcontext() as pool:
+                out, stats = run_episodes(self.engine, envs, prompts, params, **limits, pool=pool)
         rows = self._finish(rows, out, params)
         rows[key], rows["num_turns"] = out["scores"], out["num_turns"]
         rows["tool_error"] = NonTensorStack(*stats["tool_error"])
