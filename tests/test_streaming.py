@@ -6,14 +6,14 @@ Over tests/fake_streamer.FakeStreamer (prompts of 2 per batch, 2 samples each: d
 the i-th request to arrive is sample i % 2 of prompt i // 2 in draw order) and, end to end, the built-in task.
 """
 
+import sys
+
 import pytest
 import torch
 
 import flowrl as fl
 from flowrl.algorithms import grpo_async
 from flowrl.data import PromptStream
-from flowrl.runtime import buffering
-from flowrl.runtime.scheduling import scheduled
 from flowrl.runtime.trainer import train
 from fake_streamer import FakeStreamer
 from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask
@@ -87,11 +87,11 @@ def test_k0_streamed_rows_equal_the_synchronous_rows():
         assert b_logged["buffer/dropped"] == 0 and b_logged["stream/aborted"] == 0
 
 
-def test_a_plan_that_cannot_stream_is_refused_in_one_line():
-    plan = fl.compile_plan(grpo_async, COLOCATED, INPUTS, ROLE_CLASSES, {"group_size": 2, "stream": True})
+def test_a_plan_that_cannot_stream_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # refused before the Ray executor imports Ray
     with pytest.raises(fl.PlanError, match=r"^grpo_async: fl.buffer\(stream=True\) runs on the local executor "
                                            r"only \(train.executor=local\)$"):
-        buffering.make(plan, scheduled(plan), dict, overlap=True)  # as the Ray executor calls it
+        train(config(tmp_path, "algorithm=grpo_async", "algo.stream=true", "train.executor=ray"), progress=False)
     episodes = fl.compile_plan(interact, fl.Placement.colocated(("rollout",)), INPUTS, ROLE_CLASSES)
     with pytest.raises(fl.PlanError, match=r"^interact: fl.buffer\(stream=True\) streams rollout.generate, which "
                                            r"must be the first node before it; got rollout.interact$"):

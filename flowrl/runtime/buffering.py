@@ -59,7 +59,7 @@ from flowrl.graph.context import StepCalls
 from flowrl.graph.trace import Node, NodeKind
 from flowrl.plan.placement import DRIVER
 from flowrl.plan.planner import Plan
-from flowrl.runtime.scheduling import ONE, Spread, fill_index, run_step
+from flowrl.runtime.scheduling import ONE, Spread, fill_index, run_step, scheduled
 
 BUFFER = "_buffer"  # the checkpoint folder of the buffered batches (no role is named so)
 _FILE = "buffer.pt"
@@ -219,10 +219,16 @@ def make(plan: Plan, nodes: list[Node], versions: Callable[[], dict[str, int]], 
     """The executor's pipeline for `plan` (None: no buffer, or k = 0); `overlap`: the executor can run the
     producers beside the consumers where the plan allows it; `spread`: the rows' ranks, for a fill."""
     s = split(plan, nodes)
+    refuse_stream(plan, s)
+    return None if s is None else Pipeline(s, versions, overlap and can_overlap(plan, s), spread)
+
+
+def refuse_stream(plan: Plan, s: Split | None = None) -> None:
+    """What an executor that cannot stream calls before it starts anything: a streaming buffer is one line."""
+    s = split(plan, scheduled(plan)) if s is None else s
     if s is not None and s.stream:
         raise PlanError(f"{plan.algorithm}: fl.buffer(stream=True) runs on the local executor only "
                         f"(train.executor=local)")
-    return None if s is None else Pipeline(s, versions, overlap and can_overlap(plan, s), spread)
 
 
 def checkpointed(engines: dict[str, Any], pipeline: Pipeline | None) -> dict[str, Any]:

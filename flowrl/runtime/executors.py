@@ -23,6 +23,7 @@ from flowrl.config import RunConfig, TrainConfig
 from flowrl.engines.transports import TransportConfig
 from flowrl.graph.registry import Registry
 from flowrl.plan.planner import Plan
+from flowrl.runtime import buffering
 from flowrl.runtime.executor import Executor, LocalExecutor
 from flowrl.runtime.factory import RoleFactory
 
@@ -132,6 +133,7 @@ class RayExecutorConfig(ExecutorConfig):
         return gpu_memory()
 
     def build(self, plan: Plan, factory: RoleFactory, world: int, evaluation: Plan | None) -> Executor:
+        buffering.refuse_stream(plan)  # before Ray is imported or a cluster starts
         from flowrl.runtime.ray_executor import RayExecutor, init_ray  # ray is optional: imported only when asked
 
         init_ray()
