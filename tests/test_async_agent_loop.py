@@ -209,9 +209,8 @@ def test_interact_plays_coroutine_episodes_through_the_threaded_streamer_keeping
     try:
         batch = rollout.interact(calculator_prompts(tokenizer), n=4)
     finally:
-        if rollout.streamer is not None:
-            rollout.streamer.close()
-    assert rollout.streamer is not None  # the episodes went through the streamer
+        rollout.close()
+    assert rollout.streamer is not None and not rollout.streamer.thread.is_alive()  # used, and closed with the role
     assert (batch["num_turns"] > 1).any() and (batch["loss_mask"] < batch["response_mask"]).any()
     mask = batch["loss_mask"].bool()
     assert torch.allclose(actor.forward(batch)["logprobs"][mask], batch["rollout_logprobs"][mask], atol=1e-4)

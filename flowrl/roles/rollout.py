@@ -182,5 +182,8 @@ class Rollout:
         self.synced_version = version
 
     def close(self) -> None:
-        """The run is over: release the engine (flowrl.graph.role.close_role)."""
+        """The run is over: release the streamer made from the engine, if any, and the engine
+        (flowrl.graph.role.close_role)."""
+        if self.streamer is not None:
+            self.streamer.close()
         self.engine.close()
