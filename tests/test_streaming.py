@@ -21,10 +21,11 @@ from test_buffer import COLOCATED, INPUTS, config, untimed
 from test_planner_executor import make_roles
 
 
-def run(steps, k, stream=True, stall=lambda i: None, partial=False, per_version=0.0):
+def run(steps, k, stream=True, stall=lambda i: None, partial=False, per_version=0.0, timeout_s=60.0):
     roles = make_roles()
     streamer = FakeStreamer(roles["rollout"].engine, stall, per_version)
     roles["rollout"].streamer, roles["rollout"].partial = streamer, partial
+    roles["rollout"].stream_timeout_s = timeout_s
     plan = fl.compile_plan(grpo_async, COLOCATED, INPUTS, ROLE_CLASSES,
                            {"group_size": 2, "max_staleness": k, "stream": stream})
     ex = fl.LocalExecutor(plan, roles)
@@ -85,6 +86,13 @@ def test_k0_streamed_rows_equal_the_synchronous_rows():
             torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, equal_nan=True)
         assert torch.equal(b["policy_version_max"], a["policy_version"])
         assert b_logged["buffer/dropped"] == 0 and b_logged["stream/aborted"] == 0
+
+
+def test_a_step_whose_groups_do_not_finish_in_time_fails_in_one_line():
+    # request 0 (uid 0) waits for a pause, which comes only once 2 groups are ready: uid 1 alone finishes
+    with pytest.raises(TimeoutError, match=r"^stream: 1 of 2 groups ready after "
+                                           r"roles.rollout.stream_timeout_s=0.2s$"):
+        run(1, k=0, stall=lambda i: (1, 1) if i == 0 else None, timeout_s=0.2)
 
 
 def test_a_plan_that_cannot_stream_is_refused_in_one_line(tmp_path, monkeypatch):
