@@ -34,7 +34,10 @@ def run(k: int, stream: bool, args: argparse.Namespace, folder: Path) -> dict[st
                                  "train.eval_every=0", "train.export=false", "train.save_every=0"])
     rows = train(cfg, progress=False)
     timed = rows[1:] or rows
-    mean = lambda key: sum(r.get(key, 0.0) for r in rows) / len(rows)  # noqa: E731
+
+    def mean(key: str) -> float:
+        return sum(r.get(key, 0.0) for r in rows) / len(rows)
+
     return {"k": k, "stream": stream, "steps_per_s": round(len(timed) / sum(r["timing_s/step"] for r in timed), 3),
             "response_length": round(mean("response_length/mean"), 2),
             "staleness": round(mean("buffer/staleness/mean"), 3), "dropped": mean("buffer/dropped"),

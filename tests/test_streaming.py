@@ -17,7 +17,7 @@ from flowrl.data import PromptStream
 from flowrl.runtime.trainer import train
 from fake_streamer import FakeStreamer
 from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask
-from test_buffer import COLOCATED, INPUTS, config, untimed
+from test_buffer import COLOCATED, INPUTS, config
 from test_planner_executor import make_roles
 
 

@@ -2,11 +2,12 @@
 
 `fl.buffer(batch, max_staleness=k, stream=True)` replaces the step's `rollout.generate` with a
 StreamingEngine (flowrl.engines.streaming; `Rollout.streaming_engine`, made by roles.rollout.engine's config)
-driven from an asyncio loop in a background thread. Each prompt row drawn becomes n Requests (row r seeded
-as the batch `generate` seeds row r); up to `roles.rollout.max_in_flight` of them sample at once. When all n
-samples of a prompt are done, `Rollout.streamed` builds the group's rows (the fields `generate` writes, plus
-`policy_version_min` / `policy_version_max` over the tokens' versions; `policy_version` is the min) and the
-producers after `generate` (reward.score) run on that group alone, while the other samples keep generating.
+driven from an asyncio loop in a background thread. Each prompt row drawn becomes n Requests (row r of the
+draw seeded with the seed `generate` would give the draw's call, plus r: every sample its own seed, as vLLM's
+seeded rows); up to `roles.rollout.max_in_flight` of them sample at once. When all n samples of a prompt are
+done, `Rollout.streamed` builds the group's rows (the fields `generate` writes, plus `policy_version_min` /
+`policy_version_max` over the tokens' versions; `policy_version` is the min) and the producers after
+`generate` (reward.score) run on that group alone, while the other samples keep generating.
 
 Step t (the local executor):
 
@@ -28,8 +29,8 @@ checkpoints find it idle. The sampler's logprobs are kept per token, so a respon
 corrected token by token (flowrl.rl.correction).
 
 With k = 0 every sample of a step's batch is drawn, generated and trained within the step: the rows equal the
-synchronous step's (for an engine whose samples depend only on prompt and seed). A checkpoint holds no
-sample in flight: a resumed run with k >= 1 skips the prompts drawn ahead of it.
+synchronous step's for an engine whose row r of a call seeded s is the sample of one request seeded s + r.
+A checkpoint holds no sample in flight: a resumed run with k >= 1 skips the prompts drawn ahead of it.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Iterator
 
-import torch
 from tensordict import TensorDict
 
 from flowrl import metrics
