@@ -2,7 +2,7 @@
 
 The worker thread (flowrl.engines.stream_worker) gathers the waiting requests into one left-padded
 `engine.generate` call: the oldest waiting request and up to `max_batch - 1` others sampled the same way (the same
-SamplingParams but for max_new_tokens, and the same seed), generated to the largest token budget among them;
+SamplingParams but for max_new_tokens), generated to the largest token budget among them;
 each row is cut to its own budget (the first b tokens of a longer response are what a call with
 max_new_tokens=b samples). Each request's future resolves on its event loop as its batch returns. Every token
 records `version` as it was when its batch started.
@@ -16,7 +16,10 @@ transformers StoppingCriteria) cuts the running generate after its current step;
 resumes after `resume(version)` from prompt + prefix with the budget left (`Sample.aborts` counts it). An engine
 without the hook finishes its batch: abort degrades to finishing the requests in flight under the old weights
 (with `chunk_tokens`, unfinished rows still stop at the chunk's end and resume under the new weights).
-A seeded request continues with seed + its tokens so far (a continuation does not replay its first noise).
+A call is seeded by its oldest request's seed (a continuation's: seed + its tokens so far, so it does not replay
+its first noise); its rows draw different noise from that one generator, so requests of different seeds share a
+call, and a sampled response depends on which requests shared its call, as under vLLM's continuous batching.
+Batching only requests of one seed would run one row per call, since the streamed rollout seeds each sample.
 """
 
 from __future__ import annotations
@@ -82,9 +85,9 @@ class ThreadedStreamer(StreamWorker):
             self.stop.set()
 
     def _pick(self, eligible: list[Job]) -> list[Job]:
-        """The oldest eligible job and the next ones sampled the same way, up to max_batch."""
+        """The oldest eligible job and the next ones sampled the same way (their seeds aside), up to max_batch."""
         def key(job: Job) -> tuple:
-            return replace(job.request.params, max_new_tokens=1), job.seed
+            return replace(job.request.params, max_new_tokens=1)
 
         first = key(eligible[0])
         return [job for job in eligible if key(job) == first][:self.max_batch]
