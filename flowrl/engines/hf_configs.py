@@ -133,7 +133,8 @@ class HFTrainConfig(TrainEngineConfig):
         if not trainable:
             return memory.frozen(shape, load, holds_weights=not base_lent)
         adapters = shape.lora_params(self.lora_rank, tuple(self.lora_target_modules)) if self.lora_rank else None
-        parts = memory.trained(shape, load, trained_params=adapters, logit_tokens=self.logprob_chunk_tokens or None)
+        parts = memory.trained(shape, load, trained_params=adapters, logit_tokens=self.logprob_chunk_tokens or None,
+                               compiled=self.compile)
         if self.offload_params:
             on_gpu = (shape.embedding_params() + 2 * shape.layer_params()) * shape.dtype_bytes
             trained = (adapters or shape.num_params) * shape.dtype_bytes

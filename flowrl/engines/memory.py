@@ -6,9 +6,16 @@ shards, chunked logits, a KV cache. The helpers here hold the arithmetic every t
 flowrl.plan.resources says how a plan's roles load each rank and sums the estimates per pool.
 
 - trained: parameters, gradients and AdamW's two moments in the parameter dtype, each sharded over the
-  pool's ranks (FSDP2); activations of one micro-batch (per rank), about 34 bytes per token, layer and hidden
-  unit in bf16 without activation checkpointing (Korthikanti et al.), 2 with it; and the fp32 logits of the
-  tokens computed at once (3 copies: logits, log-softmax, its gradient);
+  pool's ranks (FSDP2); activations of one micro-batch (per rank): without activation checkpointing,
+  24 h + 8 i bytes per token and layer in bf16 for a SwiGLU layer of hidden size h and intermediate size i
+  (the MLP keeps its input, gate and up outputs, the activation and the product: 2 h + 8 i; attention and the
+  two RMSNorms, which transformers computes in fp32, about 22 h), 34 h for torch.compile'd passes (inductor
+  fuses the elementwise ops and saves fewer of their outputs) and where i is unknown (Korthikanti et al., a
+  4h GELU MLP), 2 h with checkpointing (each layer's input); and the fp32 logits of the tokens computed at once
+  (3 copies: logits, log-softmax, its gradient). Calibrated on one H200: eager Qwen2.5-0.5B (h 896, i 4864)
+  peaked at 33.5 GiB updating 4 x 4352 tokens and 17.4 GiB for 4 x 1280 (docs/long_context.md), where this
+  predicts 34.1 and 17.6 GiB (34 h: 22.5 and 14.1); compiled, 32 x 384 tokens peaked at 22.8 GiB against 23.2
+  predicted (docs/benchmarks.md);
 - frozen (reference, reward model): its weights, sharded, and one micro-batch's forward activations (about
   4 bytes per token, layer and hidden unit);
 - a rollout: its own copy of the weights unless it shares its source's module, and the KV cache of its rows
@@ -20,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GIB = 2**30
-ACTIVATION_BYTES = {False: 34, True: 2}  # per token, layer, hidden unit: bf16 training, without / with recompute
+GPT_ACTIVATION_BYTES = 34  # per token, layer and hidden unit without recompute, when the MLP's size is unknown
+RECOMPUTE_BYTES = 2  # per token, layer and hidden unit with activation checkpointing: the layer's input
 FORWARD_BYTES = 4  # per token, layer, hidden unit of a no-grad forward pass
 
 
@@ -83,17 +91,26 @@ class RankLoad:
 
 
 def trained(shape: ModelShape, load: RankLoad, *, trained_params: int | None = None,
-            logit_tokens: int | None = None) -> dict[str, int]:
+            logit_tokens: int | None = None, compiled: bool = False) -> dict[str, int]:
     """A fully sharded trained engine: `trained_params` (default: all) get gradients and AdamW moments; the
-    logits of `logit_tokens` tokens at a time (default: the whole micro-batch) are live at once."""
+    logits of `logit_tokens` tokens at a time (default: the whole micro-batch) are live at once; `compiled`
+    passes save fewer activations."""
     trained_bytes = (shape.num_params if trained_params is None else trained_params) * shape.dtype_bytes
     return {"weights": shape.weight_bytes // load.ranks, "gradients": trained_bytes // load.ranks,
-            "optimizer": 2 * trained_bytes // load.ranks, "activations": activations(shape, load),
+            "optimizer": 2 * trained_bytes // load.ranks, "activations": activations(shape, load, compiled),
             "logits": logits(shape, load, logit_tokens)}
 
 
-def activations(shape: ModelShape, load: RankLoad) -> int:
-    return load.tokens * shape.num_layers * shape.hidden_size * ACTIVATION_BYTES[load.gradient_checkpointing]
+def activations(shape: ModelShape, load: RankLoad, compiled: bool = False) -> int:
+    """One micro-batch's saved activations for the backward pass (see the module docstring)."""
+    h, i = shape.hidden_size, shape.intermediate_size
+    if load.gradient_checkpointing:
+        per_layer = RECOMPUTE_BYTES * h
+    elif compiled or not i:
+        per_layer = GPT_ACTIVATION_BYTES * h
+    else:
+        per_layer = 24 * h + 8 * i
+    return load.tokens * shape.num_layers * per_layer
 
 
 def logits(shape: ModelShape, load: RankLoad, chunk_tokens: int | None = None) -> int:
