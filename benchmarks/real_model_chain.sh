@@ -37,7 +37,13 @@ case $STAGE in
   python3 -c "import torch, transformers, trl, datasets, pydantic, tensordict, gguf; print(torch.__version__, \
 transformers.__version__, trl.__version__, datasets.__version__, pydantic.__version__, tensordict.__version__)"
   # issue 26's figures ride on this call (they need only the wheels): padded vs packed, Qwen2.5-0.5B shape
-  timeout 330 python3 benchmarks/packing.py --device cuda | tee "$OUT/packing.jsonl" | cut -c1-400
+  PYTHONPATH=/tmp/site:/tmp/bt timeout 380 python3 benchmarks/packing.py --device cuda | tee "$OUT/packing.jsonl"
+  ;;
+1b)  # stage 1's wheels, then packed vs padded logprobs in fp32 and bf16 (FlexAttention on CUDA)
+  mkdir -p /tmp/rc /tmp/runs && cp "$C/part1/$G.part0" /tmp/rc/ || exit 3
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$C"/part1/wheels/*.whl || exit 4
+  PYTHONPATH=/tmp/site:/tmp/bt timeout 150 python3 benchmarks/packing_agreement.py --device cuda \
+    | tee "$OUT/packing_agreement.jsonl"
   ;;
 2)
   test -f "/tmp/rc/$G.part0" || exit 3
@@ -49,6 +55,14 @@ print('tokenizer eos/pad/bos', t.eos_token_id, t.pad_token_id, t.bos_token_id)"
   python3 -m flowrl.cli data wordproblems --output /tmp/wp
   # GRPO alone on the GPU (the RLOO run of the first session shared it), then the export re-scored
   run grpo 500 $LEARN --algorithm grpo --steps 40 --output /tmp/runs/grpo
+  ;;
+2r)  # as stage 2, RLOO in place of GRPO: 25 steps, no re-score (the device time left)
+  test -f "/tmp/rc/$G.part0" || exit 3
+  cat "/tmp/rc/$G.part0" "$C/part2/$G.part1" >"/tmp/rc/$G" && (cd /tmp/rc && sha256sum -c --quiet "$C/part2/SHA256SUMS") \
+    || exit 4
+  python3 -m flowrl.cli model import "/tmp/rc/$G" --output /tmp/smollm2 2>&1 | tail -1
+  python3 -m flowrl.cli data wordproblems --output /tmp/wp
+  run rloo 230 $LEARN --algorithm rloo --steps 25 --no-rescore --output /tmp/runs/rloo
   ;;
 3)
   run trl 560 python3 benchmarks/real_model_trl.py --model /tmp/smollm2 --data /tmp/wp --output /tmp/runs/trl \
