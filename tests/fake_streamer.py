@@ -91,3 +91,14 @@ class FakeStreamer:
 
     def close(self) -> None:
         self.closed = True
+
+
+def unpadded(engine, rows, params):
+    """A batch engine's responses to unpadded prompt `rows`, each unpadded: [(ids, logprobs, finish)]."""
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    out = engine.generate(ids, mask, params)
+    lengths = out["response_mask"].sum(-1).tolist()
+    return [(row[:n], lp[:n], FinishReason(f)) for row, lp, n, f in zip(
+        out["response_ids"].tolist(), out["rollout_logprobs"].tolist(), lengths, out["finish_reason"].tolist())]

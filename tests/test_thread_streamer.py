@@ -4,7 +4,6 @@ import asyncio
 import threading
 
 import pytest
-import torch
 
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from flowrl.engines.hf_rollout import HFRolloutEngine
@@ -12,6 +11,7 @@ from flowrl.engines.hf_static import StaticCacheRolloutEngine
 from flowrl.engines.protocols import FinishReason, SamplingParams
 from flowrl.engines.streaming import Request
 from flowrl.engines.thread_streamer import ThreadedStreamer
+from fake_streamer import unpadded
 from fakes import FakeRolloutEngine
 
 PROMPTS = ["12+3=", "7*8=", "9-4=", "1+1=", "22+22=", "5="]
@@ -45,13 +45,8 @@ class GatedInterruptible(Gated):
 
 
 def batch(engine, rows, params):
-    width = max(map(len, rows))
-    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    out = engine.generate(ids, mask, params)
-    lengths = out["response_mask"].sum(-1).tolist()
-    return [(row[:n], lp[:n]) for row, lp, n in zip(out["response_ids"].tolist(), out["rollout_logprobs"].tolist(),
-                                                   lengths)]
+    """[(ids, logprobs)] of the batch engine's responses."""
+    return [(ids, logprobs) for ids, logprobs, _ in unpadded(engine, rows, params)]
 
 
 def run(coro):

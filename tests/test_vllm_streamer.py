@@ -13,10 +13,11 @@ from vllm.exceptions import VLLMClientError  # noqa: E402
 from flowrl.data.arithmetic import ArithmeticTask  # noqa: E402
 from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource  # noqa: E402
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer  # noqa: E402
-from flowrl.engines.protocols import FinishReason, SamplingParams  # noqa: E402
+from flowrl.engines.protocols import SamplingParams  # noqa: E402
 from flowrl.engines.streaming import Request  # noqa: E402
 from flowrl.engines.tiny_model import build_tiny_model  # noqa: E402
 from flowrl.engines.vllm_streamer import VLLMStreamer  # noqa: E402
+from fake_streamer import unpadded as batch  # noqa: E402
 
 TEXTS = ["12+3=", "7+8=", "9+40=", "1+1=", "22+22=", "5="]
 DEADLINE = 30.0
@@ -32,17 +33,6 @@ def setup(tmp_path_factory):
     engine = config.build(ModelSource(path), tokenizer=tokenizer, device="cpu")
     yield engine, [tokenizer.encode(text) for text in TEXTS], path
     engine.close()
-
-
-def batch(engine, rows, params):
-    """The batch engine's responses, unpadded: [(ids, logprobs, finish)]."""
-    width = max(map(len, rows))
-    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    out = engine.generate(ids, mask, params)
-    lengths = out["response_mask"].sum(-1).tolist()
-    return [(row[:n], lp[:n], FinishReason(f)) for row, lp, n, f in zip(
-        out["response_ids"].tolist(), out["rollout_logprobs"].tolist(), lengths, out["finish_reason"].tolist())]
 
 
 def run(coro):

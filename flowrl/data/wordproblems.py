@@ -69,7 +69,7 @@ def buys_then_gives(rng: random.Random) -> Problem:
 
 
 def boxes_and_loose(rng: random.Random) -> Problem:
-    (name, she), item = rng.choice(NAMES), rng.choice(ITEMS)
+    (name, _), item = rng.choice(NAMES), rng.choice(ITEMS)
     a, b, loose = rng.randint(2, 9), rng.randint(2, 10), rng.randint(1, 20)
     first, boxed = step(a, "*", b)
     second, total = step(boxed, "+", loose)
