@@ -1,6 +1,8 @@
 """hf_static: rows end at drawn lengths (`eos_at_B`), and finished rows are compacted out of the decode batch
 (eagerly on CPU here)."""
 
+import functools
+
 import torch
 
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
@@ -52,3 +54,27 @@ def test_compacting_finished_rows_out_keeps_the_greedy_outputs(tiny_model_path):
         assert torch.equal(out[key], expected[key]), key
     assert torch.allclose(out["rollout_logprobs"], expected["rollout_logprobs"], atol=1e-5)
     assert out["response_mask"].sum(-1).tolist() == eos_at.tolist()
+
+
+def test_the_compiled_step_compiles_once_for_all_shapes_of_a_sampling(tiny_model_path, monkeypatch):
+    """Compaction (8, 4 then 2 rows) and a second prompt width (another cache length) reuse the first graph:
+    torch.compile(dynamic=True) traces the decode step once (the default traced it 3 times: static, then
+    dynamic rows, then dynamic length; on an H200 each is a full inductor compile). Dynamo's guards decide
+    this, not the backend: the engine's torch.compile gets backend="eager" here (inductor on CPU: 20 s)."""
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    tokenizer, model = load_tokenizer(tiny_model_path), load_causal_lm(tiny_model_path)
+    ids, mask = eight_prompts(tokenizer)
+    wide_ids = torch.nn.functional.pad(ids, (40 - ids.shape[1], 0), value=tokenizer.pad_token_id)
+    wide_mask = torch.nn.functional.pad(mask, (40 - ids.shape[1], 0), value=0)
+    eos_at = torch.tensor([2, 3, 4, 5, 6, 17, 40, 40])
+    params = SamplingParams(max_new_tokens=40, greedy=True, ignore_eos=True)
+    torch._dynamo.reset()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    compiled = StaticCacheRolloutEngine(model, tokenizer, compile=True, compact_min_rows=1)
+    eager = StaticCacheRolloutEngine(model, tokenizer, compile=False, compact_min_rows=1)
+    for call_ids, call_mask in ((ids, mask), (wide_ids, wide_mask)):
+        out, expected = (e.generate(call_ids, call_mask, params, eos_at_B=eos_at) for e in (compiled, eager))
+        assert torch.equal(out["response_ids"], expected["response_ids"])
+        assert torch.allclose(out["rollout_logprobs"], expected["rollout_logprobs"], atol=1e-5)
+    assert sorted(compiled._caches) == [(2, 72), (2, 104), (4, 72), (4, 104), (8, 72), (8, 104)]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 1

@@ -17,7 +17,9 @@ Finished rows cost as much as running ones in a static batch, so every
 COMPACT_EVERY tokens the loop reads how many rows still run; once they fit in
 half the batch (rounded up to a power of two, at least `compact_min_rows`),
 their prompts and the tokens so far are prefilled into a smaller cache and
-decoding goes on there (a shape with its own captured graph). Responses whose
+decoding goes on there (a shape with its own captured graph, but not its own
+compile: the step is compiled with dynamic rows and cache length, once per
+sampling setting). Responses whose
 lengths vary widely (real EOS) then pay for the rows still running, as
 continuous batching does, plus one prefill per halving.
 
@@ -61,7 +63,9 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         # transformers renamed the forward's `past_key_values` to `cache` (5.2x); use the name this one takes
         self._cache_arg = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters \
             else "past_key_values"
-        self._step = torch.compile(_decode_step) if compile else _decode_step
+        # dynamic from the first call: one graph serves every (rows, length) shape of a sampling (the default
+        # compiles the first shape static, then again dynamic in rows and again in length: 3 compiles, not 1)
+        self._step = torch.compile(_decode_step, dynamic=True) if compile else _decode_step
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
                  *, seed: int | None = None, eos_at_B: torch.Tensor | None = None) -> TensorDict:
