@@ -176,10 +176,12 @@ class SlowUpdateEngine(SleepyTrainEngine):
 
 
 def fake_specs(forward_s: float = 0.0, ref_exits: bool = False, generate_s: float = 0.0,
-               update_s: float = 0.0) -> dict[str, RoleSpec]:
+               update_s: float = 0.0, stream_batch: int = 64) -> dict[str, RoleSpec]:
     """The built-in roles' registrations with classes that build over fakes (for a RoleFactory's `specs`);
     `ref_exits`: the reference's worker process ends in its first forward; `generate_s` / `update_s`: how long
-    each generation / actor update takes."""
+    each generation / actor update takes; `stream_batch`: the rows of one generate call when streamed (a
+    ThreadedStreamer's max_batch)."""
+    from flowrl.engines.thread_streamer import ThreadedStreamer
     from flowrl.roles import Actor, Ref, Reward, Rollout
 
     class FakeActor(Actor):
@@ -196,7 +198,8 @@ def fake_specs(forward_s: float = 0.0, ref_exits: bool = False, generate_s: floa
         @classmethod
         def build(cls, ctx):
             return Rollout(engine=SleepyRolloutEngine(generate_s), params=SamplingParams(max_new_tokens=2),
-                           source=ctx.roles.get("actor"), weight_sync=lambda train, rollout: None)
+                           source=ctx.roles.get("actor"), weight_sync=lambda train, rollout: None,
+                           make_streamer=lambda engine: ThreadedStreamer(engine, max_batch=stream_batch))
 
     class FakeReward(Reward):
         @classmethod

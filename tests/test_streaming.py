@@ -97,8 +97,9 @@ def test_a_step_whose_groups_do_not_finish_in_time_fails_in_one_line():
 
 def test_a_plan_that_cannot_stream_is_refused_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # refused before the Ray executor imports Ray
-    with pytest.raises(fl.PlanError, match=r"^grpo_async: fl.buffer\(stream=True\) runs on the local executor "
-                                           r"only \(train.executor=local\)$"):
+    with pytest.raises(fl.PlanError, match=r"^grpo_async: fl.buffer\(stream=True\) on the Ray executor needs "
+                                           r"rollout on a pool of its own \(split placement; or "
+                                           r"train.executor=local\): pool 'global' also hosts actor, ref$"):
         train(config(tmp_path, "algorithm=grpo_async", "algo.stream=true", "train.executor=ray"), progress=False)
     episodes = fl.compile_plan(interact, fl.Placement.colocated(("rollout",)), INPUTS, ROLE_CLASSES)
     with pytest.raises(fl.PlanError, match=r"^interact: fl.buffer\(stream=True\) streams rollout.generate, which "

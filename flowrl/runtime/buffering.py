@@ -216,19 +216,29 @@ class Pipeline:
 
 def make(plan: Plan, nodes: list[Node], versions: Callable[[], dict[str, int]], overlap: bool,
          spread: Spread = ONE) -> Pipeline | None:
-    """The executor's pipeline for `plan` (None: no buffer, or k = 0); `overlap`: the executor can run the
-    producers beside the consumers where the plan allows it; `spread`: the rows' ranks, for a fill."""
+    """The executor's pipeline for `plan` (None: no buffer, k = 0, or a streaming buffer, which
+    flowrl.runtime.streaming runs); `overlap`: the executor can run the producers beside the consumers where the
+    plan allows it; `spread`: the rows' ranks, for a fill."""
     s = split(plan, nodes)
-    refuse_stream(plan, s)
-    return None if s is None else Pipeline(s, versions, overlap and can_overlap(plan, s), spread)
+    return None if s is None or s.stream else Pipeline(s, versions, overlap and can_overlap(plan, s), spread)
 
 
 def refuse_stream(plan: Plan, s: Split | None = None) -> None:
-    """What an executor that cannot stream calls before it starts anything: a streaming buffer is one line."""
+    """What the Ray executor calls before it starts anything: it streams a buffer only from a streamed role
+    alone on a pool of one rank (flowrl.runtime.ray_streaming); anything else is one line."""
     s = split(plan, scheduled(plan)) if s is None else s
-    if s is not None and s.stream:
-        raise PlanError(f"{plan.algorithm}: fl.buffer(stream=True) runs on the local executor only "
-                        f"(train.executor=local)")
+    if s is None or not s.stream or not s.producers:
+        return
+    where, role = f"{plan.algorithm}: fl.buffer(stream=True) on the Ray executor", s.producers[0].role
+    pool = plan.pools.get(role)
+    if pool is None:
+        raise PlanError(f"{where} streams from a role on a pool; {s.producers[0].name} runs on the driver")
+    shared = sorted({n.role for n in s.consumers if n.role in plan.pools and plan.pools[n.role].name == pool.name})
+    if shared:
+        raise PlanError(f"{where} needs {role} on a pool of its own (split placement; or train.executor=local): "
+                        f"pool {pool.name!r} also hosts {', '.join(shared)}")
+    if pool.world_size != 1:
+        raise PlanError(f"{where} streams from one rank: pool {pool.name!r} has world_size {pool.world_size}")
 
 
 def checkpointed(engines: dict[str, Any], pipeline: Pipeline | None) -> dict[str, Any]:

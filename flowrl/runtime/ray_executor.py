@@ -50,7 +50,7 @@ from flowrl.graph.context import StepCalls
 from flowrl.graph.role import close_role
 from flowrl.graph.trace import Node, NodeKind
 from flowrl.plan.placement import DRIVER, Pool
-from flowrl.runtime import buffering, ray_cluster
+from flowrl.runtime import buffering, ray_cluster, ray_streaming, streaming
 from flowrl.runtime.ray_cluster import ShippedFolder, pack, unpack
 from flowrl.plan.planner import Plan
 from flowrl.runtime.distributed import average
@@ -138,11 +138,13 @@ class RayExecutor:
         self._sync_groups: set[str] = set()
         self._check_transport()
         self.nodes, self.fill_at, self.spread = _checked_nodes(plan)
+        buffering.refuse_stream(plan)  # before any worker starts
         pools = {pool.name: pool for pool in plan.pools.values()}
         ray_cluster.check_cluster(list(pools.values()))
         self.driver_roles = factory.build(tuple(dict.fromkeys((*plan.driver_roles(), *extra_driver_roles))))
         self.groups = ray_cluster.place(list(pools.values()), placement_timeout_s)
         self.workers: dict[str, list[Any]] = {}
+        self.stream: streaming.Streamer | None = None
         try:
             shipped = ray_cluster.ship(factory.folders()) if ship_files else None
             setups = []
@@ -157,11 +159,15 @@ class RayExecutor:
             raise
         self._versions = _Versions({r: 0 for r in plan.versioned()})
         self.pipeline = buffering.make(plan, self.nodes, lambda: self.versions, overlap=True, spread=self.spread)
+        self.stream = ray_streaming.make(plan, self.nodes, self._workers_of, lambda: self.versions)
 
     def run_step(self, step: int, prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
         """One training step over prompt batches drawn from `prompts`; returns the batch and metrics. With a
         buffer (k >= 1) and the producers on pools of their own, step t+k's producers run in a thread beside
-        step t's consumers (flowrl.runtime.buffering)."""
+        step t's consumers (flowrl.runtime.buffering); a streamed buffer samples on the rollout's pool while the
+        consumers run (flowrl.runtime.ray_streaming)."""
+        if self.stream is not None:
+            return self.stream.step(step, prompts, self._run)
         if self.pipeline is not None:
             return self.pipeline.step(step, prompts, self._run)
         return run_step(step, self.nodes, self.fill_at, self._run, prompts, self.spread)
@@ -177,6 +183,7 @@ class RayExecutor:
         view.plan = plan
         view.nodes, view.fill_at, view.spread = _checked_nodes(plan)
         view.pipeline = buffering.make(plan, view.nodes, lambda: view.versions, overlap=True, spread=view.spread)
+        view.stream = ray_streaming.make(plan, view.nodes, view._workers_of, lambda: view.versions)
         return view
 
     def train_engines(self) -> dict[str, Any]:
@@ -209,9 +216,14 @@ class RayExecutor:
         """Ends the workers (of every view: close only the executor you built) and closes the driver's roles."""
         for instance in self.driver_roles.values():
             close_role(instance)
-        for workers in self.workers.values():
-            for worker in workers:
-                ray.kill(worker)
+        stream, self.stream = self.stream, None
+        try:
+            if stream is not None:
+                stream.close()  # its engine, in the rollout's worker
+        finally:
+            for workers in self.workers.values():
+                for worker in workers:
+                    ray.kill(worker)
         self.workers = {}
         ray_cluster.release(self.groups)
         self.groups = {}

@@ -35,12 +35,14 @@ from flowrl.graph.trace import Node
 from flowrl.runtime.ray_cluster import Files, ShippedFolder, pack, scratch, unpack
 from flowrl.runtime import threads
 from flowrl.runtime.scheduling import call_role
+from flowrl.runtime.stream_runner import StreamRunner
 
 
 class PoolWorker:
     def __init__(self) -> None:
         self.sync_stores: dict[str, Any] = {}  # weight-sync rendezvous this rank (train rank 0) hosts, by key
         self.transports: dict[str, tuple[CollectiveTransport, Any]] = {}  # by key: the transport and its store
+        self.streams: dict[str, StreamRunner] = {}  # a streamed rollout's runner, by role (made on first use)
 
     def rendezvous(self) -> str:
         """Where the pool's process group meets (asked of rank 0): this node's address and a port free here."""
@@ -107,6 +109,16 @@ class PoolWorker:
     def receive_weights(self, role: str, key: str, version: int) -> None:
         """A rollout rank: load each bucket from group `key` as it lands."""
         self.roles[role].load_weight_stream(self.transports[key][0].receive(), version)
+
+    def stream(self, role: str, op: str, *args: Any) -> Any:
+        """StreamRunner.<op>(*args) of the role's streamed rollout (flowrl.runtime.ray_streaming), run here so
+        the engine samples in this process while the driver trains elsewhere; closing drops the runner."""
+        if role not in self.streams:
+            self.streams[role] = StreamRunner(self.roles[role])
+        out = getattr(self.streams[role], op)(*args)
+        if op == "close":
+            del self.streams[role]
+        return out
 
     def set_version(self, role: str, version: int) -> None:
         self.roles[role].version = version

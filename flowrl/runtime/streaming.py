@@ -2,7 +2,8 @@
 
 `fl.buffer(batch, max_staleness=k, stream=True)` replaces the step's `rollout.generate` with a
 StreamingEngine (flowrl.engines.streaming; `Rollout.streaming_engine`, made by roles.rollout.engine's config)
-driven from an asyncio loop in a background thread. Each prompt row drawn becomes n Requests (row r of the
+driven from an asyncio loop in a background thread (flowrl.runtime.stream_runner: in this process on the local
+executor, in the rollout pool's worker on the Ray executor, flowrl.runtime.ray_streaming). Each prompt row drawn becomes n Requests (row r of the
 draw seeded with the seed `generate` would give the draw's call, plus r: every sample its own seed, as vLLM's
 seeded rows); up to `roles.rollout.max_in_flight` of them sample at once. When all n samples of a prompt are
 done, `Rollout.streamed` builds the group's rows (the fields `generate` writes, plus `policy_version_min` /
@@ -22,6 +23,9 @@ Step t (the local executor):
    A group that loses members keeps its survivors (verl drops per sample): its advantage baseline is then the
    survivors' mean.
 
+On the Ray executor (`overlap`) step 3 comes after step 4: the engine samples on its own pool with its own
+weights while the consumers run, and pauses once they are done, before the next step's weight sync.
+
 Why pause while the consumers run: in one process the rollout generates with the actor's own module (the
 hybrid engine), which the update changes in place; tokens sampled meanwhile would belong to no version, and
 the two would share the CPU or GPU anyway. Between steps the engine stays paused, so evaluation and
@@ -35,36 +39,22 @@ A checkpoint holds no sample in flight: a resumed run with k >= 1 skips the prom
 
 from __future__ import annotations
 
-import asyncio
-import queue
-import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Coroutine, Iterator
+from typing import Any, Callable, Iterator
 
 from tensordict import TensorDict
 
 from flowrl import metrics
 from flowrl.data.batch import concat
-from flowrl.engines.streaming import Request, Sample, StreamingEngine
 from flowrl.errors import PlanError
-from flowrl.graph.context import CallInfo, StepCalls
+from flowrl.graph.context import StepCalls
 from flowrl.graph.trace import Node
 from flowrl.plan.planner import Plan
 from flowrl.roles.rollout import Rollout
 from flowrl.runtime import buffering
 from flowrl.runtime.buffering import STEP_TIME, Run, Split
 from flowrl.runtime.scheduling import fill_index
-
-
-@dataclass
-class Group:
-    """One prompt's n samples, built into rows once all are done."""
-
-    draw: int  # the index of the prompt batch it was drawn in
-    index: int  # its row in that batch
-    rows: TensorDict
-    aborted: int = 0  # its samples that a pause cut and that resumed from their prefix
+from flowrl.runtime.stream_runner import Group, StreamRunner
 
 
 def make(plan: Plan, nodes: list[Node], roles: dict[str, Any], versions: Callable[[], dict[str, int]],
@@ -74,34 +64,40 @@ def make(plan: Plan, nodes: list[Node], roles: dict[str, Any], versions: Callabl
     s = buffering.split(plan, nodes)
     if s is None or not s.stream:
         return None
+    first = check(plan, s)
+    if not isinstance(roles.get(first.role), Rollout) or getattr(type(roles[first.role]), first.method) is not \
+            Rollout.generate:
+        raise PlanError(f"{plan.algorithm}: fl.buffer(stream=True) streams rollout.generate, which must be the "
+                        f"first node before it; got {first.name}")
+    if world_size != 1:
+        raise PlanError(f"{plan.algorithm}: fl.buffer(stream=True) runs in one process; got {world_size} ranks")
+    return Streamer(s, lambda: StreamRunner(roles[first.role]), first, versions)
+
+
+def check(plan: Plan, s: Split) -> Node:
+    """The streamed generate node (the first producer); no producer or a fill is one PlanError line."""
     where = f"{plan.algorithm}: fl.buffer(stream=True)"
-    first = s.producers[0] if s.producers else None
-    if first is None or not isinstance(roles.get(first.role), Rollout) or \
-            getattr(type(roles[first.role]), first.method) is not Rollout.generate:
-        raise PlanError(f"{where} streams rollout.generate, which must be the first node before it; got "
-                        f"{first.name if first else 'none'}")
+    if not s.producers:
+        raise PlanError(f"{where} streams rollout.generate, which must be the first node before it; got none")
     if fill_index(s.producers) is not None:
         raise PlanError(f"{where}: a fill before the buffer cannot stream (groups are taken as they finish)")
-    if world_size != 1:
-        raise PlanError(f"{where} runs in one process; got {world_size} ranks")
-    return Streamer(s, roles[first.role], first, versions)
+    return s.producers[0]
 
 
 class Streamer:
-    """The streamed producers and the step that trains on them (see the module docstring)."""
+    """The streamed producers and the step that trains on them (see the module docstring). `runner` makes the
+    StreamRunner (or a proxy of one in the rollout's process); `overlap`: the engine keeps sampling while the
+    consumers run (it shares nothing with them) and pauses after them, before the next step's weight sync."""
 
-    def __init__(self, s: Split, rollout: Rollout, generate: Node, versions: Callable[[], dict[str, int]]):
-        self.split, self.rollout, self.generate, self.versions = s, rollout, generate, versions
+    def __init__(self, s: Split, runner: Callable[[], Any], generate: Node, versions: Callable[[], dict[str, int]],
+                 overlap: bool = False):
+        self.split, self.make_runner, self.generate, self.versions = s, runner, generate, versions
+        self.overlap = overlap
         self.after = s.producers[1:]  # run on each group as it completes
-        self.engine: StreamingEngine | None = None
-        self.loop = asyncio.new_event_loop()
-        self.thread: threading.Thread | None = None
-        self.done: queue.Queue[tuple[Group, list[Sample]] | BaseException] = queue.Queue()
+        self.runner: StreamRunner | None = None
+        self.partial, self.timeout_s = False, 0.0
         self.ready: list[Group] = []
         self.drawn = self.trained = self.draws = 0  # prompts drawn / taken into a batch; batches drawn
-        self.in_flight = 0
-        self.slots: asyncio.Semaphore | None = None
-        self.running: set[asyncio.Task] = set()
         self.run: Run | None = None  # the executor's way to run nodes, set each step
 
     def step(self, step: int, prompts: Iterator[TensorDict], run: Run) -> tuple[TensorDict, dict[str, float]]:
@@ -115,18 +111,18 @@ class Streamer:
     def _step(self, step: int, prompts: Iterator[TensorDict], run: Run, calls: StepCalls) -> TensorDict:
         s, version = self.split, self.versions().get(self.split.source, 0)
         self.run = run
-        if self.thread is None:
-            self.thread = threading.Thread(target=self.loop.run_forever, name="flowrl-stream", daemon=True)
-            self.thread.start()
-            self.engine = self._call(self._make_engine())  # made on the loop: it may bind the loop
+        if self.runner is None:
+            self.runner = self.make_runner()
+            self.partial, self.timeout_s = self.runner.settings()
         run(s.syncs, TensorDict({}, batch_size=[1]), calls)  # the syncs read no field
-        self._call(self._resume(version))
+        self.runner.resume(version)
         size = self._draw(prompts)
         waited = time.perf_counter()
-        taken = self._take(size)
+        taken, in_flight = self._take(size)
         metrics.log("stream/wait_s", time.perf_counter() - waited)
-        metrics.log("stream/in_flight", self.in_flight)
-        self._call(self.engine.pause(abort=self.rollout.partial))
+        metrics.log("stream/in_flight", in_flight)
+        if not self.overlap:
+            self.runner.pause(self.partial)
         batch = concat([g.rows for g in taken])
         metrics.log("stream/aborted", sum(g.aborted for g in taken))
         metrics.log("stream/mixed_versions", (batch["policy_version_min"] < batch["policy_version_max"]).sum())
@@ -135,111 +131,52 @@ class Streamer:
             metrics.log(key, value)
         if batch.batch_size[0] == 0:
             metrics.log("buffer/skipped_step", 1.0)
-            return batch
-        return run(s.consumers, batch, calls)
+        else:
+            batch = run(s.consumers, batch, calls)
+        if self.overlap:  # the groups that finished while the consumers ran
+            metrics.log("stream/done_while_training", self.runner.pause(self.partial))
+        return batch
 
     def _draw(self, prompts: Iterator[TensorDict]) -> int:
-        """Draws prompt batches until (k + 1) batches' prompts wait untrained and submits their requests at once
-        (their groups start together); returns the batch size."""
-        size, groups = None, []
+        """Draws prompt batches until (k + 1) batches' prompts wait untrained and submits their requests (their
+        groups start together); returns the batch size."""
+        size, n = None, self.generate.kwargs.get("n", 1)
+        sampling = {k: v for k, v in self.generate.kwargs.items() if k != "n"}
         while size is None or self.drawn - self.trained < (self.split.max_staleness + 1) * size:
             batch = next(prompts)
             size = size or batch.batch_size[0]
-            groups += self._groups(batch, self.draws)
+            self.runner.submit(batch, self.draws, n, sampling)
             self.drawn, self.draws = self.drawn + batch.batch_size[0], self.draws + 1
-        self._call(self._start(groups))
         return size
 
-    def _groups(self, batch: TensorDict, draw: int) -> list[tuple[Group, list[Request]]]:
-        n = self.generate.kwargs.get("n", 1)
-        sampling = {k: v for k, v in self.generate.kwargs.items() if k != "n"}
-        rows, requests = self.rollout.requests(batch, CallInfo(draw, 1), n, **sampling)
-        return [(Group(draw, i, rows[i * n:(i + 1) * n]), requests[i * n:(i + 1) * n])
-                for i in range(batch.batch_size[0])]
-
-    async def _start(self, groups: list[tuple[Group, list[Request]]]) -> None:
-        for group, requests in groups:
-            task = asyncio.create_task(self._sample_group(group, requests))
-            self.running.add(task)  # the loop holds tasks weakly
-            task.add_done_callback(self.running.discard)
-
-    async def _sample_group(self, group: Group, requests: list[Any]) -> None:
-        if self.slots is None:
-            self.slots = asyncio.Semaphore(self.rollout.max_in_flight)
-
-        async def one(request: Any) -> Sample:
-            async with self.slots:
-                self.in_flight += 1
-                try:
-                    return await self.engine.sample(request)
-                finally:
-                    self.in_flight -= 1
-        try:
-            self.done.put((group, list(await asyncio.gather(*map(one, requests)))))
-        except Exception as err:  # the main thread raises it
-            self.done.put(err)
-
-    def _take(self, size: int) -> list[Group]:
-        """The `size` earliest drawn of the groups ready once `size` are, each scored as it arrived."""
-        timeout = self.rollout.stream_timeout_s
-        deadline = time.monotonic() + timeout
-        while len(self.ready) < size or not self.done.empty():
-            left = deadline - time.monotonic()
-            if left <= 0:
+    def _take(self, size: int) -> tuple[list[Group], int]:
+        """The `size` earliest drawn of the groups ready once `size` are, each scored as it arrived, and the
+        samples in flight then."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            done, in_flight = self.runner.finished(size - len(self.ready), max(0.0, deadline - time.monotonic()))
+            self.ready += [self._score(group) for group in done]
+            if len(self.ready) >= size:
+                break
+            if time.monotonic() >= deadline:
                 raise TimeoutError(f"stream: {len(self.ready)} of {size} groups ready after "
-                                   f"roles.rollout.stream_timeout_s={timeout}s")
-            try:
-                item = self.done.get(timeout=min(left, 1.0)) if len(self.ready) < size else self.done.get_nowait()
-            except queue.Empty:
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            self.ready.append(self._score(*item))
+                                   f"roles.rollout.stream_timeout_s={self.timeout_s}s")
         self.ready.sort(key=lambda g: (g.draw, g.index))
         taken, self.ready = self.ready[:size], self.ready[size:]
         self.trained += len(taken)
-        return taken
+        return taken, in_flight
 
-    def _score(self, group: Group, samples: list[Sample]) -> Group:
-        """The group's rows, and the producers after generate run on them (as call 1 of its draw's step)."""
+    def _score(self, group: Group) -> Group:
+        """The producers after generate run on the group's rows (as call 1 of its draw's step)."""
         with metrics.node(self.generate.name):
-            rows = self.rollout.streamed(group.rows, samples)
-        group.rows = self.run(self.after, rows, StepCalls(group.draw)) if self.after else rows
-        group.aborted = sum(s.aborts > 0 for s in samples)
+            for key, value in group.logged.items():
+                metrics.log(key, value)
+        if self.after:
+            group.rows = self.run(self.after, group.rows, StepCalls(group.draw))
         return group
 
-    async def _make_engine(self) -> StreamingEngine:
-        return self.rollout.streaming_engine()
-
-    async def _resume(self, version: int) -> None:
-        self.engine.resume(version)
-
-    def _call(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
-        """Runs `coroutine` on the loop, waiting at most roles.rollout.stream_timeout_s."""
-        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
-        try:
-            return future.result(timeout=self.rollout.stream_timeout_s)
-        except TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"stream: the rollout engine did not answer within "
-                               f"roles.rollout.stream_timeout_s={self.rollout.stream_timeout_s}s") from None
-
     def close(self) -> None:
-        """Closes the streaming engine, cancels what is still in flight and stops the loop."""
-        if self.thread is None:
-            return
-        if self.engine is not None:
-            self.engine.close()
-        self._call(_cancel_all())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=self.rollout.stream_timeout_s)
-        self.thread = None
-        if not self.loop.is_running():
-            self.loop.close()
-
-
-async def _cancel_all() -> None:
-    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+        """Closes the runner: the streaming engine, what is still in flight and its loop."""
+        if self.runner is not None:
+            self.runner.close()
+            self.runner = None
