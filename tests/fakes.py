@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from tensordict import TensorDict
 
@@ -176,11 +178,11 @@ class SlowUpdateEngine(SleepyTrainEngine):
 
 
 def fake_specs(forward_s: float = 0.0, ref_exits: bool = False, generate_s: float = 0.0,
-               update_s: float = 0.0, stream_batch: int = 64) -> dict[str, RoleSpec]:
+               update_s: float = 0.0, rollout: dict[str, Any] | None = None) -> dict[str, RoleSpec]:
     """The built-in roles' registrations with classes that build over fakes (for a RoleFactory's `specs`);
     `ref_exits`: the reference's worker process ends in its first forward; `generate_s` / `update_s`: how long
-    each generation / actor update takes; `stream_batch`: the rows of one generate call when streamed (a
-    ThreadedStreamer's max_batch)."""
+    each generation / actor update takes; `rollout`: Rollout fields to set (partial, make_streamer: a
+    ThreadedStreamer by default)."""
     from flowrl.engines.thread_streamer import ThreadedStreamer
     from flowrl.roles import Actor, Ref, Reward, Rollout
 
@@ -199,7 +201,7 @@ def fake_specs(forward_s: float = 0.0, ref_exits: bool = False, generate_s: floa
         def build(cls, ctx):
             return Rollout(engine=SleepyRolloutEngine(generate_s), params=SamplingParams(max_new_tokens=2),
                            source=ctx.roles.get("actor"), weight_sync=lambda train, rollout: None,
-                           make_streamer=lambda engine: ThreadedStreamer(engine, max_batch=stream_batch))
+                           **{"make_streamer": ThreadedStreamer, **(rollout or {})})
 
     class FakeReward(Reward):
         @classmethod
