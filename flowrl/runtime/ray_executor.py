@@ -18,6 +18,9 @@
   broadcasts them in buckets over a group of its own with every rank of the
   following role (the rollout), which loads each bucket as it lands
   (flowrl.engines.weight_transport; no state dict, no object store).
+- A streamed buffer (fl.buffer(stream=True)) with the rollout alone on a pool
+  of one rank samples in that worker while the actor trains
+  (flowrl.runtime.ray_streaming).
 - Workers ask Ray for a sliver of a CPU (they fit on any machine, however
   many pools) and one GPU each on CUDA pools.
 """
