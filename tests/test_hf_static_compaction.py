@@ -57,16 +57,19 @@ def test_compacting_finished_rows_out_keeps_the_greedy_outputs(tiny_model_path):
 
 
 def test_the_compiled_step_compiles_once_for_all_shapes_of_a_sampling(tiny_model_path, monkeypatch):
-    """Compaction (8, 4 then 2 rows) and a second prompt width (another cache length) reuse the first graph:
-    torch.compile(dynamic=True) traces the decode step once (the default traced it 3 times: static, then
-    dynamic rows, then dynamic length; on an H200 each is a full inductor compile). Dynamo's guards decide
-    this, not the backend: the engine's torch.compile gets backend="eager" here (inductor on CPU: 20 s)."""
+    """Compaction (16, 8 then 4 rows) and a second prompt width (another cache length) reuse the first graph:
+    the decode step is traced once (torch.compile's default traced it 3 times: static, then dynamic rows, then
+    dynamic length; on an H200 each is a full inductor compile). 16 rows is the model's head size, which
+    dynamic=True alone would duck-size with the rows and specialize. Dynamo's guards decide this, not the
+    backend: the engine's torch.compile gets backend="eager" here (inductor on CPU: 20 s)."""
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     tokenizer, model = load_tokenizer(tiny_model_path), load_causal_lm(tiny_model_path)
+    assert model.config.hidden_size // model.config.num_attention_heads == 16
     ids, mask = eight_prompts(tokenizer)
+    ids, mask = torch.cat([ids, ids]), torch.cat([mask, mask])
     wide_ids = torch.nn.functional.pad(ids, (40 - ids.shape[1], 0), value=tokenizer.pad_token_id)
     wide_mask = torch.nn.functional.pad(mask, (40 - ids.shape[1], 0), value=0)
-    eos_at = torch.tensor([2, 3, 4, 5, 6, 17, 40, 40])
+    eos_at = torch.tensor([2, 3, 4, 5, 6, 17, 40, 40] * 2)
     params = SamplingParams(max_new_tokens=40, greedy=True, ignore_eos=True)
     torch._dynamo.reset()
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -76,5 +79,5 @@ def test_the_compiled_step_compiles_once_for_all_shapes_of_a_sampling(tiny_model
         out, expected = (e.generate(call_ids, call_mask, params, eos_at_B=eos_at) for e in (compiled, eager))
         assert torch.equal(out["response_ids"], expected["response_ids"])
         assert torch.allclose(out["rollout_logprobs"], expected["rollout_logprobs"], atol=1e-5)
-    assert sorted(compiled._caches) == [(2, 72), (2, 104), (4, 72), (4, 104), (8, 72), (8, 104)]
+    assert sorted(compiled._caches) == [(4, 72), (4, 104), (8, 72), (8, 104), (16, 72), (16, 104)]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 1

@@ -19,7 +19,7 @@ half the batch (rounded up to a power of two, at least `compact_min_rows`),
 their prompts and the tokens so far are prefilled into a smaller cache and
 decoding goes on there (a shape with its own captured graph, but not its own
 compile: the step is compiled with dynamic rows and cache length, once per
-sampling setting). Responses whose
+sampling setting; see _mark_dynamic). Responses whose
 lengths vary widely (real EOS) then pay for the rows still running, as
 continuous batching does, plus one prefill per halving.
 
@@ -63,8 +63,7 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         # transformers renamed the forward's `past_key_values` to `cache` (5.2x); use the name this one takes
         self._cache_arg = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters \
             else "past_key_values"
-        # dynamic from the first call: one graph serves every (rows, length) shape of a sampling (the default
-        # compiles the first shape static, then again dynamic in rows and again in length: 3 compiles, not 1)
+        # dynamic: ints (the cache's length) are symbols too; the dims that vary are marked (_mark_dynamic)
         self._step = torch.compile(_decode_step, dynamic=True) if compile else _decode_step
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
@@ -144,6 +143,8 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
                                           sample_args=(params, self.eos_id, self.pad_id), eos_id=self.eos_id,
                                           graph=self.compile,
                                           pool=self._pool)
+            if self.compile:
+                _mark_dynamic(self._loops[key], cache)
         return self._loops[key]
 
     def _cache(self, rows: int, length: int) -> StaticCache:
@@ -192,6 +193,22 @@ class _Phase:
         ids_BW = torch.cat([self.ids_BW[loop_b], loop.tokens_BR[loop_b, :fed]], 1)
         mask_BW = torch.nn.functional.pad(self.mask_BW[loop_b], (0, fed), value=1)
         return _Phase(ids_BW, mask_BW, self.rows_b[loop_b], len(live_b), steps - 1, loop_b, self.offset)
+
+
+def _mark_dynamic(loop: DecodeLoop, cache: StaticCache) -> None:
+    """Rows and cache length are dynamic in the compiled step from its first compile, so every shape of a
+    sampling setting runs one graph. torch.compile's default compiled the first shape static, then again with
+    dynamic rows (the first compaction) and again with a dynamic length (the first other prompt bucket): 3
+    compiles, each 45 s for a 0.5B model on a cold H200. Marked dims are never duck-sized, as dynamic=True's
+    others are: unmarked, rows equal to the head size (64 for Qwen2.5-0.5B) would share its symbol and be
+    specialized with it."""
+    for buffer in (loop.token_B, loop.position_B, loop.done_B, loop.mask_BL):
+        torch._dynamo.maybe_mark_dynamic(buffer, 0)
+    torch._dynamo.maybe_mark_dynamic(loop.mask_BL, 1)
+    for layer in cache.layers:  # [rows, kv heads, length, head size], allocated by the prefill
+        for kv in (layer.keys, layer.values):
+            torch._dynamo.maybe_mark_dynamic(kv, 0)
+            torch._dynamo.maybe_mark_dynamic(kv, 2)
 
 
 def _bucket(rows: int, least: int) -> int:
