@@ -28,8 +28,8 @@ import threading
 from dataclasses import replace
 from typing import Protocol, runtime_checkable
 
-import torch
 
+from flowrl.data.batch import left_pad
 from flowrl.engines.protocols import FinishReason, RolloutEngine
 from flowrl.engines.stream_worker import Job, StreamWorker
 
@@ -62,7 +62,7 @@ class ThreadedStreamer(StreamWorker):
             return
         budget = max(job.budget for job in jobs)
         params = jobs[0].params(min(budget, self.chunk_tokens or budget))
-        ids_BP, mask_BP = _left_pad([job.prompt for job in jobs], self.pad_id)
+        ids_BP, mask_BP = left_pad([job.prompt for job in jobs], self.pad_id)
         try:
             out = self.engine.generate(ids_BP, mask_BP, params, seed=jobs[0].seed)
         finally:
@@ -91,10 +91,3 @@ class ThreadedStreamer(StreamWorker):
 
         first = key(eligible[0])
         return [job for job in eligible if key(job) == first][:self.max_batch]
-
-
-def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, rows))
-    ids = torch.tensor([[pad_id] * (width - len(row)) + row for row in rows], dtype=torch.long)
-    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows], dtype=torch.long)
-    return ids, mask
