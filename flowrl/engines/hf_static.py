@@ -18,8 +18,10 @@ COMPACT_EVERY tokens the loop reads how many rows still run; once they fit in
 half the batch (rounded up to a power of two, at least `compact_min_rows`),
 their prompts and the tokens so far are prefilled into a smaller cache and
 decoding goes on there (a shape with its own captured graph, but not its own
-compile: the step is compiled with dynamic rows and cache length, once per
-sampling setting; see _mark_dynamic). Responses whose
+compile: the step is compiled with dynamic rows and cache length, and the
+temperature, greedy and ignore-eos settings are tensors it reads, so greedy
+evaluation and sampled rollouts share one compile; see _mark_dynamic and
+_Knobs). Responses whose
 lengths vary widely (real EOS) then pay for the rows still running, as
 continuous batching does, plus one prefill per halving.
 
@@ -31,7 +33,7 @@ one sample different (equally distributed) responses for the same seed.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDict
@@ -74,7 +76,8 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            with _seeded(seed, self.device), torch.no_grad():
+            # greedy rows draw (and ignore) noise too, in a fork of the RNG: the caller's draws stay as they were
+            with _seeded(0 if seed is None and params.greedy else seed, self.device), torch.no_grad():
                 ids_BP, mask_BP = _pad_to_bucket(prompt_ids_BP.to(self.device), prompt_mask_BP.to(self.device),
                                                  self.pad_id)
                 eos_at_B = torch.full((ids_BP.shape[0],), params.max_new_tokens + 1, device=self.device) \
@@ -126,7 +129,8 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
                                logits_to_keep=1, **{self._cache_arg: cache}).logits[:, -1]
         if pending is None:
             done_B = torch.zeros(rows, dtype=torch.bool, device=self.device)
-            token_B, logprob_B, done_B = _sample(logits_BV, done_B, params, self.eos_id, self.pad_id)
+            token_B, logprob_B, done_B = _sample(logits_BV, done_B, _Knobs.of(params, self.device),
+                                                 *_truncation(params), self.eos_id, self.pad_id)
             pending = force_eos(0, eos_at_B, token_B, logprob_B, done_B, done_B, self.eos_id)
         loop = self._loop(cache, rows, total, params)
         loop.start(mask_BL, pending[0], pending[1], pending[2], positions_BW[:, -1], width, eos_at_B)
@@ -140,7 +144,8 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
                 self._pool = torch.cuda.graph_pool_handle()
             self._loops[key] = DecodeLoop(self.model, {self._cache_arg: cache}, self._step, rows=rows, length=length,
                                           new_tokens=params.max_new_tokens,
-                                          sample_args=(params, self.eos_id, self.pad_id), eos_id=self.eos_id,
+                                          sample_args=(_Knobs.of(params, self.device), *_truncation(params),
+                                                       self.eos_id, self.pad_id), eos_id=self.eos_id,
                                           graph=self.compile,
                                           pool=self._pool)
             if self.compile:
@@ -216,28 +221,45 @@ def _bucket(rows: int, least: int) -> int:
     return max(least, 1 << (rows - 1).bit_length())
 
 
+class _Knobs(NamedTuple):
+    """A sampling setting as 0-d tensors the compiled step reads (values, not guards): greedy is temperature 1
+    with the noise scaled by 0, so greedy and sampled calls run one compiled graph. Top-k and top-p stay Python
+    numbers (they change the graph); greedy calls pass none."""
+
+    temperature: torch.Tensor
+    noise: torch.Tensor
+    ignore_eos: torch.Tensor
+
+    @classmethod
+    def of(cls, params: SamplingParams, device: torch.device) -> "_Knobs":
+        def scalar(value, dtype=torch.float32):
+            return torch.tensor(value, dtype=dtype, device=device)
+        return cls(scalar(1.0 if params.greedy else float(params.temperature)),
+                   scalar(0.0 if params.greedy else 1.0), scalar(params.ignore_eos, torch.bool))
+
+
+def _truncation(params: SamplingParams) -> tuple[int, float]:
+    return (0, 1.0) if params.greedy else (params.top_k, params.top_p)
+
+
 def _decode_step(model: torch.nn.Module, cache: dict[str, StaticCache], token_B: torch.Tensor,
                  position_B: torch.Tensor, cache_position: torch.Tensor, mask_BL: torch.Tensor, done_B: torch.Tensor,
-                 params: SamplingParams, eos_id: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 knobs: _Knobs, top_k: int, top_p: float, eos_id: int,
+                 pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     logits_BV = model(input_ids=token_B[:, None], attention_mask=mask_BL, position_ids=position_B[:, None],
                       cache_position=cache_position, use_cache=True, **cache).logits[:, -1]
-    return _sample(logits_BV, done_B, params, eos_id, pad_id)
+    return _sample(logits_BV, done_B, knobs, top_k, top_p, eos_id, pad_id)
 
 
-def _sample(logits_BV: torch.Tensor, done_B: torch.Tensor, params: SamplingParams, eos_id: int,
+def _sample(logits_BV: torch.Tensor, done_B: torch.Tensor, knobs: _Knobs, top_k: int, top_p: float, eos_id: int,
             pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(token, its logprob under the sampling distribution, rows done after it); finished rows emit pad."""
+    """(token, its logprob under the sampling distribution, rows done after it); finished rows emit pad.
+    Gumbel-max: argmax of the logprobs plus noise, the noise times 0 for greedy (so its argmax)."""
     logits_BV = logits_BV.float()
-    if params.ignore_eos:
-        logits_BV[:, eos_id] = float("-inf")
-    if params.greedy:
-        logprobs_BV = torch.log_softmax(logits_BV, -1)
-        token_B = logprobs_BV.argmax(-1)
-    else:
-        logits_BV = truncate(logits_BV / params.temperature, params.top_k, params.top_p)
-        logprobs_BV = torch.log_softmax(logits_BV, -1)
-        gumbel_BV = -torch.log(-torch.log(torch.rand_like(logprobs_BV).clamp_(min=1e-20)))
-        token_B = (logprobs_BV + gumbel_BV).argmax(-1)
+    logits_BV[:, eos_id] = torch.where(knobs.ignore_eos, float("-inf"), logits_BV[:, eos_id])
+    logprobs_BV = torch.log_softmax(truncate(logits_BV / knobs.temperature, top_k, top_p), -1)
+    gumbel_BV = -torch.log(-torch.log(torch.rand_like(logprobs_BV).clamp_(min=1e-20)))
+    token_B = (logprobs_BV + gumbel_BV * knobs.noise).argmax(-1)
     logprob_B = logprobs_BV.gather(-1, token_B[:, None]).squeeze(-1)
     token_B = torch.where(done_B, pad_id, token_B)
     return token_B, logprob_B, done_B | (token_B == eos_id)
