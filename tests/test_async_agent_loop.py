@@ -215,3 +215,31 @@ def test_interact_plays_coroutine_episodes_through_the_threaded_streamer_keeping
     mask = batch["loss_mask"].bool()
     assert torch.allclose(actor.forward(batch)["logprobs"][mask], batch["rollout_logprobs"][mask], atol=1e-4)
     assert (batch["rollout_logprobs"][~mask] == 0).all()
+
+
+class HungEngine:
+    """A StreamingEngine that answers row 0's first turn and never row 1's."""
+
+    def __init__(self):
+        self.cancelled = 0
+
+    async def sample(self, request):
+        if request.prompt_ids[0] == 1:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        await asyncio.sleep(0.5)  # row 0 is still sampling when row 1's deadline passes
+        return Sample(request, [4, EOS], [-1.0, -1.0], [0, 0], FinishReason.STOP)
+
+
+def test_a_hung_engine_fails_the_call_in_one_line_naming_the_setting():
+    engine, start = HungEngine(), time.perf_counter()
+    with pytest.raises(TimeoutError, match=r"^async agent loop: the rollout engine returned no sample within "
+                                           r"roles\.rollout\.stream_timeout_s=0\.2s$"):
+        run_episodes_async(engine, [HangingEnv(row, threading.Event()) for row in range(2)], [[0], [1]],
+                           SamplingParams(max_new_tokens=2), max_turns=2, max_total_tokens=8, pad_id=0,
+                           sample_timeout_s=0.2)
+    assert time.perf_counter() - start < 0.45  # row 0's sample (0.5 s) was cancelled, not awaited
+    assert engine.cancelled == 1

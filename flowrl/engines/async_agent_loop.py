@@ -14,8 +14,10 @@ version that sampled each turn token (Sample.versions; -1 on observations and pa
 a row is when weights change while episodes play.
 
 A step past `step_timeout_s` ends its episode with reward 0 and the tool error "environment step timed out
-after N s"; its thread is abandoned (a daemon) and the other episodes go on. At most `env_workers` steps run
-at once (0: one at a time); a step's deadline starts when it starts.
+after N s"; its thread is abandoned (a daemon) and the other episodes go on. A sample past `sample_timeout_s`
+(roles.rollout.stream_timeout_s) is not the episode's fault but a hung engine: the call raises one
+TimeoutError line naming the setting and cancels the other episodes (verl's and OpenRLHF's loops fail the
+run). At most `env_workers` steps run at once (0: one at a time); a step's deadline starts when it starts.
 
 `run_episodes_async(...)` runs the episodes on a fresh event loop (asyncio.run) for a synchronous caller
 (the rollout role); from a running loop, `await play_episodes(...)`. The timings are wall time: seconds in
@@ -41,25 +43,35 @@ from flowrl.engines.streaming import Request, StreamingEngine
 def run_episodes_async(engine: StreamingEngine, envs: Sequence[Environment], prompts: Sequence[Sequence[int]],
                        params: SamplingParams, *, max_turns: int, max_total_tokens: int, pad_id: int,
                        seed: int | None = None, step_timeout_s: float | None = None,
-                       env_workers: int = 8) -> tuple[TensorDict, dict[str, Any]]:
+                       env_workers: int = 8,
+                       sample_timeout_s: float | None = None) -> tuple[TensorDict, dict[str, Any]]:
     """`run_episodes`'s rows and stats (and `token_versions`) for one episode per (reset) environment, the
     episodes played concurrently on a fresh event loop; a synchronous call (see `play_episodes`)."""
     return asyncio.run(play_episodes(engine, envs, prompts, params, max_turns=max_turns,
                                      max_total_tokens=max_total_tokens, pad_id=pad_id, seed=seed,
-                                     step_timeout_s=step_timeout_s, env_workers=env_workers))
+                                     step_timeout_s=step_timeout_s, env_workers=env_workers,
+                                     sample_timeout_s=sample_timeout_s))
 
 
 async def play_episodes(engine: StreamingEngine, envs: Sequence[Environment], prompts: Sequence[Sequence[int]],
                         params: SamplingParams, *, max_turns: int, max_total_tokens: int, pad_id: int,
                         seed: int | None = None, step_timeout_s: float | None = None,
-                        env_workers: int = 8) -> tuple[TensorDict, dict[str, Any]]:
+                        env_workers: int = 8,
+                       sample_timeout_s: float | None = None) -> tuple[TensorDict, dict[str, Any]]:
     """The episodes as coroutines on the running loop; returns what `run_episodes_async` does."""
     if env_workers < 0:
         raise ValueError(f"roles.rollout.env_workers must be >= 0, got {env_workers}")
     episodes = [_Played(Episode(env, list(prompt))) for env, prompt in zip(envs, prompts)]
     loop = _Loop(engine, params, max_turns, max_total_tokens, seed, step_timeout_s,
-                 asyncio.Semaphore(max(1, env_workers)))
-    await asyncio.gather(*(loop.play(played, row) for row, played in enumerate(episodes)))
+                 asyncio.Semaphore(max(1, env_workers)), sample_timeout_s)
+    tasks = [asyncio.ensure_future(loop.play(played, row)) for row, played in enumerate(episodes)]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:  # a hung engine (or a step's error): the other episodes stop too
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     out, stats = _result([p.episode for p in episodes], pad_id, loop.timing())
     out["token_versions"] = _versions([p.versions for p in episodes], out["response_ids"].shape[1])
     return out, stats
@@ -96,9 +108,11 @@ class _Loop:
     """What every episode's coroutine shares: the engine, the limits, the step slots and the timings."""
 
     def __init__(self, engine: StreamingEngine, params: SamplingParams, max_turns: int, max_total_tokens: int,
-                 seed: int | None, step_timeout_s: float | None, slots: asyncio.Semaphore) -> None:
+                 seed: int | None, step_timeout_s: float | None, slots: asyncio.Semaphore,
+                 sample_timeout_s: float | None = None) -> None:
         self.engine, self.params, self.max_turns, self.max_total_tokens = engine, params, max_turns, max_total_tokens
         self.seed, self.step_timeout_s, self.slots = seed, step_timeout_s, slots
+        self.sample_timeout_s = sample_timeout_s
         self.generating, self.stepping = _Busy(), _Busy()
 
     def timing(self) -> dict[str, float]:
@@ -113,7 +127,7 @@ class _Loop:
                               replace(self.params, max_new_tokens=min(self.params.max_new_tokens, left)),
                               seed=None if self.seed is None else (self.seed + 7_919 * turn + 104_729 * row) % 2**31)
             with self.generating:
-                sample = await self.engine.sample(request)
+                sample = await self._sample(request)
             episode.add(sample.response_ids[:left], 1, sample.logprobs[:left])
             played.versions += sample.versions[:left]
             episode.turns += 1
@@ -130,6 +144,15 @@ class _Loop:
             played.align()
             if episode.finish is not None:
                 return
+
+
+    async def _sample(self, request: Request) -> Any:
+        """engine.sample(request) within sample_timeout_s; past it one TimeoutError line naming the setting."""
+        try:
+            return await asyncio.wait_for(self.engine.sample(request), self.sample_timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"async agent loop: the rollout engine returned no sample within "
+                               f"roles.rollout.stream_timeout_s={self.sample_timeout_s}s") from None
 
 
 async def _step(env: Environment, turn_ids: list[int], timeout_s: float | None) -> EnvStep | None:

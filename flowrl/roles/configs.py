@@ -140,7 +140,8 @@ class RolloutConfig(GeneratorConfig):
                                              "which resume from their prefix under the new weights (one response "
                                              "then holds tokens of two versions); False lets them finish first.")
     stream_timeout_s: float = Field(600.0, gt=0, description="Streamed rollouts: deadline of a step's wait for "
-                                                             "train.batch_size finished groups, and of a pause.")
+                                    "train.batch_size finished groups, and of a pause; async_episodes: deadline of "
+                                    "one turn's sample (past it the run fails in one line).")
 
     @field_validator("env")
     @classmethod

@@ -96,7 +96,7 @@ class Rollout:
                       pad_id=self.tokenizer.pad_token_id, seed=seed, step_timeout_s=self.env.step_timeout_s)
         if self.env.async_episodes:  # roles.rollout.async_episodes: each episode a coroutine
             out, stats = run_episodes_async(self.streaming_engine(), envs, prompts, params, **limits,
-                                            env_workers=self.env.num_workers)
+                                            env_workers=self.env.num_workers, sample_timeout_s=self.stream_timeout_s)
         else:
             with ThreadPoolExecutor(self.env.num_workers) if self.env.num_workers else nullcontext() as pool:
                 out, stats = run_episodes(self.engine, envs, prompts, params, **limits, pool=pool)
