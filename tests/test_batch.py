@@ -1,7 +1,7 @@
 import torch
 from tensordict import TensorDict
 
-from flowrl.data.batch import column, concat, first_groups, left_pad, prompt_batch, repeat_rows
+from flowrl.data.batch import column, concat, first_groups, left_pad, prompt_batch, repeat_rows, right_pad
 
 
 def test_left_pad_and_prompt_batch_keep_metadata_aligned():
@@ -11,6 +11,15 @@ def test_left_pad_and_prompt_batch_keep_metadata_aligned():
     repeated = repeat_rows(batch, 2)
     assert repeated["uid"].tolist() == [10, 10, 11, 11]
     assert column(repeated, "answer") == ["a", "a", "b", "b"]
+
+
+def test_right_pad_pads_with_the_given_value_and_is_one_column_wide_at_least():
+    ids, mask = right_pad([[5, 6], [7]], pad_id=9)
+    assert ids.tolist() == [[5, 6], [7, 9]] and mask.tolist() == [[1, 1], [1, 0]]
+    logprobs, _ = right_pad([[-0.5], []], 0.0, torch.float32)
+    assert logprobs.dtype == torch.float32 and logprobs.tolist() == [[-0.5], [0.0]]
+    ids, mask = right_pad([[], []], pad_id=9)
+    assert ids.tolist() == [[9], [9]] and mask.tolist() == [[0], [0]]
 
 
 def test_concat_pads_prompts_left_and_responses_right():

@@ -10,10 +10,13 @@ import sys
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 import flowrl as fl
 from flowrl.algorithms import grpo_async
 from flowrl.data import PromptStream
+from flowrl.engines.protocols import FinishReason, SamplingParams
+from flowrl.engines.streaming import Request, Sample
 from flowrl.runtime.trainer import train
 from fake_streamer import FakeStreamer
 from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask
@@ -121,3 +124,18 @@ def test_grpo_async_streams_end_to_end_on_the_tiny_task(tmp_path):
         assert {"stream/wait_s", "stream/aborted", "stream/in_flight", "buffer/staleness/max",
                 "buffer/dropped", "reward/mean", "actor/rollout/is_weight_mean"} <= set(r)
         assert 0 <= r["buffer/staleness/max"] <= 1 and r["buffer/dropped"] == 0
+
+
+def test_streamed_rows_pad_responses_with_the_tokenizers_pad_id():
+    rollout = make_roles()["rollout"]
+    rollout.pad_id = 7
+    request = Request((3, 4), SamplingParams(max_new_tokens=4), seed=0)
+    samples = [Sample(request, [5, 6, 11], [-0.5, -0.6, -1.1], [0, 0, 1], FinishReason.STOP),
+               Sample(request, [2], [-0.2], [1], FinishReason.LENGTH)]
+    rows = TensorDict({"prompt_ids": torch.tensor([[3, 4]] * 2), "prompt_mask": torch.ones(2, 2, dtype=torch.long),
+                       "uid": torch.tensor([5, 5])}, batch_size=[2])
+    rows = rollout.streamed(rows, samples)
+    assert rows["response_ids"].tolist() == [[5, 6, 11], [2, 7, 7]]
+    assert rows["response_mask"].tolist() == rows["loss_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    torch.testing.assert_close(rows["rollout_logprobs"], torch.tensor([[-0.5, -0.6, -1.1], [-0.2, 0.0, 0.0]]))
+    assert rows["policy_version_min"].tolist() == [0, 1] and rows["policy_version_max"].tolist() == [1, 1]

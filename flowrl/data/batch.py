@@ -29,6 +29,21 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
     return ids, mask
 
 
+def right_pad(seqs: Sequence[Sequence[int | float]], pad_id: int | float,
+              dtype: torch.dtype = torch.long) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad lists into (values_BT, mask_BT), at least one column wide: row r's values, then pad_id; the
+    mask is 1 on the values. Responses pad with the tokenizer's pad_id, logprobs with 0.0 (dtype float)."""
+    if not seqs:
+        raise ValueError("right_pad needs at least one sequence")
+    width = max(1, max(len(s) for s in seqs))
+    values = torch.full((len(seqs), width), pad_id, dtype=dtype)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        values[row, :len(seq)] = torch.tensor(list(seq), dtype=dtype)
+        mask[row, :len(seq)] = 1
+    return values, mask
+
+
 def prompt_batch(prompt_ids: Sequence[Sequence[int]], pad_id: int, uids: Sequence[int],
                  meta: dict[str, list[Any]] | None = None) -> TensorDict:
     """A prompt batch: left-padded ids, a unique int64 `uid` per prompt, and metadata columns."""

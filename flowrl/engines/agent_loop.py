@@ -44,7 +44,7 @@ import torch
 from tensordict import TensorDict
 
 from flowrl import metrics
-from flowrl.data.batch import left_pad
+from flowrl.data.batch import left_pad, right_pad
 from flowrl.data.envs import Environment, EnvStep
 from flowrl.engines.protocols import FinishReason, RolloutEngine, SamplingParams
 
@@ -179,15 +179,10 @@ def _observe(episode: Episode, step: EnvStep, max_total_tokens: int) -> None:
 
 
 def _rows(episodes: list[Episode], pad_id: int) -> TensorDict:
-    width = max(1, max(len(e.ids) for e in episodes))
     rows = len(episodes)
-    ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    mask, loss = torch.zeros(rows, width, dtype=torch.long), torch.zeros(rows, width, dtype=torch.long)
-    logprobs = torch.zeros(rows, width, dtype=torch.float32)
-    for i, e in enumerate(episodes):
-        n = len(e.ids)
-        ids[i, :n], mask[i, :n] = torch.tensor(e.ids, dtype=torch.long), 1
-        loss[i, :n], logprobs[i, :n] = torch.tensor(e.loss), torch.tensor(e.logprobs)
+    ids, mask = right_pad([e.ids for e in episodes], pad_id)
+    loss = right_pad([e.loss for e in episodes], 0)[0]
+    logprobs = right_pad([e.logprobs for e in episodes], 0.0, torch.float32)[0]
     return TensorDict(response_ids=ids, response_mask=mask, loss_mask=loss, rollout_logprobs=logprobs,
                       finish_reason=torch.tensor([int(e.finish) for e in episodes]),
                       scores=torch.tensor([e.reward for e in episodes], dtype=torch.float32),

@@ -166,5 +166,6 @@ class RolloutConfig(GeneratorConfig):
         return cls(engine=engine, params=self.engine.sampling(), source=source, weight_sync=sync, seed=ctx.seed,
                    env=env, tokenizer=ctx.tokenizer if env else None,
                    meta_keys=tuple(ctx.task.meta_keys) if env and ctx.task is not None else (),
+                   pad_id=ctx.tokenizer.pad_token_id,
                    max_in_flight=self.max_in_flight, partial=self.partial, stream_timeout_s=self.stream_timeout_s,
                    make_streamer=self.engine.streamer)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from flowrl.data.batch import MODEL_INPUT, column, left_pad
+from flowrl.data.batch import MODEL_INPUT, column, left_pad, right_pad
 from flowrl.data.conversations import ConversationTask, encode_conversation
 from flowrl.engines.protocols import LossFn, SamplingParams, TrainEngine
 from flowrl.engines.sampling import SAMPLED_WITH, sampling_columns
@@ -31,16 +31,6 @@ from flowrl.roles.context import BuildContext, UpdateSettings
 
 ENCODED = (*MODEL_INPUT, "loss_mask", *SAMPLED_WITH)
 PAIRED = (*ENCODED, "group", "preference")
-
-
-def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(1, max(len(s) for s in seqs))
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        ids[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-        mask[row, :len(seq)] = 1
-    return ids, mask
 
 
 def model_rows(encoded: list[tuple[list[int], list[int]]], pad_id: int, max_length: int | None) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from flowrl import metrics
-from flowrl.data.batch import column, repeat_rows, response_lengths
+from flowrl.data.batch import column, repeat_rows, response_lengths, right_pad
 from flowrl.data.envs import EnvSpec
 from flowrl.engines.agent_loop import run_episodes
 from flowrl.engines.async_agent_loop import run_episodes_async
@@ -58,6 +58,7 @@ class Rollout:
     env: EnvSpec | None = None  # rollout.interact's environment (roles.rollout.env)
     tokenizer: Any = None  # what environments decode turns and encode observations with
     meta_keys: tuple[str, ...] = ()  # the task's metadata columns, handed to each episode's reset
+    pad_id: int = 0  # the tokenizer's pad token, right of streamed responses (`generate`'s engine pads its own)
     max_in_flight: int = 64  # streamed rollouts (flowrl.runtime.streaming): roles.rollout.max_in_flight,
     partial: bool = False  # roles.rollout.partial,
     stream_timeout_s: float = 600.0  # roles.rollout.stream_timeout_s
@@ -143,16 +144,10 @@ class Rollout:
         """`rows` (from `requests`) with their finished samples: the fields `generate` writes, `policy_version_min`
         and `policy_version_max` over each sample's tokens (`policy_version` is the min)."""
         params = samples[0].request.params
-        width = max((len(s.response_ids) for s in samples), default=0)
-        out = TensorDict({"response_ids": torch.zeros(len(samples), width, dtype=torch.long),
-                          "response_mask": torch.zeros(len(samples), width, dtype=torch.long),
-                          "rollout_logprobs": torch.zeros(len(samples), width),
+        ids_BR, mask_BR = right_pad([s.response_ids for s in samples], self.pad_id)
+        out = TensorDict({"response_ids": ids_BR, "response_mask": mask_BR, "loss_mask": mask_BR.clone(),
+                          "rollout_logprobs": right_pad([s.logprobs for s in samples], 0.0, torch.float32)[0],
                           "finish_reason": torch.tensor([int(s.finish) for s in samples])}, batch_size=[len(samples)])
-        for row, s in enumerate(samples):
-            out["response_ids"][row, :len(s.response_ids)] = torch.tensor(s.response_ids, dtype=torch.long)
-            out["response_mask"][row, :len(s.response_ids)] = 1
-            out["rollout_logprobs"][row, :len(s.logprobs)] = torch.tensor(s.logprobs)
-        out["loss_mask"] = out["response_mask"].clone()
         rows = self._finish(rows, out, params)
         rows["policy_version_min"] = torch.tensor([s.min_version for s in samples], dtype=torch.long)
         rows["policy_version_max"] = torch.tensor([s.max_version for s in samples], dtype=torch.long)
