@@ -293,3 +293,26 @@ def test_token_sum_update_is_exact_over_micro_batches(tiny_model_path):
     for name, p in by_hand.model.named_parameters():
         for other in grads:
             torch.testing.assert_close(other[name], p.grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_compiled_passes_compile_once_per_grad_mode_over_micro_batch_shapes(tiny_model_path, monkeypatch):
+    """Rows and width are dynamic from the first compile: micro-batches of other shapes reuse the graphs of
+    the first (torch.compile's default traced again at the second shape, a full inductor compile each on a
+    GPU). Dynamo's guards decide this, not the backend: torch.compile gets backend="eager" here."""
+    import functools
+
+    from flowrl.engines.configs import ModelSource, TrainEngineConfig
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    graphs = torch._dynamo.utils.counters["stats"]
+    for chunk in (3, 0):  # chunked logprobs over the decoder, and full logits
+        torch._dynamo.reset()
+        config = TrainEngineConfig.model_validate({"compile": True, "logprob_chunk_tokens": chunk})
+        engine = config.build(ModelSource(tiny_model_path), head="actor", device="cpu")
+        counts = []
+        for grad in (False, True):
+            for batch in (make_batch(ROWS[:3]), make_batch(ROWS, prompt_width=9, response_width=6)):
+                with torch.set_grad_enabled(grad):
+                    engine._outputs(batch, temperature=1.0, outputs=("logprobs",))
+                counts.append(graphs["unique_graphs"])
+        assert counts[1] == counts[0] and counts[3] == counts[2] > counts[1], (chunk, counts)

@@ -243,12 +243,17 @@ class HFTrainEngine:
         temperature_N, truncation = sampling.per_token(num_response)
         if self.kind == "actor" and not (self.logprob_chunk_tokens and not self.sharded):
             # FSDP2 runs lm_head inside the root module's forward: the full model, padding masked
-            inputs = masked_inputs(mb)
-            logits_BRV = self._model_fn(**inputs, logits_to_keep=num_response + 1).logits[:, :-1]
+            inputs = self._dynamic(masked_inputs(mb))
+            keep = num_response + 1
+            if self.compiled:  # as indices, of a dynamic size: an int is guarded on, a compile per response width
+                width = inputs["input_ids"].shape[1]
+                keep = self._dynamic({"keep": torch.arange(width - keep, width, device=self.device)})["keep"]
+            logits_BRV = self._model_fn(**inputs, logits_to_keep=keep).logits[:, :-1]
             logits_NV = apply_sampling(logits_BRV.reshape(-1, logits_BRV.shape[-1]), temperature_N, truncation,
                                        response_ids.reshape(-1))
             return full_logits_logprobs(logits_NV.view(logits_BRV.shape), response_ids, outputs)
         input_ids, column_BL = packed_inputs(mb)
+        self._dynamic({"input_ids": input_ids})
         # the column of each response token, and of the token before it, which predicts it
         at_BR = column_BL[:, num_prompt:]
         before_BR = (at_BR - 1).clamp(min=0)
@@ -263,6 +268,18 @@ class HFTrainEngine:
         hidden_BRH = hidden_BLH.gather(1, before_BR[..., None].expand(-1, -1, hidden_BLH.shape[-1]))
         return token_logprobs(hidden_BRH, self.model.get_output_embeddings().weight, response_ids, temperature_N,
                               outputs, self.logprob_chunk_tokens, compiled=self.compiled, truncation=truncation)
+
+    def _dynamic(self, inputs: dict) -> dict:
+        """Compiled passes: the micro-batch's rows and width are dynamic from the first compile (as hf_static's
+        decode step: _mark_dynamic), so a pass compiles once per grad mode; torch.compile's default compiled
+        the first shape static, then again dynamic at the next micro-batch shape (each a full inductor compile,
+        20-40 s for a 0.5B model on a cold H200). Marked dims are not duck-sized with the model's own."""
+        if self.compiled:
+            for value in inputs.values():
+                if isinstance(value, torch.Tensor):
+                    for dim in range(min(value.dim(), 2)):
+                        torch._dynamo.maybe_mark_dynamic(value, dim)
+        return inputs
 
     def _step(self, mini: TensorDict, loss_fn: LossFn, temperature: float, micro_batch_size: int,
               sums: dict[str, list], old_from_current: bool = False) -> float | None:

@@ -29,7 +29,9 @@ def token_logprobs(hidden_BRH: torch.Tensor, weight_VH: torch.Tensor, tokens_BR:
     says (flowrl.engines.sampling); `temperature` and the truncation masks may be per token ([B * R],
     row-major). compiled: each chunk runs torch.compile'd (the fp32 upcast, log-softmax and gather fused)."""
     shape = tokens_BR.shape
-    hidden_NH, tokens_N = hidden_BRH.reshape(-1, hidden_BRH.shape[-1]), tokens_BR.reshape(-1)
+    # tokens: a copy, so every chunk is a view of the same kind of base (a trimmed batch's reshape copies, an
+    # untrimmed one's views: the compiled chunk's guards on the base would tell them apart and recompile)
+    hidden_NH, tokens_N = hidden_BRH.reshape(-1, hidden_BRH.shape[-1]), tokens_BR.flatten().clone()
     chunks, chunk_fn = [], _compiled_chunk() if compiled else _chunk
     for start in range(0, tokens_N.numel(), chunk_tokens):
         part = slice(start, start + chunk_tokens)
@@ -54,4 +56,11 @@ def _chunk(hidden_NH: torch.Tensor, weight_VH: torch.Tensor, tokens_N: torch.Ten
 
 @functools.cache
 def _compiled_chunk():
-    return torch.compile(_chunk, dynamic=True)
+    compiled = torch.compile(_chunk, dynamic=True)
+
+    def run(*args):
+        """Without duck sizing: a chunk is a view, and a size of its base equal to one of its own at the first
+        call (3 rows of hidden states, chunks of 3 tokens) would be guarded equal and recompiled for later."""
+        with torch.fx.experimental._config.patch(use_duck_shape=False):
+            return compiled(*args)
+    return run
