@@ -12,6 +12,7 @@ engine (roles.rollout.engine=hf_static, compiled on CUDA), compiled train passes
 200-prompt greedy evaluation at step 0; --set adds or overrides any value.
 
     PYTHONPATH=. python benchmarks/cold_start.py                      # the H200 run
+    PYTHONPATH=. python benchmarks/cold_start.py --cache-dir /tmp/cc; ... --cache-dir /tmp/cc   # cold, warm
     PYTHONPATH=. python benchmarks/cold_start.py --device cpu --tiny --steps 1 --new-tokens 16  # smoke
 """
 
@@ -42,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more flowrl config values")
     p.add_argument("--child-log", help="keep the child's output here (TORCH_LOGS=recompiles in the environment "
                                        "adds each recompile's reason)")
+    p.add_argument("--cache-dir", help="the torch.compile caches' folder, kept (default: a new temporary one); "
+                                       "a second run with the same folder measures a warm start")
     p.add_argument("--timeout-s", type=float, default=540.0, help="the child is killed after this long")
     return p.parse_args(argv)
 
@@ -95,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         model = build_model(tmp + "/model", args.tiny)
-        caches = Path(tmp) / "compile_caches"
+        caches = Path(args.cache_dir or Path(tmp) / "compile_caches")
+        cache_mb = _size_mb(caches)
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
                "TRITON_CACHE_DIR": str(caches / "triton"), "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
@@ -115,7 +119,13 @@ def main(argv: list[str] | None = None) -> None:
             "eval_done_s": rows[0]["since_start_s"] if rows and rows[0].get("step") == 0 else None,
             "first_step_s": steps[0]["since_start_s"] if steps else None,
             "first_step_timing_s": _timings(steps[0]) if steps else {},
-            "last_step_timing_s": _timings(steps[-1]) if len(steps) > 1 else {}, "error_tail": tail}), flush=True)
+            "last_step_timing_s": _timings(steps[-1]) if len(steps) > 1 else {}, "error_tail": tail,
+            "cache_mb_before": cache_mb, "cache_mb_after": _size_mb(caches)}), flush=True)
+
+
+def _size_mb(folder: Path) -> float:
+    return round(sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20, 1) \
+        if folder.exists() else 0.0
 
 
 def _timings(row: dict) -> dict:
