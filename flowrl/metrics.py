@@ -47,6 +47,28 @@ def node(name: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def record() -> Iterator[dict[str, dict[str, list[float]]]]:
+    """What the block logs, kept raw (name -> node -> values) and not passed on: `replay` logs it later (a
+    streamed group's metrics go to the step that trains it)."""
+    sink: dict[str, dict[str, list[float]]] = {}
+    token = _SINK.set(sink)
+    try:
+        yield sink
+    finally:
+        _SINK.reset(token)
+
+
+def replay(recorded: dict[str, dict[str, list[float]]], prefix: str = "") -> None:
+    """Logs `record`'s values again, under their nodes and `prefix` + name; a no-op outside `collect()`."""
+    sink = _SINK.get()
+    if sink is None:
+        return
+    for name, by_node in recorded.items():
+        for node_name, values in by_node.items():
+            sink.setdefault(prefix + name, {}).setdefault(node_name, []).extend(values)
+
+
+@contextlib.contextmanager
 def collect() -> Iterator[dict[str, float]]:
     """Collect metrics logged inside the block; the yielded dict fills on exit with means."""
     sink: dict[str, dict[str, list[float]]] = {}

@@ -13,10 +13,13 @@ import torch
 from tensordict import TensorDict
 
 import flowrl as fl
+from flowrl import metrics
 from flowrl.algorithms import grpo_async
 from flowrl.data import PromptStream
 from flowrl.engines.protocols import FinishReason, SamplingParams
 from flowrl.engines.streaming import Request, Sample
+from flowrl.graph.context import CallInfo, calling
+from flowrl.runtime.stream_runner import Group
 from flowrl.runtime.trainer import train
 from fake_streamer import FakeStreamer
 from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask
@@ -139,3 +142,63 @@ def test_streamed_rows_pad_responses_with_the_tokenizers_pad_id():
     assert rows["response_mask"].tolist() == rows["loss_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     torch.testing.assert_close(rows["rollout_logprobs"], torch.tensor([[-0.5, -0.6, -1.1], [-0.2, 0.0, 0.0]]))
     assert rows["policy_version_min"].tolist() == [0, 1] and rows["policy_version_max"].tolist() == [1, 1]
+
+
+class InstantRunner:
+    """A StreamRunner whose groups are done as soon as they are submitted (the batch generate's rows): every
+    `finished` returns all groups submitted since the last."""
+
+    def __init__(self, rollout):
+        self.rollout, self.done = rollout, []
+
+    def settings(self):
+        return False, 5.0
+
+    def submit(self, batch, draw, n, sampling):
+        with calling(CallInfo(draw, 1)), metrics.collect() as logged:
+            rows = self.rollout.generate(batch, n=n, **sampling)
+        rows["policy_version_min"], rows["policy_version_max"] = rows["policy_version"], rows["policy_version"]
+        self.done += [Group(draw, i, rows[i * n:(i + 1) * n], logged=logged) for i in range(batch.batch_size[0])]
+
+    def finished(self, wanted, timeout_s):
+        done, self.done = self.done, []
+        return done, 0
+
+    def pause(self, abort):
+        return 0
+
+    def resume(self, version):
+        pass
+
+    def close(self):
+        pass
+
+
+class HighDigitTask(ParityTask):
+    """Reward 1 when the response digit is 5 or more (the fake engine's two samples of a prompt are consecutive
+    digits, so groups differ: parity gives every group 0.5)."""
+
+    def reward(self, responses, meta):
+        return [1.0 if r and r[0].isdigit() and int(r[0]) >= 5 else 0.0 for r in responses]
+
+
+def test_reward_metrics_describe_the_trained_groups_not_those_scored_in_the_step():
+    # k = 1, every group done at once: step 0 scores draws 0 and 1 (uids 0-3) and trains uids 0, 1; step 1
+    # scores draw 2 (uids 4, 5) and trains 2, 3; step 2 trains 4, 5
+    roles = make_roles(HighDigitTask())
+    plan = fl.compile_plan(grpo_async, COLOCATED, INPUTS, ROLE_CLASSES,
+                           {"group_size": 2, "max_staleness": 1, "stream": True})
+    ex = fl.LocalExecutor(plan, roles)
+    ex.stream.make_runner = lambda: InstantRunner(roles["rollout"])
+    prompts = PromptStream(ParityTask(), FakeTokenizer(), batch_size=2, seed=1)
+    try:
+        steps = [ex.run_step(step, prompts) for step in range(3)]
+    finally:
+        ex.close()
+    assert [groups(batch) for batch, _ in steps] == [[0, 1], [2, 3], [4, 5]]
+    scores = torch.cat([batch["scores"] for batch, _ in steps]).view(6, 2)  # by uid: its 2 samples' scores
+    trained_mean = [scores[uids].mean().item() for uids in ([0, 1], [2, 3])]
+    scored_mean = [scores[uids].mean().item() for uids in ([0, 1, 2, 3], [4, 5])]
+    assert trained_mean != scored_mean  # the case tells them apart
+    assert [logged["reward/mean"] for _, logged in steps[:2]] == pytest.approx(trained_mean)
+    assert [logged["stream/scored/reward/mean"] for _, logged in steps[:2]] == pytest.approx(scored_mean)

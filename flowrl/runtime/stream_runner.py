@@ -38,6 +38,7 @@ class Group:
     rows: TensorDict
     aborted: int = 0  # its samples that a pause cut and that resumed from their prefix
     logged: dict[str, float] = field(default_factory=dict)  # what building its rows logged
+    scored: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # its metrics (metrics.record)
 
 
 class StreamRunner:

@@ -8,7 +8,10 @@ draw seeded with the seed `generate` would give the draw's call, plus r: every s
 seeded rows); up to `roles.rollout.max_in_flight` of them sample at once. When all n samples of a prompt are
 done, `Rollout.streamed` builds the group's rows (the fields `generate` writes, plus `policy_version_min` /
 `policy_version_max` over the tokens' versions; `policy_version` is the min) and the producers after
-`generate` (reward.score) run on that group alone, while the other samples keep generating.
+`generate` (reward.score) run on that group alone, while the other samples keep generating. What a group's
+`generate` and producers log (`reward/mean`, `response_length/*`, their timings) is logged with the step that
+trains it, so a step's reward describes its trained rows; `stream/scored/<name>` logs the groups scored during
+the step (some trained later, some earlier drawn ones trained now).
 
 Step t (the local executor):
 
@@ -119,6 +122,8 @@ class Streamer:
         size = self._draw(prompts)
         waited = time.perf_counter()
         taken, in_flight = self._take(size)
+        for group in taken:  # reward/mean, response_length/*, ...: the trained groups'
+            metrics.replay(group.scored)
         metrics.log("stream/wait_s", time.perf_counter() - waited)
         metrics.log("stream/in_flight", in_flight)
         if not self.overlap:
@@ -167,12 +172,15 @@ class Streamer:
         return taken, in_flight
 
     def _score(self, group: Group) -> Group:
-        """The producers after generate run on the group's rows (as call 1 of its draw's step)."""
-        with metrics.node(self.generate.name):
-            for key, value in group.logged.items():
-                metrics.log(key, value)
-        if self.after:
-            group.rows = self.run(self.after, group.rows, StepCalls(group.draw))
+        """The producers after generate run on the group's rows (as call 1 of its draw's step); what they and
+        generate logged is kept for the step that trains the group, and logged now as `stream/scored/<name>`."""
+        with metrics.record() as group.scored:
+            with metrics.node(self.generate.name):
+                for key, value in group.logged.items():
+                    metrics.log(key, value)
+            if self.after:
+                group.rows = self.run(self.after, group.rows, StepCalls(group.draw))
+        metrics.replay(group.scored, prefix="stream/scored/")
         return group
 
     def close(self) -> None:
