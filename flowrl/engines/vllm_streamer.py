@@ -28,13 +28,17 @@ import asyncio
 import itertools
 from dataclasses import dataclass, field
 
-from vllm.exceptions import VLLMClientError
 from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 
 from flowrl.engines.protocols import FinishReason
 from flowrl.engines.stream_worker import Job, StreamWorker
 from flowrl.engines.vllm_rollout import VLLMRolloutEngine, token_logprobs
+
+try:
+    from vllm.exceptions import VLLMClientError  # vLLM 0.32: a request's own fault (e.g. past the context)
+except ImportError:  # vLLM 0.26 (the GPU's) has no such class and raises ValueError for it
+    VLLMClientError = ValueError
 
 FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}  # vLLM's finish_reason
 
