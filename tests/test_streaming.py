@@ -6,6 +6,7 @@ Over tests/fake_streamer.FakeStreamer (prompts of 2 per batch, 2 samples each: d
 the i-th request to arrive is sample i % 2 of prompt i // 2 in draw order) and, end to end, the built-in task.
 """
 
+import json
 import sys
 
 import pytest
@@ -19,12 +20,14 @@ from flowrl.data import PromptStream
 from flowrl.engines.protocols import FinishReason, SamplingParams
 from flowrl.engines.streaming import Request, Sample
 from flowrl.graph.context import CallInfo, calling
+from flowrl.runtime import checkpoint, resume
 from flowrl.runtime.stream_runner import Group
 from flowrl.runtime.trainer import train
 from fake_streamer import FakeStreamer
 from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask
 from test_buffer import COLOCATED, INPUTS, config
 from test_planner_executor import make_roles
+from crash import train_until_crash
 
 
 def run(steps, k, stream=True, stall=lambda i: None, partial=False, per_version=0.0, timeout_s=60.0):
@@ -202,3 +205,45 @@ def test_reward_metrics_describe_the_trained_groups_not_those_scored_in_the_step
     assert trained_mean != scored_mean  # the case tells them apart
     assert [logged["reward/mean"] for _, logged in steps[:2]] == pytest.approx(trained_mean)
     assert [logged["stream/scored/reward/mean"] for _, logged in steps[:2]] == pytest.approx(scored_mean)
+
+
+def test_a_resumed_streamed_run_trains_the_prompts_an_uninterrupted_run_does(tmp_path):
+    # k = 1, uid 1's samples stall until step 0's pause: step 0 trains uids 0, 2; the checkpoint after it holds
+    # uids 1 and 3 drawn but untrained, which the resumed run (no stall) samples again with their first seeds
+    def executor(stall):
+        roles = make_roles()
+        roles["rollout"].streamer = FakeStreamer(roles["rollout"].engine, stall)
+        plan = fl.compile_plan(grpo_async, COLOCATED, INPUTS, ROLE_CLASSES,
+                               {"group_size": 2, "max_staleness": 1, "stream": True})
+        return fl.LocalExecutor(plan, roles), PromptStream(ParityTask(), FakeTokenizer(), batch_size=2, seed=1)
+
+    def steps(ex, prompts, start, stop):
+        try:
+            return [ex.run_step(step, prompts)[0] for step in range(start, stop)]
+        finally:
+            ex.close()
+    stall = lambda i: (1, 1) if i in (2, 3) else None  # noqa: E731
+    straight = steps(*executor(stall), 0, 4)
+    ex, prompts = executor(stall)
+    first = steps(ex, prompts, 0, 1)
+    where = checkpoint.save(tmp_path, 1, ex.train_engines(), {"stream": prompts.state(), "versions": ex.versions})
+    assert (where / "_buffer" / "stream.pt").exists()
+    ex, prompts = executor(lambda i: None)
+    assert resume.restore((where, {}), ex, prompts, main=False) == 1
+    resumed = steps(ex, prompts, 1, 4)
+    assert [groups(b) for b in straight] == [[0, 2], [1, 3], [4, 5], [6, 7]]
+    assert [groups(b) for b in first + resumed] == [groups(b) for b in straight]
+    for a, b in zip(straight[1:], resumed):  # the same seeds: the fake engine's samples repeat
+        assert torch.equal(a["response_ids"], b["response_ids"])
+
+
+def test_a_streamed_run_on_the_tiny_model_resumes_with_the_prompts_drawn_ahead(tmp_path):
+    # stopped after step 3, before its checkpoint: the run resumed from step 2's trains step 3 on the same prompts
+    args = ["algorithm=grpo_async", "train.steps=3", "train.save_every=2", "algo.stream=true",
+            "algo.max_staleness=1", "train.dump_rollouts_every=1", "roles.rollout.max_in_flight=8"]
+    train_until_crash(config(tmp_path, *args), 3)
+    dump = tmp_path / "rollouts" / "step_000003.jsonl"
+    straight = sorted({json.loads(line)["uid"] for line in dump.read_text().splitlines()})
+    assert (tmp_path / "checkpoints" / "step_000002" / "_buffer" / "stream.pt").exists()
+    assert [r["step"] for r in train(config(tmp_path, *args), progress=False)] == [3]
+    assert sorted({json.loads(line)["uid"] for line in dump.read_text().splitlines()}) == straight

@@ -241,24 +241,34 @@ def refuse_stream(plan: Plan, s: Split | None = None) -> None:
         raise PlanError(f"{where} streams from one rank: pool {pool.name!r} has world_size {pool.world_size}")
 
 
-def checkpointed(engines: dict[str, Any], pipeline: Pipeline | None) -> dict[str, Any]:
-    """What a checkpoint saves and loads: the train engines, and the buffered batches when there are any."""
+def checkpointed(engines: dict[str, Any], pipeline: Any | None) -> dict[str, Any]:
+    """What a checkpoint saves and loads: the train engines, and the buffered batches (a Pipeline) or the
+    drawn but untrained prompts (a streamed buffer's Streamer) when there are any."""
     return engines if pipeline is None else {**engines, BUFFER: pipeline}
 
 
-def _plain(p: Produced) -> dict[str, Any]:
-    """A buffered batch as tensors and lists (its metadata columns: NonTensorStacks) with its step and metrics."""
-    tensors = {k: v for k, v in p.batch.items() if isinstance(v, torch.Tensor)}
-    columns = {k: list(p.batch.get(k).tolist()) for k in p.batch.keys() if k not in tensors}
-    return {"step": p.step, "tensors": tensors, "columns": columns, "rows": p.batch.batch_size[0],
-            "logged": p.logged}
+def plain_batch(batch: TensorDict) -> dict[str, Any]:
+    """A batch as tensors and lists (its metadata columns: NonTensorStacks), for torch.load's weights_only."""
+    tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    columns = {k: list(batch.get(k).tolist()) for k in batch.keys() if k not in tensors}
+    return {"tensors": tensors, "columns": columns, "rows": batch.batch_size[0]}
 
 
-def _produced(item: dict[str, Any]) -> Produced:
+def from_plain(item: dict[str, Any]) -> TensorDict:
+    """The batch `plain_batch` gave `item`."""
     batch = TensorDict(item["tensors"], batch_size=[item["rows"]])
     for key, values in item["columns"].items():
         batch[key] = NonTensorStack(*values)
-    return Produced(item["step"], batch, item["logged"])
+    return batch
+
+
+def _plain(p: Produced) -> dict[str, Any]:
+    """A buffered batch as `plain_batch` with its step and metrics."""
+    return {"step": p.step, **plain_batch(p.batch), "logged": p.logged}
+
+
+def _produced(item: dict[str, Any]) -> Produced:
+    return Produced(item["step"], from_plain(item), item["logged"])
 
 
 def _gather(obj: Any) -> list[Any]:

@@ -84,7 +84,7 @@ class LocalExecutor:
 
     def train_engines(self) -> dict[str, TrainEngine]:
         return buffering.checkpointed({name: self.roles[name].engine for name in self.plan.trainable()},
-                                      self.pipeline)
+                                      self.pipeline or self.stream)
 
     @property
     def versions(self) -> dict[str, int]:

@@ -194,7 +194,7 @@ class RayExecutor:
         driver role's own engine (the adaptive KL controller's coefficient), as the local executor does."""
         return buffering.checkpointed({r: PoolEngine(tuple(self._workers_of(r)), r, self.ship_files)
                                        if r in self.plan.pools else self.driver_roles[r].engine
-                                       for r in self.plan.trainable()}, self.pipeline)
+                                       for r in self.plan.trainable()}, self.pipeline or self.stream)
 
     @property
     def versions(self) -> dict[str, int]:

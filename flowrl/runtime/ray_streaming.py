@@ -63,8 +63,9 @@ class RemoteRunner:
         partial, self.timeout_s = self._call("settings")
         return partial, self.timeout_s
 
-    def submit(self, batch: TensorDict, draw: int, n: int, sampling: dict[str, Any]) -> None:
-        self._call("submit", batch, draw, n, sampling)
+    def submit(self, batch: TensorDict, draw: int, n: int, sampling: dict[str, Any],
+               rows: list[int] | None = None) -> None:
+        self._call("submit", batch, draw, n, sampling, rows)
 
     def finished(self, wanted: int, timeout_s: float) -> tuple[list[Group], int]:
         return self._call("finished", wanted, timeout_s)

@@ -59,11 +59,13 @@ class StreamRunner:
         """roles.rollout.partial and roles.rollout.stream_timeout_s, for the driver."""
         return self.rollout.partial, self.rollout.stream_timeout_s
 
-    def submit(self, batch: TensorDict, draw: int, n: int, sampling: dict[str, Any]) -> None:
-        """Starts the n samples of each prompt of draw `draw` (seeded as call 1 of step `draw`)."""
-        rows, requests = self.rollout.requests(batch, CallInfo(draw, 1), n, **sampling)
-        groups = [(Group(draw, i, rows[i * n:(i + 1) * n]), requests[i * n:(i + 1) * n])
-                  for i in range(batch.batch_size[0])]
+    def submit(self, batch: TensorDict, draw: int, n: int, sampling: dict[str, Any],
+               rows: list[int] | None = None) -> None:
+        """Starts the n samples of each prompt of draw `draw` (seeded as call 1 of step `draw`); `rows`: of
+        those prompts only (a resumed run's untrained ones, seeded as when first drawn)."""
+        out, requests = self.rollout.requests(batch, CallInfo(draw, 1), n, **sampling)
+        groups = [(Group(draw, i, out[i * n:(i + 1) * n]), requests[i * n:(i + 1) * n])
+                  for i in (range(batch.batch_size[0]) if rows is None else rows)]
         self._call(self._start(groups))
 
     def finished(self, wanted: int, timeout_s: float) -> tuple[list[Group], int]:

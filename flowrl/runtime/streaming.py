@@ -37,14 +37,21 @@ corrected token by token (flowrl.rl.correction).
 
 With k = 0 every sample of a step's batch is drawn, generated and trained within the step: the rows equal the
 synchronous step's for an engine whose row r of a call seeded s is the sample of one request seeded s + r.
-A checkpoint holds no sample in flight: a resumed run with k >= 1 skips the prompts drawn ahead of it.
+A checkpoint holds no sample in flight, but it holds the prompts drawn and not yet trained (in flight, or done
+and waiting: `BUFFER`/stream.pt, with the draw counters). A resumed run samples them again first, each as its
+draw's row (the same seed), waits for them (the uninterrupted run's were done: the pause after a step finishes
+them) and then draws on, so it trains the prompts an uninterrupted run would, though the regenerated samples come
+from the resumed weights (with `partial=true`, or on Ray, which groups are done at a step is timing anyway).
 """
 
 from __future__ import annotations
 
+import pickle
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import torch
 from tensordict import TensorDict
 
 from flowrl import metrics
@@ -55,9 +62,11 @@ from flowrl.graph.trace import Node
 from flowrl.plan.planner import Plan
 from flowrl.roles.rollout import Rollout
 from flowrl.runtime import buffering
-from flowrl.runtime.buffering import STEP_TIME, Run, Split
+from flowrl.runtime.buffering import STEP_TIME, Run, Split, from_plain, plain_batch
 from flowrl.runtime.scheduling import fill_index
 from flowrl.runtime.stream_runner import Group, StreamRunner
+
+STREAM_FILE = "stream.pt"  # in the checkpoint's BUFFER folder
 
 
 def make(plan: Plan, nodes: list[Node], roles: dict[str, Any], versions: Callable[[], dict[str, int]],
@@ -101,6 +110,8 @@ class Streamer:
         self.partial, self.timeout_s = False, 0.0
         self.ready: list[Group] = []
         self.drawn = self.trained = self.draws = 0  # prompts drawn / taken into a batch; batches drawn
+        self.pending: dict[int, tuple[TensorDict, set[int]]] = {}  # draw -> its prompts, rows not yet taken
+        self.requeue = False  # a checkpoint's pending prompts to start again (set by `load`)
         self.run: Run | None = None  # the executor's way to run nodes, set each step
 
     def step(self, step: int, prompts: Iterator[TensorDict], run: Run) -> tuple[TensorDict, dict[str, float]]:
@@ -119,6 +130,8 @@ class Streamer:
             self.partial, self.timeout_s = self.runner.settings()
         run(s.syncs, TensorDict({}, batch_size=[1]), calls)  # the syncs read no field
         self.runner.resume(version)
+        if self.requeue:
+            self._requeue()
         size = self._draw(prompts)
         waited = time.perf_counter()
         taken, in_flight = self._take(size)
@@ -151,8 +164,23 @@ class Streamer:
             batch = next(prompts)
             size = size or batch.batch_size[0]
             self.runner.submit(batch, self.draws, n, sampling)
+            self.pending[self.draws] = (batch, set(range(batch.batch_size[0])))
             self.drawn, self.draws = self.drawn + batch.batch_size[0], self.draws + 1
         return size
+
+    def _requeue(self) -> None:
+        """A resumed run: the checkpoint's drawn but untrained prompts start again, each as its draw's row, and
+        finish before anything is drawn (as the uninterrupted run's had: the pause after a step finishes them)."""
+        n = self.generate.kwargs.get("n", 1)
+        sampling = {k: v for k, v in self.generate.kwargs.items() if k != "n"}
+        for draw, (batch, rows) in sorted(self.pending.items()):
+            self.runner.submit(batch, draw, n, sampling, sorted(rows))
+        self.requeue, wanted = False, sum(len(rows) for _, rows in self.pending.values())
+        done, _ = self.runner.finished(wanted, self.timeout_s)
+        self.ready += [self._score(group) for group in done]
+        if len(done) < wanted:
+            raise TimeoutError(f"stream: {len(done)} of the checkpoint's {wanted} untrained groups ready after "
+                               f"roles.rollout.stream_timeout_s={self.timeout_s}s")
 
     def _take(self, size: int) -> tuple[list[Group], int]:
         """The `size` earliest drawn of the groups ready once `size` are, each scored as it arrived, and the
@@ -169,6 +197,11 @@ class Streamer:
         self.ready.sort(key=lambda g: (g.draw, g.index))
         taken, self.ready = self.ready[:size], self.ready[size:]
         self.trained += len(taken)
+        for group in taken:
+            rows = self.pending[group.draw][1]
+            rows.discard(group.index)
+            if not rows:
+                del self.pending[group.draw]
         return taken, in_flight
 
     def _score(self, group: Group) -> Group:
@@ -182,6 +215,24 @@ class Streamer:
                 group.rows = self.run(self.after, group.rows, StepCalls(group.draw))
         metrics.replay(group.scored, prefix="stream/scored/")
         return group
+
+    def save(self, path: str) -> None:
+        """The drawn but untrained prompts and the counters (a checkpoint's BUFFER entry; tensors, lists and
+        numbers only, so loading unpickles no object)."""
+        Path(path).mkdir(parents=True, exist_ok=True)
+        pending = [{"draw": d, "untrained": sorted(rows), **plain_batch(b)} for d, (b, rows) in self.pending.items()]
+        torch.save({"drawn": self.drawn, "trained": self.trained, "draws": self.draws, "pending": pending},
+                   Path(path) / STREAM_FILE)
+
+    def load(self, path: str) -> None:
+        try:
+            state = torch.load(Path(path) / STREAM_FILE, weights_only=True)  # a run folder is data, never code
+        except pickle.UnpicklingError as err:
+            raise ValueError(f"{Path(path) / STREAM_FILE}: not a stream state of tensors and plain values; "
+                             f"refused ({str(err).splitlines()[0]})") from None
+        self.drawn, self.trained, self.draws = state["drawn"], state["trained"], state["draws"]
+        self.pending = {p["draw"]: (from_plain(p), set(p["untrained"])) for p in state["pending"]}
+        self.ready, self.requeue = [], True
 
     def close(self) -> None:
         """Closes the runner: the streaming engine, what is still in flight and its loop."""
