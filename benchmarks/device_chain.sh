@@ -45,8 +45,8 @@ case $STAGE in
 1)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/dc/wheels/*.whl || exit 4
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  run cold 230 python3 benchmarks/cold_start.py --cache-dir /tmp/cc --child-log /tmp/runs/cold_child.log
-  run warm 150 python3 benchmarks/cold_start.py --cache-dir /tmp/cc --child-log /tmp/runs/warm_child.log
+  run cold 230 python3 benchmarks/cold_start.py --eval-prompts 0 --cache-dir /tmp/cc --child-log /tmp/runs/cold_child.log
+  run warm 150 python3 benchmarks/cold_start.py --eval-prompts 0 --cache-dir /tmp/cc --child-log /tmp/runs/warm_child.log
   run static_variable 180 $B --steps 3 --lengths variable --systems flowrl --label hf_static \
     --flowrl-set roles.rollout.engine=hf_static $COMMON
   ;;
@@ -66,7 +66,7 @@ case $STAGE in
     && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "/tmp/dc/$W" \
       /tmp/dc/vwheels/*.whl || exit 4
   python3 -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
-  run async 480 ASYNC_COMMAND
+  run async 480 python3 benchmarks/async_gpu.py --engine vllm --deadline 440
   ;;
 5)
   run vllm_fixed_l2 270 $B --steps 6 --label vllm_l2_unseeded --flowrl-set roles.rollout.free_cache_engine=2 $VLLM
