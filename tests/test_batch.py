@@ -30,6 +30,11 @@ def test_concat_pads_prompts_left_and_responses_right():
     both = concat([a, b])
     assert both["prompt_ids"].tolist() == [[1, 2], [0, 4]]
     assert both["response_ids"].tolist() == [[3, 0], [5, 6]]
+    a["response_mask"] = torch.tensor([[1]])
+    b["response_mask"] = torch.tensor([[1, 1]])
+    both = concat([a, b], pad_id=9)  # streamed groups of different widths: ids pad with pad_id, masks with 0
+    assert both["prompt_ids"].tolist() == [[1, 2], [9, 4]]
+    assert both["response_ids"].tolist() == [[3, 9], [5, 6]] and both["response_mask"].tolist() == [[1, 0], [1, 1]]
 
 
 def test_first_groups_keeps_order_of_first_appearance():

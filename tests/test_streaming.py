@@ -155,7 +155,7 @@ class InstantRunner:
         self.rollout, self.done = rollout, []
 
     def settings(self):
-        return False, 5.0
+        return False, 5.0, self.rollout.pad_id
 
     def submit(self, batch, draw, n, sampling):
         with calling(CallInfo(draw, 1)), metrics.collect() as logged:

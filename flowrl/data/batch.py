@@ -13,6 +13,7 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 MODEL_INPUT = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+TOKEN_IDS = ("prompt_ids", "response_ids")  # padded with the tokenizer's pad_id, the other fields with 0
 
 
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,12 +70,12 @@ def column(batch: TensorDict, key: str) -> list[Any]:
     return list(value.tolist())
 
 
-def concat(batches: Sequence[TensorDict]) -> TensorDict:
-    """Row-concatenate batches with the same fields, padding time dims to the widest."""
+def concat(batches: Sequence[TensorDict], pad_id: int = 0) -> TensorDict:
+    """Row-concatenate batches with the same fields, padding time dims to the widest (token ids with pad_id)."""
     batches = [b for b in batches if b.batch_size[0] > 0] or list(batches[:1])
     if len(batches) == 1:
         return batches[0]
-    return torch.cat([_pad_time(b, _widths(batches)) for b in batches], dim=0)
+    return torch.cat([_pad_time(b, _widths(batches), pad_id) for b in batches], dim=0)
 
 
 def _widths(batches: Sequence[TensorDict]) -> dict[str, int]:
@@ -86,10 +87,11 @@ def _widths(batches: Sequence[TensorDict]) -> dict[str, int]:
     return widths
 
 
-def _pad_time(batch: TensorDict, widths: dict[str, int]) -> TensorDict:
-    """Pad 2-D fields with 0 on the side that keeps alignment (prompts left, responses right).
+def _pad_time(batch: TensorDict, widths: dict[str, int], pad_id: int = 0) -> TensorDict:
+    """Pad 2-D fields on the side that keeps alignment (prompts left, responses right): token ids with pad_id,
+    the rest with 0.
 
-    Padded positions are masked out, so any valid token id would do there.
+    Padded positions are masked out, so any valid token id would do there; pad_id keeps rows as generated.
     """
     out = batch.clone(False)
     for key, width in widths.items():
@@ -97,7 +99,8 @@ def _pad_time(batch: TensorDict, widths: dict[str, int]) -> TensorDict:
         missing = width - value.shape[1]
         if missing:
             pad = (missing, 0) if key.startswith("prompt") else (0, missing)
-            out.set(key, torch.nn.functional.pad(value, pad, value=0), inplace=False)
+            fill = pad_id if key in TOKEN_IDS else 0
+            out.set(key, torch.nn.functional.pad(value, pad, value=fill), inplace=False)
     return out
 
 

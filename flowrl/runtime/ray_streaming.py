@@ -59,9 +59,9 @@ class RemoteRunner:
         self.worker, self.role = worker, role
         self.timeout_s = START_TIMEOUT_S
 
-    def settings(self) -> tuple[bool, float]:
-        partial, self.timeout_s = self._call("settings")
-        return partial, self.timeout_s
+    def settings(self) -> tuple[bool, float, int]:
+        partial, self.timeout_s, pad_id = self._call("settings")
+        return partial, self.timeout_s, pad_id
 
     def submit(self, batch: TensorDict, draw: int, n: int, sampling: dict[str, Any],
                rows: list[int] | None = None) -> None:

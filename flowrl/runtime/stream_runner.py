@@ -55,9 +55,9 @@ class StreamRunner:
         self.slots: asyncio.Semaphore | None = None
         self.running: set[asyncio.Task] = set()
 
-    def settings(self) -> tuple[bool, float]:
-        """roles.rollout.partial and roles.rollout.stream_timeout_s, for the driver."""
-        return self.rollout.partial, self.rollout.stream_timeout_s
+    def settings(self) -> tuple[bool, float, int]:
+        """roles.rollout.partial, roles.rollout.stream_timeout_s and the pad token, for the driver."""
+        return self.rollout.partial, self.rollout.stream_timeout_s, self.rollout.pad_id
 
     def submit(self, batch: TensorDict, draw: int, n: int, sampling: dict[str, Any],
                rows: list[int] | None = None) -> None:

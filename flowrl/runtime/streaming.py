@@ -107,7 +107,7 @@ class Streamer:
         self.overlap = overlap
         self.after = s.producers[1:]  # run on each group as it completes
         self.runner: StreamRunner | None = None
-        self.partial, self.timeout_s = False, 0.0
+        self.partial, self.timeout_s, self.pad_id = False, 0.0, 0
         self.ready: list[Group] = []
         self.drawn = self.trained = self.draws = 0  # prompts drawn / taken into a batch; batches drawn
         self.pending: dict[int, tuple[TensorDict, set[int]]] = {}  # draw -> its prompts, rows not yet taken
@@ -127,7 +127,7 @@ class Streamer:
         self.run = run
         if self.runner is None:
             self.runner = self.make_runner()
-            self.partial, self.timeout_s = self.runner.settings()
+            self.partial, self.timeout_s, self.pad_id = self.runner.settings()
         run(s.syncs, TensorDict({}, batch_size=[1]), calls)  # the syncs read no field
         self.runner.resume(version)
         if self.requeue:
@@ -141,7 +141,7 @@ class Streamer:
         metrics.log("stream/in_flight", in_flight)
         if not self.overlap:
             self.runner.pause(self.partial)
-        batch = concat([g.rows for g in taken])
+        batch = concat([g.rows for g in taken], self.pad_id)
         metrics.log("stream/aborted", sum(g.aborted for g in taken))
         metrics.log("stream/mixed_versions", (batch["policy_version_min"] < batch["policy_version_max"]).sum())
         batch, dropped = buffering.drop_stale(batch, s.version_field, version, s.max_staleness)
