@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> None:
         cache_mb = _size_mb(caches)
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
                "TRITON_CACHE_DIR": str(caches / "triton"), "PYTHONUNBUFFERED": "1",
+               # each compile's start and end, timestamped, in the child's log: where the seconds go (the H200
+               # run of 2026-12-04 finished no step in 230 s and its log said nothing about why)
+               "TORCH_LOGS": os.environ.get("TORCH_LOGS", "dynamo,recompiles"),
                "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                               os.environ.get("PYTHONPATH", "")])}
         command = [sys.executable, "-m", "flowrl", "train", "grpo", "--no-progress",
