@@ -60,10 +60,11 @@ class HFTrainConfig(TrainEngineConfig):
     logprob_chunk_tokens: int = Field(4096, ge=0, description="Log-probabilities from the lm_head this many "
                                                               "tokens at a time, never the full fp32 logits "
                                                               "(0: full logits).")
-    compile: bool = Field(False, description="torch.compile the decoder and the log-probability chunks for "
-                                             "this engine's passes (fused norms, rotary, activations and "
-                                             "log-softmax; fewer saved activations). The module itself stays "
-                                             "uncompiled, so a rollout engine sharing it keeps its own graph.")
+    compile: bool = Field(False, description="torch.compile each decoder layer (one compile serves them all; "
+                                             "FSDP2: the whole model) and the log-probability chunks for this "
+                                             "engine's passes (fused norms, rotary, activations and log-softmax; "
+                                             "fewer saved activations). The module is compiled only while the "
+                                             "passes run, so a rollout engine sharing it keeps its own graph.")
     max_tokens_per_micro_batch: int = Field(0, ge=0, description="Group an update's rows into micro-batches of "
                                             "at most this many tokens per rank (verl's ppo_max_token_len_per_gpu; "
                                             "packed: real tokens, padded: rows x longest row; a longer row runs "

@@ -25,6 +25,7 @@ save and load, and the weight sync and export read merged weights.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import Iterator, Literal
@@ -44,6 +45,7 @@ from flowrl.engines.model_outputs import check_outputs, default_outputs
 from flowrl.engines.model_inputs import masked_inputs, packed_inputs, trim_padding, used_columns
 from flowrl.engines.packing import packed_outputs
 from flowrl.engines.protocols import LossFn
+from flowrl.engines.regional_compile import CompiledLayers
 from flowrl.engines.token_batching import budget_micro_batches
 from flowrl.engines.sampling import RowSampling, apply_sampling
 from flowrl.engines.hf_models import atomic_dir
@@ -68,8 +70,9 @@ class HFTrainEngine:
         logprob_chunk_tokens: compute actor logprobs `chunk` tokens at a time from the hidden states
         (flowrl.engines.logprobs), never holding the full fp32 logits; 0 computes full logits (and so do
         FSDP2-sharded engines).
-        compile: run this engine's passes through torch.compile'd wrappers of the model, its decoder and the
-        logprob chunks; the module is not changed (a rollout engine sharing it is unaffected).
+        compile: run this engine's passes with each decoder layer torch.compile'd (one compile serves all
+        layers; FSDP2: the whole model) and compiled logprob chunks; the module is compiled only while the
+        passes run (a rollout engine sharing it is unaffected).
         offload_params: FSDP2's CPU offload (sharded parameters, gradients and optimizer state on the CPU);
         needs world size > 1 off the CPU. offload_optimizer: AdamW's state waits on the CPU between steps.
         lora: `model` is a peft LoRA model (flowrl.engines.lora.apply).
@@ -95,8 +98,11 @@ class HFTrainEngine:
         else:
             self.model.to(self.device)
         self.compiled = compile
-        self._model_fn = torch.compile(self.model) if compile else self.model
-        self._decoder_fn = torch.compile(self.model.get_decoder()) if compile and kind == "actor" else None
+        # one process: each decoder layer compiled (flowrl.engines.regional_compile); FSDP2: the whole model
+        self._layers = CompiledLayers(self.model) if compile and not self.sharded else None
+        whole = compile and not self._layers
+        self._model_fn = torch.compile(self.model) if whole else self.model
+        self._decoder_fn = torch.compile(self.model.get_decoder()) if whole and kind == "actor" else None
         self.hyperparameters = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
         trained = [p for p in self.model.parameters() if p.requires_grad] or list(self.model.parameters())
         # one fused kernel per step on CUDA (torchtitan's default too); torch's foreach loop elsewhere
@@ -117,7 +123,8 @@ class HFTrainEngine:
         outputs = check_outputs(self.kind, outputs or default_outputs(self.kind))
         self._check_same_rows(batch.batch_size[0])
         groups = self._micro_batches(batch, micro_batch_size, self.forward_max_tokens)
-        outs = [self._outputs(batch[rows], temperature, outputs) for rows in groups]
+        with self._compiling():
+            outs = [self._outputs(batch[rows], temperature, outputs) for rows in groups]
         order = torch.cat(groups)
         home = batch["prompt_ids"].device
         unsort = torch.empty_like(order)
@@ -146,8 +153,9 @@ class HFTrainEngine:
             order = torch.arange(num_rows) if generator is None else torch.randperm(num_rows, generator=generator)
             for rows in order.split(mini_batch_size):
                 lr = self.scheduler.get_last_lr()[0]
-                grad_norm = self._step(batch[rows], loss_fn, temperature, micro_batch_size, sums,
-                                       old_logprobs_from_current)
+                with self._compiling():  # the backward passes too (activation checkpointing recomputes)
+                    grad_norm = self._step(batch[rows], loss_fn, temperature, micro_batch_size, sums,
+                                           old_logprobs_from_current)
                 skipped += grad_norm is None
                 grad_norms += [] if grad_norm is None else [grad_norm]
         metrics = {key: float(total) / count for key, (total, count) in sums.items()}
@@ -228,7 +236,8 @@ class HFTrainEngine:
         trimmed = trim_padding(mb, span or used_columns(mb)).to(self.device)
         mask = trimmed["response_mask"].bool()
         sampling = (sampling or RowSampling.of(mb, temperature)).to(self.device)
-        out = self._outputs_dense(trimmed, sampling, outputs)
+        with self._compiling():
+            out = self._outputs_dense(trimmed, sampling, outputs)
         width = mb["response_mask"].shape[1]
         return {key: torch.nn.functional.pad(torch.where(mask, value, 0), (0, width - value.shape[1]))
                 for key, value in out.items()}
@@ -268,6 +277,10 @@ class HFTrainEngine:
         hidden_BRH = hidden_BLH.gather(1, before_BR[..., None].expand(-1, -1, hidden_BLH.shape[-1]))
         return token_logprobs(hidden_BRH, self.model.get_output_embeddings().weight, response_ids, temperature_N,
                               outputs, self.logprob_chunk_tokens, compiled=self.compiled, truncation=truncation)
+
+    def _compiling(self) -> contextlib.AbstractContextManager:
+        """The block runs the compiled decoder layers (compile on, one process)."""
+        return self._layers.active() if self._layers else contextlib.nullcontext()
 
     def _dynamic(self, inputs: dict) -> dict:
         """Compiled passes: the micro-batch's rows and width are dynamic from the first compile (as hf_static's

@@ -1,0 +1,51 @@
+"""Regional compilation of the train engine's passes: each decoder layer runs torch.compile'd, the rest
+(embeddings, rotary tables, final norm, lm_head) eagerly.
+
+The decoder layers of a model share their code and differ only in their parameters, which torch.compile
+treats as inputs, so one compiled graph (per grad mode) serves every layer: compiling costs one layer's
+trace instead of the whole model's. This is PyTorch's regional-compilation recipe and torchtitan's per-block
+compile. On the CPU (an 8-layer Qwen2, forward and backward) the first call took 18.6 s against 60.3 s for
+the compiled whole model, and a second shape 18.2 s against 81.5 s (benchmarks in docs/benchmarks.md).
+
+The layers are compiled only while the engine's passes run (`active()`), by setting the `_compiled_call_impl`
+that `nn.Module.compile()` sets: a rollout engine sharing the module (the hybrid engine) sees it uncompiled,
+and compiles its own decode step. Rows and widths are dynamic from the first compile and not duck-sized
+(equal sizes at the first call, rows and width say, would otherwise be guarded equal and recompiled for).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+
+class CompiledLayers:
+    """The compiled decoder layers of `model` (none where it has no `get_decoder().layers`)."""
+
+    def __init__(self, model: torch.nn.Module):
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+        self.layers = list(getattr(decoder, "layers", None) or [])
+        self.compiled = [torch.compile(layer._call_impl, dynamic=True) for layer in self.layers]
+        self.depth = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.layers)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """The layers run compiled inside the block (re-entrant: the outermost block sets and clears them)."""
+        if self.depth == 0:
+            for layer, compiled in zip(self.layers, self.compiled):
+                layer._compiled_call_impl = compiled
+        self.depth += 1
+        try:
+            with torch.fx.experimental._config.patch(use_duck_shape=False):
+                yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                for layer in self.layers:
+                    layer._compiled_call_impl = None
