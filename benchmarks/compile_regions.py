@@ -3,8 +3,9 @@ compilation, flowrl.engines.regional_compile), on a Qwen2 of N layers with rando
 
 Each mode runs in a process of its own with empty inductor caches: a forward and backward at one shape (the
 first compile), then at another (rows and width change, as micro-batches do). Prints one JSON line per mode.
-Measured on the 2-core CPU machine (2026-12-04, an 8-layer Qwen2 of hidden size 128): whole model 60.3 s then
-81.5 s (a second compile for the new shape), each layer 18.6 s then 18.2 s.
+Measured on the 2-core CPU machine (2026-12-04, an 8-layer Qwen2 of hidden size 128, forward and backward):
+the whole model 54.8 s, then 88.1 s at the second shape (torch.compile's default compiles it again, dynamic);
+each layer (dynamic from the first compile) 30.4 s, then 0.1 s: 1 graph for all 8 layers and both shapes.
 
     python benchmarks/compile_regions.py [--layers 8] [--device cpu]
 """
