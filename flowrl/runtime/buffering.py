@@ -204,11 +204,7 @@ class Pipeline:
             torch.save(ranks, Path(path) / _FILE)
 
     def load(self, path: str) -> None:
-        try:
-            ranks = torch.load(Path(path) / _FILE, weights_only=True)  # a run folder is data, never code
-        except pickle.UnpicklingError as err:
-            raise ValueError(f"{Path(path) / _FILE}: not a buffer of tensors and plain values; refused "
-                             f"({str(err).splitlines()[0]})") from None
+        ranks = load_plain(Path(path) / _FILE, "a buffer")
         mine = ranks[dist.get_rank() if dist.is_initialized() else 0]
         self.queue = deque(_produced(item) for item in mine["queue"])
         self._saved_version = mine["version"]
@@ -245,6 +241,16 @@ def checkpointed(engines: dict[str, Any], pipeline: Any | None) -> dict[str, Any
     """What a checkpoint saves and loads: the train engines, and the buffered batches (a Pipeline) or the
     drawn but untrained prompts (a streamed buffer's Streamer) when there are any."""
     return engines if pipeline is None else {**engines, BUFFER: pipeline}
+
+
+def load_plain(file: Path, what: str):
+    """A checkpoint file of tensors and plain values (a run folder is data, never code: nothing else is
+    unpickled); anything else is one ValueError line."""
+    try:
+        return torch.load(file, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"{file}: not {what} of tensors and plain values; refused "
+                         f"({str(err).splitlines()[0]})") from None
 
 
 def plain_batch(batch: TensorDict) -> dict[str, Any]:

@@ -46,7 +46,6 @@ from the resumed weights (with `partial=true`, or on Ray, which groups are done 
 
 from __future__ import annotations
 
-import pickle
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -62,7 +61,7 @@ from flowrl.graph.trace import Node
 from flowrl.plan.planner import Plan
 from flowrl.roles.rollout import Rollout
 from flowrl.runtime import buffering
-from flowrl.runtime.buffering import STEP_TIME, Run, Split, from_plain, plain_batch
+from flowrl.runtime.buffering import STEP_TIME, Run, Split, from_plain, load_plain, plain_batch
 from flowrl.runtime.scheduling import fill_index
 from flowrl.runtime.stream_runner import Group, StreamRunner
 
@@ -225,11 +224,7 @@ class Streamer:
                    Path(path) / STREAM_FILE)
 
     def load(self, path: str) -> None:
-        try:
-            state = torch.load(Path(path) / STREAM_FILE, weights_only=True)  # a run folder is data, never code
-        except pickle.UnpicklingError as err:
-            raise ValueError(f"{Path(path) / STREAM_FILE}: not a stream state of tensors and plain values; "
-                             f"refused ({str(err).splitlines()[0]})") from None
+        state = load_plain(Path(path) / STREAM_FILE, "a stream state")
         self.drawn, self.trained, self.draws = state["drawn"], state["trained"], state["draws"]
         self.pending = {p["draw"]: (from_plain(p), set(p["untrained"])) for p in state["pending"]}
         self.ready, self.requeue = [], True
