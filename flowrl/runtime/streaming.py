@@ -157,8 +157,7 @@ class Streamer:
     def _draw(self, prompts: Iterator[TensorDict]) -> int:
         """Draws prompt batches until (k + 1) batches' prompts wait untrained and submits their requests (their
         groups start together); returns the batch size."""
-        size, n = None, self.generate.kwargs.get("n", 1)
-        sampling = {k: v for k, v in self.generate.kwargs.items() if k != "n"}
+        size, (n, sampling) = None, self._sampling()
         while size is None or self.drawn - self.trained < (self.split.max_staleness + 1) * size:
             batch = next(prompts)
             size = size or batch.batch_size[0]
@@ -167,11 +166,14 @@ class Streamer:
             self.drawn, self.draws = self.drawn + batch.batch_size[0], self.draws + 1
         return size
 
+    def _sampling(self) -> tuple[int, dict[str, Any]]:
+        """The traced generate call's n and its other sampling arguments."""
+        return self.generate.kwargs.get("n", 1), {k: v for k, v in self.generate.kwargs.items() if k != "n"}
+
     def _requeue(self) -> None:
         """A resumed run: the checkpoint's drawn but untrained prompts start again, each as its draw's row, and
         finish before anything is drawn (as the uninterrupted run's had: the pause after a step finishes them)."""
-        n = self.generate.kwargs.get("n", 1)
-        sampling = {k: v for k, v in self.generate.kwargs.items() if k != "n"}
+        n, sampling = self._sampling()
         for draw, (batch, rows) in sorted(self.pending.items()):
             self.runner.submit(batch, draw, n, sampling, sorted(rows))
         self.requeue, wanted = False, sum(len(rows) for _, rows in self.pending.values())
