@@ -100,9 +100,9 @@ class HFTrainEngine:
         self.compiled = compile
         # one process: each decoder layer compiled (flowrl.engines.regional_compile); FSDP2: the whole model
         self._layers = CompiledLayers(self.model) if compile and not self.sharded else None
-        whole = compile and not self._layers
-        self._model_fn = torch.compile(self.model) if whole else self.model
-        self._decoder_fn = torch.compile(self.model.get_decoder()) if whole and kind == "actor" else None
+        self._whole = compile and not self._layers
+        self._model_fn = torch.compile(self.model) if self._whole else self.model
+        self._decoder_fn = torch.compile(self.model.get_decoder()) if self._whole and kind == "actor" else None
         self.hyperparameters = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
         trained = [p for p in self.model.parameters() if p.requires_grad] or list(self.model.parameters())
         # one fused kernel per step on CUDA (torchtitan's default too); torch's foreach loop elsewhere
@@ -123,8 +123,7 @@ class HFTrainEngine:
         outputs = check_outputs(self.kind, outputs or default_outputs(self.kind))
         self._check_same_rows(batch.batch_size[0])
         groups = self._micro_batches(batch, micro_batch_size, self.forward_max_tokens)
-        with self._compiling():
-            outs = [self._outputs(batch[rows], temperature, outputs) for rows in groups]
+        outs = [self._outputs(batch[rows], temperature, outputs) for rows in groups]
         order = torch.cat(groups)
         home = batch["prompt_ids"].device
         unsort = torch.empty_like(order)
@@ -254,7 +253,7 @@ class HFTrainEngine:
             # FSDP2 runs lm_head inside the root module's forward: the full model, padding masked
             inputs = self._dynamic(masked_inputs(mb))
             keep = num_response + 1
-            if self.compiled:  # as indices, of a dynamic size: an int is guarded on, a compile per response width
+            if self._whole:  # as indices, of a dynamic size: an int is guarded on, a compile per response width
                 width = inputs["input_ids"].shape[1]
                 keep = self._dynamic({"keep": torch.arange(width - keep, width, device=self.device)})["keep"]
             logits_BRV = self._model_fn(**inputs, logits_to_keep=keep).logits[:, :-1]
@@ -283,11 +282,12 @@ class HFTrainEngine:
         return self._layers.active() if self._layers else contextlib.nullcontext()
 
     def _dynamic(self, inputs: dict) -> dict:
-        """Compiled passes: the micro-batch's rows and width are dynamic from the first compile (as hf_static's
-        decode step: _mark_dynamic), so a pass compiles once per grad mode; torch.compile's default compiled
-        the first shape static, then again dynamic at the next micro-batch shape (each a full inductor compile,
-        20-40 s for a 0.5B model on a cold H200). Marked dims are not duck-sized with the model's own."""
-        if self.compiled:
+        """The whole model compiled (FSDP2): the micro-batch's rows and width are dynamic from the first compile
+        (as hf_static's decode step: _mark_dynamic), so a pass compiles once per grad mode; torch.compile's
+        default compiled the first shape static, then again dynamic at the next micro-batch shape (each a full
+        inductor compile, 20-40 s for a 0.5B model on a cold H200). Marked dims are not duck-sized with the
+        model's own. Compiled layers are dynamic by their own compile (flowrl.engines.regional_compile)."""
+        if self._whole:
             for value in inputs.values():
                 if isinstance(value, torch.Tensor):
                     for dim in range(min(value.dim(), 2)):
