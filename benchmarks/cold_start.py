@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache-dir", help="the torch.compile caches' folder, kept (default: a new temporary one); "
                                        "a second run with the same folder measures a warm start")
     p.add_argument("--timeout-s", type=float, default=540.0, help="the child is killed after this long")
+    p.add_argument("--stacks-every", type=float, default=0.0,
+                   help="the child writes every thread's stack to its log this often (seconds; 0: never): where a "
+                        "start that finishes no step spends its time")
     return p.parse_args(argv)
 
 
@@ -107,9 +110,9 @@ def main(argv: list[str] | None = None) -> None:
                "TORCH_LOGS": os.environ.get("TORCH_LOGS", "dynamo,recompiles"),
                "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                               os.environ.get("PYTHONPATH", "")])}
-        command = [sys.executable, "-m", "flowrl", "train", "grpo", "--no-progress",
+        command = [sys.executable, *_entry(args.stacks_every), "train", "grpo", "--no-progress",
                    *(f"--set={s}" for s in flowrl_sets(args, model, tmp + "/out"))]
-        print(json.dumps({"event": "start", "command": command[2:]}), flush=True)
+        print(json.dumps({"event": "start", "command": command[1:]}), flush=True)
         start = time.perf_counter()
         log_path = Path(args.child_log or Path(tmp) / "child.log")
         with open(log_path, "w") as log:
@@ -124,6 +127,12 @@ def main(argv: list[str] | None = None) -> None:
             "first_step_timing_s": _timings(steps[0]) if steps else {},
             "last_step_timing_s": _timings(steps[-1]) if len(steps) > 1 else {}, "error_tail": tail,
             "cache_mb_before": cache_mb, "cache_mb_after": _size_mb(caches)}), flush=True)
+
+
+def _entry(stacks_every: float) -> list[str]:
+    """`python -m flowrl`, or the same behind benchmarks/sample_stacks.py (a stack dump every `stacks_every` s)."""
+    return [str(Path(__file__).with_name("sample_stacks.py")), str(stacks_every), "flowrl"] if stacks_every \
+        else ["-m", "flowrl"]
 
 
 def _size_mb(folder: Path) -> float:
