@@ -33,10 +33,11 @@ def draw_lengths(count: int, cap: int, sigma: float, seed: int = 0) -> list[int]
 
 
 class Draws:
-    """The process's draws, handed out in order."""
+    """The process's draws, handed out in order: `next` the next one, `end` one past the last one to hand out
+    (all of them unless a caller moves it: bench_grid's items each take their own stretch)."""
 
     def __init__(self, lengths: list[int]):
-        self.lengths, self.next = lengths, 0
+        self.lengths, self.next, self.end = lengths, 0, len(lengths)
 
     @classmethod
     def from_env(cls) -> "Draws | None":
@@ -44,8 +45,8 @@ class Draws:
         return cls(json.loads(Path(path).read_text())) if path else None
 
     def take(self, n: int) -> list[int]:
-        if self.next + n > len(self.lengths):
-            raise RuntimeError(f"{LENGTHS_ENV}: {len(self.lengths)} draws, asked for row {self.next + n}")
+        if self.next + n > self.end:
+            raise RuntimeError(f"{LENGTHS_ENV}: draws end at row {self.end}, asked for row {self.next + n}")
         out = self.lengths[self.next:self.next + n]
         self.next += n
         return out

@@ -15,6 +15,8 @@ Systems that hold a vLLM engine need a process each (one sleep-mode vLLM per pro
   python benchmarks/grpo_vs_trl.py --systems trl_vllm --jsonl runs.jsonl; python benchmarks/grpo_vs_trl.py \
       --report runs.jsonl
   python benchmarks/grpo_vs_trl.py --device cpu --small --steps 1
+  python benchmarks/grpo_vs_trl.py --systems flowrl --grid 16x8:256,64x8:256,16x8:1024,64x8:1024 --jsonl runs.jsonl
+(--grid: one process, each PROMPTSxGROUP:NEW_TOKENS item in turn, each system on each; benchmarks/bench_grid.py)
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ import transformers
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+import bench_grid  # noqa: E402
 import forced_lengths  # noqa: E402
 from common import QWEN05B, SMALL, alias_algorithms, qwen_model  # noqa: E402
 
 START = time.perf_counter()  # the process's start, for the time to the first finished step
+ITEM_START = START  # the current workload's start in main's loop (--grid: each item's)
 
 PEAK_FLOPS, PEAK_NAME = 989e12, "H100/H200 SXM dense bf16"
 FULL_RUN = dict(prompts=64, group=8, new_tokens=256, micro=32)
@@ -170,7 +174,7 @@ def run_flowrl(wl: Workload, path: str) -> dict:
                 logged.append(metrics)
                 peaks.append(torch.cuda.max_memory_allocated() / 2**30 if wl.device == "cuda" else 0.0)
                 if step == 0:
-                    first_step_s = time.perf_counter() - START
+                    first_step_s, first_step_item_s = time.perf_counter() - START, time.perf_counter() - ITEM_START
                 print(f"flowrl step {step}: {times[-1]:.3f} s " + json.dumps(
                     {k: round(v, 4) for k, v in metrics.items() if k.split("/")[0] in ("timing_s", "memory")}),
                     flush=True)
@@ -178,6 +182,7 @@ def run_flowrl(wl: Workload, path: str) -> dict:
             engine.model.load_state_dict(sampler)
             result = {"s_per_step": mean_or_none(times[wl.warmup:]), **exactness(engine, batch, wl.micro),
                       "rollout": s.cfg.rollout.model_dump(), "first_step_s_since_start": first_step_s,
+                      "first_step_s_since_item": first_step_item_s,
                       "step_s": times, "step_peak_gib": max(peaks),
                       "cfg_rollout_engine": s.cfg.rollout.engine}
         finally:
@@ -285,7 +290,7 @@ def run_trl(wl: Workload, path: str, vllm: bool = False) -> dict:
     intervals = [b - a for a, b in zip(timer.marks, timer.marks[1:])]
     return {"s_per_step": mean_or_none(intervals[wl.warmup:]), "steps_timed": len(intervals[wl.warmup:]),
             "step_s": intervals, "first_step_s_since_start": timer.marks[1] - START if len(timer.marks) > 1
-            else None}
+            else None, "first_step_s_since_item": timer.marks[1] - ITEM_START if len(timer.marks) > 1 else None}
 
 
 def run_trl_vllm(wl: Workload, path: str) -> dict:
@@ -369,8 +374,9 @@ def run_plain(wl: Workload, path: str) -> dict:
 RUNNERS = {"flowrl": run_flowrl, "trl": run_trl, "trl_vllm": run_trl_vllm, "plain": run_plain}
 
 
-def measured(name: str, wl: Workload, path: str) -> dict:
-    """One system's result (or its error), with peak GPU memory; frees what it held before the next."""
+def measured(name: str, wl: Workload, path: str, draws_from: int = 0) -> dict:
+    """One system's result (or its error), with peak GPU memory; frees what it held before the next.
+    `draws_from`: the process's draw counter at the workload's start (--grid: the item's first draw)."""
     gc.collect()
     if wl.device == "cuda":
         torch.cuda.empty_cache()
@@ -388,8 +394,8 @@ def measured(name: str, wl: Workload, path: str) -> dict:
                                  *[v for k, v in result.get("memory_max", {}).items() if k.startswith("peak_gib")])
         torch.cuda.empty_cache()
         result["left_allocated_gib"] = torch.cuda.memory_allocated() / 2**30
-    if wl.variable:  # rows that took a draw in this process so far (expected: rows x steps per system)
-        result["draws_taken"] = forced_lengths.process_draws().next
+    if wl.variable:  # rows that took a draw in this workload so far (expected: rows x steps per system)
+        result["draws_taken"] = forced_lengths.process_draws().next - draws_from
     if result.get("s_per_step"):
         result["useful_tokens_per_step"] = wl.useful_tokens()
         result["useful_tok_per_step_s"] = wl.useful_tokens() / result["s_per_step"]
@@ -454,14 +460,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--json", help="write the results here")
     p.add_argument("--jsonl", help="append one line per system here")
+    p.add_argument("--grid", help="PROMPTSxGROUP:NEW_TOKENS,... (e.g. 16x8:256,64x8:1024): run every system "
+                                  "on each of these sizes in turn, in this one process (micro capped at the rows)")
     p.add_argument("--report", help="print the ratios of the systems in this JSONL file (one workload each) "
                                     "and exit")
     return p.parse_args()
 
 
-def workload(args: argparse.Namespace) -> Workload:
+def workload(args: argparse.Namespace, item: dict | None = None) -> Workload:
+    """The workload of the options, with a --grid item's sizes in place of --prompts/--group/--new-tokens."""
     preset = SMALL_RUN if args.small else FULL_RUN
-    sizes = {k: getattr(args, k) or v for k, v in preset.items()}
+    sizes = {k: getattr(args, k) or v for k, v in preset.items()} | (item or {})
     wl = Workload(device=args.device, prompt_len=args.prompt_len, steps=args.steps, warmup=args.warmup, lr=args.lr,
                   kl_coef=args.kl_coef, lengths=args.lengths, sigma=args.sigma, flowrl_sets=args.flowrl_set,
                   shape=SMALL if args.small else QWEN05B, **sizes)
@@ -469,7 +478,8 @@ def workload(args: argparse.Namespace) -> Workload:
     if wl.steps < 1 or wl.warmup < 0:
         raise SystemExit("--steps must be >= 1 and --warmup >= 0")
     if wl.rows % wl.micro:
-        raise SystemExit(f"--micro {wl.micro} must divide prompts x group = {wl.rows}")
+        raise SystemExit(f"--micro {wl.micro} must divide prompts x group = {wl.rows}"
+                         + (f" (--grid item {wl.prompts}x{wl.group}:{wl.new_tokens})" if item else ""))
     return wl
 
 
@@ -486,46 +496,62 @@ def report_file(path: str) -> None:
         report(results)
 
 
-def setup_lengths(wl: Workload, systems: list[str], folder: str) -> None:
-    """The variable workload's draws for this process, and the hooks that apply them."""
-    forced_lengths.write_draws(wl.draws(), folder)
+def setup_lengths(wl: Workload, draws: list[int], systems: list[str], folder: str) -> None:
+    """The variable workload's draws for this process (--grid: all items'), and the hooks that apply them."""
+    forced_lengths.write_draws(draws, folder)
     forced_lengths.register_flowrl_engine()
     if "trl_vllm" in systems or ("flowrl" in systems and wl.flowrl_engine() == "vllm"):
         forced_lengths.install_vllm_plugin(folder + "/plugin")
+
+
+def run_item(wl: Workload, systems: list[str], path: str, span: tuple[int, int], args, card: str) -> dict:
+    """Every system on one workload (--grid: one item, its draws `span` of the process's), a RESULT line each."""
+    global ITEM_START
+    ITEM_START = time.perf_counter()
+    print(f"workload: {wl.shape} {wl.dtype_name} on {card}; {wl.prompts} prompts x {wl.group} = {wl.rows} rows, "
+          f"{wl.prompt_len} prompt + {wl.new_tokens} new tokens; micro-batch {wl.micro}; lr {wl.lr}; "
+          f"{wl.steps} timed steps after {wl.warmup} warm-up; {wl.lengths} lengths", flush=True)
+    if wl.variable:
+        bench_grid.start_item(span)
+    results = {}
+    for name in systems:
+        key = f"{name}-{args.label}" if args.label and name == "flowrl" else name
+        results[key] = measured(name, wl, path, draws_from=span[0])
+        line = {"system": key, "workload": asdict(wl), "device_name": card, "result": results[key]}
+        print("RESULT " + json.dumps(line), flush=True)
+        if args.jsonl:
+            with open(args.jsonl, "a") as f:
+                f.write(json.dumps(line) + "\n")
+    return results
 
 
 def main() -> None:
     args = parse_args()
     if args.report:
         return report_file(args.report)
-    wl = workload(args)
+    if args.grid and (args.prompts or args.group or args.new_tokens):
+        raise SystemExit("--grid gives each item's prompts, group and new tokens: drop --prompts/--group/--new-tokens")
+    workloads = [workload(args, item) for item in bench_grid.parse_grid(args.grid)] if args.grid else [workload(args)]
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if unknown := set(systems) - set(RUNNERS):
         raise SystemExit(f"--systems: unknown {sorted(unknown)}; choose from {list(RUNNERS)}")
     transformers.utils.logging.disable_progress_bar()
-    card = torch.cuda.get_device_name() if wl.device == "cuda" else "cpu"
-    print(f"workload: {wl.shape} {wl.dtype_name} on {card}; {wl.prompts} prompts x {wl.group} = {wl.rows} rows, "
-          f"{wl.prompt_len} prompt + {wl.new_tokens} new tokens; micro-batch {wl.micro}; lr {wl.lr}; "
-          f"{wl.steps} timed steps after {wl.warmup} warm-up; {wl.lengths} lengths", flush=True)
+    first = workloads[0]
+    bench_grid.warn_vllm(len(workloads), systems, first.flowrl_engine())
+    card = torch.cuda.get_device_name() if first.device == "cuda" else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
-        if wl.variable:
-            setup_lengths(wl, systems, tmp)
-        path = qwen_model(tmp + "/model", BenchTask.chars, wl.shape, max(1536, wl.prompt_len + wl.new_tokens),
-                          getattr(torch, wl.dtype_name))
-        results = {}
-        for name in systems:
-            key = f"{name}-{args.label}" if args.label and name == "flowrl" else name
-            results[key] = measured(name, wl, path)
-            line = {"system": key, "workload": asdict(wl), "device_name": card, "result": results[key]}
-            print("RESULT " + json.dumps(line), flush=True)
-            if args.jsonl:
-                with open(args.jsonl, "a") as f:
-                    f.write(json.dumps(line) + "\n")
-    print("=== results")
-    ratios = report(results)
+        draws, spans = bench_grid.draw_layout(workloads) if first.variable else ([], [(0, 0)] * len(workloads))
+        if first.variable:
+            setup_lengths(first, draws, systems, tmp)
+        max_positions = max(1536, first.prompt_len + max(wl.new_tokens for wl in workloads))
+        path = qwen_model(tmp + "/model", BenchTask.chars, first.shape, max_positions, getattr(torch, first.dtype_name))
+        runs = [(wl, run_item(wl, systems, path, span, args, card)) for wl, span in zip(workloads, spans)]
+    summaries = []
+    for wl, results in runs:
+        print(f"=== results: {wl.prompts}x{wl.group}, {wl.new_tokens} new, {wl.lengths}")
+        summaries.append({"workload": asdict(wl), "device_name": card, "results": results, "ratios": report(results)})
     if args.json:
-        Path(args.json).write_text(json.dumps({"workload": asdict(wl), "device_name": card, "results": results,
-                                               "ratios": ratios}, indent=2))
+        Path(args.json).write_text(json.dumps(summaries if args.grid else summaries[0], indent=2))
 
 
 if __name__ == "__main__":
