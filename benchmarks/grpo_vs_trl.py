@@ -176,7 +176,8 @@ def run_flowrl(wl: Workload, path: str) -> dict:
                 if step == 0:
                     first_step_s, first_step_item_s = time.perf_counter() - START, time.perf_counter() - ITEM_START
                 print(f"flowrl step {step}: {times[-1]:.3f} s " + json.dumps(
-                    {k: round(v, 4) for k, v in metrics.items() if k.split("/")[0] in ("timing_s", "memory")}),
+                    {k: round(v, 4) for k, v in metrics.items()
+                     if k.split("/")[0] in ("timing_s", "memory") or k.startswith("rollout/decode_s")}),
                     flush=True)
             num_params = sum(p.numel() for p in engine.model.parameters())
             engine.model.load_state_dict(sampler)

@@ -5,6 +5,7 @@ import functools
 
 import torch
 
+from flowrl import metrics
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from flowrl.engines.hf_static import StaticCacheRolloutEngine
 from flowrl.engines.protocols import FinishReason, SamplingParams
@@ -47,7 +48,12 @@ def test_compacting_finished_rows_out_keeps_the_greedy_outputs(tiny_model_path):
     params = SamplingParams(max_new_tokens=40, greedy=True, ignore_eos=True)
     compacting = StaticCacheRolloutEngine(model, tokenizer, compile=False, compact_min_rows=1)
     static = StaticCacheRolloutEngine(model, tokenizer, compile=False, compact_min_rows=None)
-    out, expected = (e.generate(ids, mask, params, eos_at_B=eos_at) for e in (compacting, static))
+    with metrics.collect() as logged:
+        out = compacting.generate(ids, mask, params, eos_at_B=eos_at)
+    expected = static.generate(ids, mask, params, eos_at_B=eos_at)
+    # the call's seconds per loop size (8 rows, then 4, then 2): where a variable-length call's time goes
+    assert sorted(logged) == [f"rollout/decode_s/rows_{n}" for n in (2, 4, 8)]
+    assert all(v > 0 for v in logged.values())
     assert sorted(rows for rows, _ in compacting._caches) == [2, 4, 8]
     assert sorted(rows for rows, _ in static._caches) == [8]
     for key in ("response_ids", "response_mask", "finish_reason"):

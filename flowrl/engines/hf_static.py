@@ -33,16 +33,20 @@ one sample different (equally distributed) responses for the same seed.
 from __future__ import annotations
 
 import inspect
+import time
+from collections import Counter
 from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDict
 from transformers import StaticCache
 
+from flowrl import metrics
 from flowrl.engines.attention import use_flowrl_sdpa
 from flowrl.engines.decode_loop import DecodeLoop, force_eos
 from flowrl.engines.hf_rollout import HFRolloutEngine, _seeded, responses
 from flowrl.engines.protocols import SamplingParams
+from flowrl.engines.regional_compile import specialized_floats
 from flowrl.engines.sampling import truncate
 
 PROMPT_BUCKET = 32  # prompt widths are rounded up to a multiple of this
@@ -66,7 +70,7 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         self._cache_arg = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters \
             else "past_key_values"
         # dynamic: ints (the cache's length) are symbols too; the dims that vary are marked (_mark_dynamic)
-        self._step = torch.compile(_decode_step, dynamic=True) if compile else _decode_step
+        self._step = _floats_specialized(torch.compile(_decode_step, dynamic=True)) if compile else _decode_step
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
                  *, seed: int | None = None, eos_at_B: torch.Tensor | None = None) -> TensorDict:
@@ -94,6 +98,7 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
                        torch.zeros(rows, new, device=self.device))
         phase = _Phase(ids_BP, mask_BP, torch.arange(rows, device=self.device), rows, 0)
         total = ids_BP.shape[1] + new
+        seconds, last = Counter(), time.perf_counter()  # per loop size, between the reads that wait anyway
         loop = self._start(phase, total, params, eos_at_B)
         steps = 1
         while steps < new:
@@ -101,6 +106,7 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
                 break
             if steps % COMPACT_EVERY == 0:
                 live_b = (~loop.done_B[:phase.real]).nonzero().squeeze(-1)  # waits on the device
+                seconds[loop.rows], last = seconds[loop.rows] + time.perf_counter() - last, time.perf_counter()
                 if not len(live_b):
                     break
                 if self.compact_min_rows is not None and \
@@ -114,6 +120,11 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
             loop.step()
             steps += 1
         out.take(loop, phase, steps)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds[loop.rows] += time.perf_counter() - last
+        for rows, spent in seconds.items():  # where a call's decode time goes (a prefill counts to its loop)
+            metrics.log(f"rollout/decode_s/rows_{rows}", spent)
         return out.tokens_BR[:, :steps], out.logprobs_BR[:, :steps]
 
     def _start(self, phase: "_Phase", total: int, params: SamplingParams, eos_at_B: torch.Tensor,
@@ -214,6 +225,14 @@ def _mark_dynamic(loop: DecodeLoop, cache: StaticCache) -> None:
         for kv in (layer.keys, layer.values):
             torch._dynamo.maybe_mark_dynamic(kv, 0)
             torch._dynamo.maybe_mark_dynamic(kv, 2)
+
+
+def _floats_specialized(step):
+    """The compiled step, called (and so compiled) with Python floats as constants (regional_compile)."""
+    def call(*args):
+        with specialized_floats():
+            return step(*args)
+    return call
 
 
 def _bucket(rows: int, least: int) -> int:
