@@ -5,8 +5,9 @@
 # `git archive` of the commit the figures name. Every run's log, with the main thread's stack every 15 s where
 # it is a flowrl start (benchmarks/sample_stacks.py), comes back in $OUT/logs.tgz. Stages:
 #   1 (d1)  wheels; cold start to the first GRPO step with empty compile caches, then warm (the same caches);
-#           hf_static on the variable-length workload
-#   2 (d2)  vllm installed; flowrl's vLLM engine without per-row seeds (sleep level 2, fixed; level 1, variable)
+#           flowrl (hf_static) over the scaling grid, fixed then variable lengths, each item's update profiled
+#   2 (d2)  vllm installed; flowrl's vLLM engine without per-row seeds (sleep level 2, fixed; level 1,
+#           variable); TRL without vLLM over the grid's new sizes (fixed lengths)
 set -u
 STAGE=$1
 ROOT=$(pwd)
@@ -35,23 +36,27 @@ run() {  # NAME SECONDS COMMAND...: output in /tmp/runs/NAME.log, its tail print
   tar -czf "$OUT/logs.tgz" -C /tmp/runs --exclude="*/final" --exclude="*/checkpoints" . 2>/dev/null
 }
 
+GRID="--steps 2 --grid 64x8:256,16x8:256,16x8:1024,64x8:1024"
+export TORCHINDUCTOR_CACHE_DIR=/tmp/cc/inductor TRITON_CACHE_DIR=/tmp/cc/triton  # the grid reuses cold start's
+
 case $STAGE in
 1)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/dc/wheels/*.whl || exit 4
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   C="python3 benchmarks/cold_start.py --eval-prompts 0 --cache-dir /tmp/cc --stacks-every 15"
-  run cold 260 $C --timeout-s 250 --child-log /tmp/runs/cold_child.log
-  run warm 140 $C --timeout-s 130 --child-log /tmp/runs/warm_child.log
-  run static_variable 150 $B --steps 2 --lengths variable --systems flowrl --label hf_static \
-    --flowrl-set roles.rollout.engine=hf_static $COMMON
+  run cold 120 $C --timeout-s 115 --child-log /tmp/runs/cold_child.log
+  run warm 80 $C --timeout-s 75 --child-log /tmp/runs/warm_child.log
+  run grid_fixed 160 $B $GRID --systems flowrl --label hf_static --profile $COMMON
+  run grid_variable 140 $B $GRID --lengths variable --systems flowrl --label hf_static --profile $COMMON
   ;;
 2)
   cat /tmp/dc/vllm.00 /tmp/dc/vllm.01 >"/tmp/dc/$W" && (cd /tmp/dc && sha256sum -c --quiet SHA256SUMS) \
     && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "/tmp/dc/$W" \
       /tmp/dc/vwheels/*.whl || exit 4
   python3 -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
-  run vllm_fixed_l2 270 $B --steps 4 --label vllm_l2_unseeded --flowrl-set roles.rollout.free_cache_engine=2 $VLLM
-  run vllm_variable 270 $B --steps 4 --lengths variable --label vllm_l1_unseeded \
+  run vllm_fixed_l2 150 $B --steps 3 --label vllm_l2_unseeded --flowrl-set roles.rollout.free_cache_engine=2 $VLLM
+  run vllm_variable 150 $B --steps 3 --lengths variable --label vllm_l1_unseeded \
     --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
+  run trl_grid 160 $B --steps 1 --grid 16x8:1024,64x8:1024,16x8:256 --systems trl
   ;;
 esac

@@ -73,6 +73,7 @@ class Workload:
     kl_coef: float
     lengths: str = "fixed"
     sigma: float = 1.0
+    profile: bool = False
     flowrl_sets: list[str] = field(default_factory=list)
     shape: dict = field(default_factory=dict)
 
@@ -179,6 +180,8 @@ def run_flowrl(wl: Workload, path: str) -> dict:
                     {k: round(v, 4) for k, v in metrics.items()
                      if k.split("/")[0] in ("timing_s", "memory") or k.startswith("rollout/decode_s")}),
                     flush=True)
+            if wl.profile:  # one more step, untimed, its update under the profiler
+                profile_update(engine, lambda: s.executor.run_step(wl.warmup + wl.steps, s.stream), wl.device)
             num_params = sum(p.numel() for p in engine.model.parameters())
             engine.model.load_state_dict(sampler)
             result = {"s_per_step": mean_or_none(times[wl.warmup:]), **exactness(engine, batch, wl.micro),
@@ -189,6 +192,35 @@ def run_flowrl(wl: Workload, path: str) -> dict:
         finally:
             s.executor.close()
     return {**result, **flowrl_rates(wl, logged[wl.warmup:], batch, num_params)}
+
+
+def profile_update(engine, run_step, device: str) -> None:
+    """Runs a step with the engine's update under torch's profiler; prints the update's wall time, the device's
+    busy time (kernels, summed) and the kernels and CPU ops that took longest: where an update's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    update, spans = engine.update, []
+
+    def profiled(*args, **kwargs):
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with profile(activities=activities) as prof:
+            start = time.perf_counter()
+            out = update(*args, **kwargs)
+            sync(device)
+            spans.append((time.perf_counter() - start, prof))
+        return out
+
+    engine.update = profiled
+    try:
+        run_step()
+    finally:
+        engine.update = update
+    for wall, prof in spans:
+        events = prof.key_averages()
+        busy = sum(e.self_device_time_total for e in events) / 1e6 if device == "cuda" else 0.0
+        print(f"PROFILE update: {wall:.3f} s wall, device busy {busy:.3f} s", flush=True)
+        for key in (("self_device_time_total",) if device == "cuda" else ()) + ("self_cpu_time_total",):
+            print(events.table(sort_by=key, row_limit=15, max_name_column_width=70), flush=True)
 
 
 def flowrl_rates(wl: Workload, timed: list[dict], batch, num_params: int) -> dict:
@@ -455,6 +487,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lengths", choices=("fixed", "variable"), default="fixed",
                    help="fixed: EOS suppressed, all rows run to the cap; variable: EOS at log-normal drawn lengths")
     p.add_argument("--sigma", type=float, default=1.0, help="log-normal sigma of the variable lengths")
+    p.add_argument("--profile", action="store_true", help="flowrl: one more step after the timed ones, its "
+                                                          "update under torch's profiler (printed tables)")
     p.add_argument("--label", default="", help="suffix of flowrl's name in the results (flowrl-LABEL)")
     p.add_argument("--flowrl-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra flowrl config override, e.g. roles.rollout.micro_batch_size=512 (repeatable)")
@@ -473,7 +507,8 @@ def workload(args: argparse.Namespace, item: dict | None = None) -> Workload:
     preset = SMALL_RUN if args.small else FULL_RUN
     sizes = {k: getattr(args, k) or v for k, v in preset.items()} | (item or {})
     wl = Workload(device=args.device, prompt_len=args.prompt_len, steps=args.steps, warmup=args.warmup, lr=args.lr,
-                  kl_coef=args.kl_coef, lengths=args.lengths, sigma=args.sigma, flowrl_sets=args.flowrl_set,
+                  kl_coef=args.kl_coef, lengths=args.lengths, sigma=args.sigma, profile=args.profile,
+                  flowrl_sets=args.flowrl_set,
                   shape=SMALL if args.small else QWEN05B, **sizes)
     wl.micro = min(wl.micro, wl.rows)
     if wl.steps < 1 or wl.warmup < 0:
