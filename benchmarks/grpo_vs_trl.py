@@ -102,7 +102,9 @@ class Workload:
 
     def flowrl_engine(self) -> str:
         engines = [s.split("=", 1)[1] for s in self.flowrl_sets if s.startswith("roles.rollout.engine=")]
-        return engines[-1] if engines else ""
+        # unset: train.device=cuda picks hf_static (CUDA_DEFAULTS); the H200 grid of 2026-12-04 left it unset, so
+        # its variable-length flowrl rows ran without the drawn lengths (every response to the cap)
+        return engines[-1] if engines else ("hf_static" if self.device == "cuda" else "")
 
 
 class BenchTask:
