@@ -55,5 +55,5 @@ def specialized_floats() -> contextlib.AbstractContextManager:
     """Compiles inside the block take Python floats (attention scaling, norm eps) as constants. Under
     dynamic=True torch.compile first makes them symbols, then its tensorify pass gives up on them and restarts
     the whole trace: on a cold H200 that wasted 13 s of the decode step's compile (21 s with warm caches), and
-    a restart of every layer compile (benchmarks/results/cold_start_h200, 2026-12-04)."""
+    a restart of every layer compile (benchmarks/results/issue21_h200_20261204b, 2026-12-04)."""
     return torch._dynamo.config.patch(specialize_float=True)
