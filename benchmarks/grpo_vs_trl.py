@@ -101,10 +101,12 @@ class Workload:
         return sum(draws) / self.steps
 
     def flowrl_engine(self) -> str:
+        from flowrl.engines.hf_configs import CUDA_DEFAULTS
+
         engines = [s.split("=", 1)[1] for s in self.flowrl_sets if s.startswith("roles.rollout.engine=")]
         # unset: train.device=cuda picks hf_static (CUDA_DEFAULTS); the H200 grid of 2026-12-04 left it unset, so
         # its variable-length flowrl rows ran without the drawn lengths (every response to the cap)
-        return engines[-1] if engines else ("hf_static" if self.device == "cuda" else "")
+        return engines[-1] if engines else (CUDA_DEFAULTS["roles.rollout.engine"] if self.device == "cuda" else "")
 
 
 class BenchTask:
@@ -177,7 +179,8 @@ def run_flowrl(wl: Workload, path: str) -> dict:
                 logged.append(metrics)
                 peaks.append(torch.cuda.max_memory_allocated() / 2**30 if wl.device == "cuda" else 0.0)
                 if step == 0:
-                    first_step_s, first_step_item_s = time.perf_counter() - START, time.perf_counter() - ITEM_START
+                    now = time.perf_counter()
+                    first_step_s, first_step_item_s = now - START, now - ITEM_START
                 print(f"flowrl step {step}: {times[-1]:.3f} s " + json.dumps(
                     {k: round(v, 4) for k, v in metrics.items()
                      if k.split("/")[0] in ("timing_s", "memory") or k.startswith("rollout/decode_s")}),
@@ -199,6 +202,7 @@ def run_flowrl(wl: Workload, path: str) -> dict:
 def profile_update(engine, run_step, device: str) -> None:
     """Runs a step with the engine's update under torch's profiler; prints the update's wall time, the device's
     busy time (kernels, summed) and the kernels and CPU ops that took longest: where an update's time goes."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     update, spans = engine.update, []
@@ -219,7 +223,9 @@ def profile_update(engine, run_step, device: str) -> None:
         engine.update = update
     for wall, prof in spans:
         events = prof.key_averages()
-        busy = sum(e.self_device_time_total for e in events) / 1e6 if device == "cuda" else 0.0
+        # the kernels' own time: an op's self device time counts its kernels again
+        busy = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e6
+
         print(f"PROFILE update: {wall:.3f} s wall, device busy {busy:.3f} s", flush=True)
         for key in (("self_device_time_total",) if device == "cuda" else ()) + ("self_cpu_time_total",):
             print(events.table(sort_by=key, row_limit=15, max_name_column_width=70), flush=True)

@@ -106,7 +106,8 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
                 break
             if steps % COMPACT_EVERY == 0:
                 live_b = (~loop.done_B[:phase.real]).nonzero().squeeze(-1)  # waits on the device
-                seconds[loop.rows], last = seconds[loop.rows] + time.perf_counter() - last, time.perf_counter()
+                now = time.perf_counter()
+                seconds[loop.rows], last = seconds[loop.rows] + now - last, now
                 if not len(live_b):
                     break
                 if self.compact_min_rows is not None and \
