@@ -44,6 +44,7 @@ from transformers import StaticCache
 from flowrl import metrics
 from flowrl.engines.attention import use_flowrl_sdpa
 from flowrl.engines.decode_loop import DecodeLoop, force_eos
+from flowrl.engines.decode_regions import RegionalDecodeStep, supports_regions
 from flowrl.engines.hf_rollout import HFRolloutEngine, _seeded, responses
 from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.regional_compile import specialized_floats
@@ -70,7 +71,10 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         self._cache_arg = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters \
             else "past_key_values"
         # dynamic: ints (the cache's length) are symbols too; the dims that vary are marked (_mark_dynamic)
-        self._step = _floats_specialized(torch.compile(_decode_step, dynamic=True)) if compile else _decode_step
+        if supports_regions(self.model):  # one compiled decoder layer for all, and sampling (decode_regions)
+            self._step = RegionalDecodeStep(self.model, _sample, compile=compile)
+        else:  # sliding-window layers: the whole step compiled as one graph
+            self._step = _floats_specialized(torch.compile(_decode_step, dynamic=True)) if compile else _decode_step
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
                  *, seed: int | None = None, eos_at_B: torch.Tensor | None = None) -> TensorDict:
