@@ -9,7 +9,9 @@ of other sizes. Each call prints a JSON line: its seconds, the graphs dynamo com
 happened. Measured: tiny model on CPU, 64 new tokens, cold caches: 2 compiles (one greedy, one sampled),
 where torch.compile's default compiled 4 (static, dynamic rows, dynamic length, sampled); Qwen2.5-0.5B shape
 on an H200, 256 new tokens, after the fix: 2 compiles, the greedy evaluation's first call 49.6 s and the
-first rollout 46.8 s, later calls 0.5-1.2 s.
+first rollout 46.8 s, later calls 0.5-1.2 s; with the step compiled per decoder layer (flowrl.engines.
+decode_regions, 2026-12-04): 2 graphs (a layer, sampling) for all calls, the first call 15.1 s, later calls
+0.6-1.9 s.
 
     PYTHONPATH=. python benchmarks/decode_compiles.py --device cuda
     PYTHONPATH=. python benchmarks/decode_compiles.py --device cpu --new-tokens 64   # tiny model

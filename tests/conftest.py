@@ -62,6 +62,23 @@ def tiny_model_path(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
+@pytest.fixture(scope="session")
+def gqa_model_path(tiny_model_path, tmp_path_factory):
+    """The tiny model's tokenizer with a grouped-query model (4 query heads over 2 key/value heads)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from flowrl.engines.hf_models import load_tokenizer
+
+    config = Qwen2Config(vocab_size=len(load_tokenizer(tiny_model_path)), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, attn_implementation="sdpa", tie_word_embeddings=True)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("gqa") / "model"
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    load_tokenizer(tiny_model_path).save_pretrained(path)
+    return path
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """Tiny models: OpenMP threads cost more than they give, and spin badly on a busy 2-core machine."""

@@ -3,7 +3,6 @@
 import pytest
 import torch
 from tensordict import TensorDict
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from flowrl.config import load_run_config
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
@@ -14,19 +13,6 @@ from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.sampling import sampling_columns
 from flowrl.runtime.trainer import train
-
-
-@pytest.fixture(scope="module")
-def gqa_model_path(tiny_model_path, tmp_path_factory):
-    """The tiny model's tokenizer with a grouped-query model (4 query heads over 2 key/value heads)."""
-    config = Qwen2Config(vocab_size=len(load_tokenizer(tiny_model_path)), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=64, attn_implementation="sdpa", tie_word_embeddings=True)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("gqa") / "model"
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    load_tokenizer(tiny_model_path).save_pretrained(path)
-    return path
 
 
 def prompts(tokenizer):

@@ -15,7 +15,7 @@ Two things keep one graph for every layer, and the eager parts capturable:
 - The attention mask is the 4-D one the step builds (padding and causal over the cache): transformers returns
   a 4-D mask as it is, where building its own would read the padding mask on the host (`mask.all()`), which
   no CUDA graph can capture. Models with sliding-window layers need another mask per layer type: they, and
-  models without `get_decoder().layers`, compile the whole step instead (`supports_regions`).
+  models without `get_decoder().layers`, compile the whole step instead (`supports_regions`, `WholeDecodeStep`).
 """
 
 from __future__ import annotations
@@ -91,6 +91,26 @@ class RegionalDecodeStep:
         finally:
             for layer, previous in zip(self.layers, before):
                 layer._compiled_call_impl = previous
+
+
+class WholeDecodeStep:
+    """The same step as one function: the whole model and sampling compiled as one graph (or all eager), with
+    transformers' own mask; for the models `supports_regions` turns down."""
+
+    def __init__(self, model: torch.nn.Module, sample: Callable[..., tuple[torch.Tensor, ...]], *, compile: bool):
+        self.sample = sample
+        self.run = torch.compile(self._run, dynamic=True) if compile else self._run
+
+    def __call__(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        with specialized_floats():
+            return self.run(*args)
+
+    def _run(self, model: torch.nn.Module, cache_kwargs: dict[str, Any], token_B: torch.Tensor,
+             position_B: torch.Tensor, cache_position: torch.Tensor, mask_BL: torch.Tensor, done_B: torch.Tensor,
+             *sample_args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits_BV = model(input_ids=token_B[:, None], attention_mask=mask_BL, position_ids=position_B[:, None],
+                          cache_position=cache_position, use_cache=True, **cache_kwargs).logits[:, -1]
+        return self.sample(logits_BV, done_B, *sample_args)
 
 
 def _bound(compiled: Callable[..., Any], layer: torch.nn.Module, cache: _LayerCache) -> Callable[..., Any]:

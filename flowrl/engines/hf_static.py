@@ -6,8 +6,10 @@ transformers' `generate` spends most of a decode step outside the model
 one function, model forward on the newest token, temperature, optional top-k
 and top-p (flowrl.engines.sampling.truncate, the trainer's own), Gumbel-max
 sampling, the sampled token's logprob and the eos bookkeeping,
-which torch.compile fuses and, on GPUs, `DecodeLoop` captures with its
-bookkeeping as one CUDA graph replayed per token (flowrl.engines.decode_loop).
+which torch.compile fuses (one decoder layer's graph for all layers, and
+sampling: flowrl.engines.decode_regions) and, on GPUs, `DecodeLoop` captures
+with its bookkeeping as one CUDA graph replayed per token
+(flowrl.engines.decode_loop).
 The KV cache is transformers' StaticCache, kept per (rows, length) so the
 graph's buffers stay put across calls; the model may be the train engine's own
 module (the hybrid engine): optimizer steps update its parameters in place,
@@ -44,10 +46,9 @@ from transformers import StaticCache
 from flowrl import metrics
 from flowrl.engines.attention import use_flowrl_sdpa
 from flowrl.engines.decode_loop import DecodeLoop, force_eos
-from flowrl.engines.decode_regions import RegionalDecodeStep, supports_regions
+from flowrl.engines.decode_regions import RegionalDecodeStep, WholeDecodeStep, supports_regions
 from flowrl.engines.hf_rollout import HFRolloutEngine, _seeded, responses
 from flowrl.engines.protocols import SamplingParams
-from flowrl.engines.regional_compile import specialized_floats
 from flowrl.engines.sampling import truncate
 
 PROMPT_BUCKET = 32  # prompt widths are rounded up to a multiple of this
@@ -71,10 +72,9 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         self._cache_arg = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters \
             else "past_key_values"
         # dynamic: ints (the cache's length) are symbols too; the dims that vary are marked (_mark_dynamic)
-        if supports_regions(self.model):  # one compiled decoder layer for all, and sampling (decode_regions)
-            self._step = RegionalDecodeStep(self.model, _sample, compile=compile)
-        else:  # sliding-window layers: the whole step compiled as one graph
-            self._step = _floats_specialized(torch.compile(_decode_step, dynamic=True)) if compile else _decode_step
+        # one compiled decoder layer for all, and sampling; sliding-window models: the whole step (decode_regions)
+        step = RegionalDecodeStep if supports_regions(self.model) else WholeDecodeStep
+        self._step = step(self.model, _sample, compile=compile)
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
                  *, seed: int | None = None, eos_at_B: torch.Tensor | None = None) -> TensorDict:
@@ -232,14 +232,6 @@ def _mark_dynamic(loop: DecodeLoop, cache: StaticCache) -> None:
             torch._dynamo.maybe_mark_dynamic(kv, 2)
 
 
-def _floats_specialized(step):
-    """The compiled step, called (and so compiled) with Python floats as constants (regional_compile)."""
-    def call(*args):
-        with specialized_floats():
-            return step(*args)
-    return call
-
-
 def _bucket(rows: int, least: int) -> int:
     """The power of two at or above `rows`, at least `least`."""
     return max(least, 1 << (rows - 1).bit_length())
@@ -264,15 +256,6 @@ class _Knobs(NamedTuple):
 
 def _truncation(params: SamplingParams) -> tuple[int, float]:
     return (0, 1.0) if params.greedy else (params.top_k, params.top_p)
-
-
-def _decode_step(model: torch.nn.Module, cache: dict[str, StaticCache], token_B: torch.Tensor,
-                 position_B: torch.Tensor, cache_position: torch.Tensor, mask_BL: torch.Tensor, done_B: torch.Tensor,
-                 knobs: _Knobs, top_k: int, top_p: float, eos_id: int,
-                 pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    logits_BV = model(input_ids=token_B[:, None], attention_mask=mask_BL, position_ids=position_B[:, None],
-                      cache_position=cache_position, use_cache=True, **cache).logits[:, -1]
-    return _sample(logits_BV, done_B, knobs, top_k, top_p, eos_id, pad_id)
 
 
 def _sample(logits_BV: torch.Tensor, done_B: torch.Tensor, knobs: _Knobs, top_k: int, top_p: float, eos_id: int,
