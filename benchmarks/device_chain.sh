@@ -43,6 +43,7 @@ run() {  # NAME SECONDS COMMAND...: output in /tmp/runs/NAME.log, its tail print
 
 GRID="--steps 2 --grid 64x8:256,16x8:256,16x8:1024,64x8:1024"
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cc/inductor TRITON_CACHE_DIR=/tmp/cc/triton  # the grid reuses cold start's
+export TORCH_LOGS=recompiles  # a recompile inside timed steps says why (the variable 64x8 row of 2026-12-04c did not)
 
 case $STAGE in
 1)

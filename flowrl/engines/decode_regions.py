@@ -115,7 +115,9 @@ class WholeDecodeStep:
 
 def _bound(compiled: Callable[..., Any], layer: torch.nn.Module, cache: _LayerCache) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
-        return compiled(layer, *args, **{**kwargs, "past_key_values": cache})
+        # the layer's cache argument, under the name this transformers passes (`cache` from 5.2x)
+        name = "cache" if "cache" in kwargs else "past_key_values"
+        return compiled(layer, *args, **{**kwargs, name: cache})
     return call
 
 
