@@ -36,6 +36,20 @@ class SleepyLLM:
     def reset_prefix_cache(self) -> None:
         pass
 
+    @property
+    def llm_engine(self):
+        return self
+
+    @property
+    def engine_core(self):
+        return self
+
+    def shutdown(self) -> None:
+        """Frees vLLM's memory: like the CuMem allocator's unmap, it fails on memory asleep (unmapped)."""
+        if self.asleep:
+            raise RuntimeError(f"cuMemUnmap: invalid argument ({sorted(self.asleep)} asleep)")
+        self.calls.append(("shutdown",))
+
 
 class Source:
     def named_full_tensors(self):
@@ -46,7 +60,7 @@ def sleepy_engine(level: int) -> VLLMRolloutEngine:
     engine = VLLMRolloutEngine.__new__(VLLMRolloutEngine)  # no vLLM engine: its LLM is the stand-in
     engine.config, engine.llm, engine.cuda, engine.source = VLLMRolloutConfig(free_cache_engine=level), \
         SleepyLLM(), False, Source()
-    engine.sleeping, engine.weights_fresh = set(), True
+    engine.sleeping, engine.weights_fresh, engine.closed = set(), True, False
     return engine
 
 
@@ -87,6 +101,15 @@ class RecordingLLM(SleepyLLM):
     def generate(self, prompts, params, use_tqdm, lora_request):
         self.params = params
         return [type("Out", (), {"outputs": [Sample([5])]})() for _ in prompts]
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_closing_a_sleeping_engine_wakes_its_memory_before_freeing_it_once(level):
+    engine = sleepy_engine(level)
+    engine._sleep()
+    engine.close()
+    engine.close()  # again (and at exit): nothing more
+    assert engine.llm.calls == [("sleep", level), ("wake_up", ("weights", "kv_cache")), ("shutdown",)]
 
 
 @pytest.mark.parametrize("seed_rows", [True, False])

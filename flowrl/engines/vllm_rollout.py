@@ -25,6 +25,7 @@ weights too). Each sleep logs the device memory it freed and how long it took.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import logging
@@ -32,6 +33,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from typing import Any, ClassVar, Iterable, Iterator, Literal
 
 import torch
@@ -171,6 +173,8 @@ class VLLMRolloutEngine:
             **(dict(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=1) if config.max_lora_rank
                else {}))
         self.llm = _start_within(start, config.start_timeout_s, self.cuda)
+        self.closed = False
+        atexit.register(_close_at_exit, weakref.ref(self))  # before the interpreter frees vLLM's memory
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
                  *, seed: int | None = None) -> TensorDict:
@@ -242,9 +246,16 @@ class VLLMRolloutEngine:
             frequency_penalty=0.0, seed=seed, stop_token_ids=[self.eos_id], logprobs=0, detokenize=False)
 
     def close(self) -> None:
-        """Shuts the in-process vLLM engine down now. Left to garbage collection, its shutdown tears down the
-        process's vLLM distributed state whenever it runs, under another engine built since (a second run in a
-        notebook); once closed, that later collection does nothing."""
+        """Shuts the in-process vLLM engine down now (once; also at the interpreter's exit). Left to garbage
+        collection, its shutdown tears down the process's vLLM distributed state whenever it runs, under another
+        engine built since (a second run in a notebook); once closed, that later collection does nothing.
+        Memory asleep is woken first: vLLM's allocator unmaps each allocation it frees, and one already unmapped
+        by sleep fails ("CUDA Error: invalid argument at cumem_allocator.cpp:235" ended an H200 run whose last
+        generation had put the engine to sleep, docs/benchmarks.md, 2026-12-04)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._wake_up("weights", "kv_cache")
         self.llm.llm_engine.engine_core.shutdown()
 
     def _sleep(self) -> None:
@@ -330,6 +341,11 @@ def _tensor_parallel_ranks(size: int) -> int:
         raise ValueError(f"roles.rollout.tensor_parallel_size={size} needs torchrun with exactly {size} ranks, "
                          f"got world size {world}")
     return size
+
+
+def _close_at_exit(engine: "weakref.ref[VLLMRolloutEngine]") -> None:
+    if (alive := engine()) is not None:
+        alive.close()
 
 
 def _gather_rows(ranks: int, prompts: list, seeds: list) -> tuple[slice, tuple[list, list]]:
