@@ -1,16 +1,15 @@
 #!/bin/bash
-# The H200 runs of issue 21's fourth session (2026-12-04), one stage per device call, each call within 30 s of
-# the last (the machine keeps /tmp only while warm): `bash .benchtree/benchmarks/device_chain.sh STAGE` with
-# carry [".dc/dN", ".benchtree", ".benchold"] (N: the stage's carry below). Carries: benchmarks/device_carry.sh;
-# .benchtree: `git archive` of the commit the figures name; .benchold: the commit before the decode step's
-# regional compile, run instead where that fails on CUDA (stage 1's check). Every run's log, with the main
-# thread's stack every 15 s where it is a flowrl start (benchmarks/sample_stacks.py), comes back in
-# $OUT/logs.tgz. Stages:
-#   1 (d1)  wheels; the decode step's compiles (decode_compiles.py, its own empty caches: the check); cold
-#           start to the first GRPO step with empty compile caches, then warm (the same caches); flowrl
-#           (hf_static) over the scaling grid, fixed lengths
-#   2 (d2)  vllm installed; TRL with colocated vLLM at the grid's new sizes, fixed lengths, a process each
-#   3 (d1)  flowrl over the grid, variable lengths; TRL with colocated vLLM and without vLLM, variable lengths
+# The H200 runs of issue 21, one stage per device call, each call within 30 s of the last (the machine keeps
+# /tmp only while warm): `bash .benchtree/benchmarks/device_chain.sh STAGE` with carry [".dc/dN", ".benchtree"]
+# (N: the stage's carry below; a third ".benchold" tree, if carried, is run instead where stage 1's check
+# fails). Carries: benchmarks/device_carry.sh; .benchtree: `git archive` of the commit the figures name. Every
+# run's log, with the main thread's stack every 15 s where it is a flowrl start (benchmarks/sample_stacks.py),
+# comes back in $OUT/logs.tgz; TORCH_LOGS=recompiles says why anything compiled again. Stages (fifth session):
+#   1 (d1)  wheels; the decode step's compiles (the check); flowrl (hf_static) on the variable workload, 4 timed
+#           steps (the fourth session's second timed step compiled again); the fixed workload; cold start
+#   2 (d2)  vllm installed; where flowrl's vLLM engine loses speed (vllm_engine_speed.py, sleep level 1, then
+#           level 0 in a process of its own); flowrl's vLLM engine, variable workload, sleep level 1: its exit
+#           (the fourth session's fix of the cumem error at exit)
 set -u
 STAGE=$1
 ROOT=$(pwd)
@@ -52,31 +51,24 @@ case $STAGE in
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   TORCHINDUCTOR_CACHE_DIR=/tmp/cc_check/inductor TRITON_CACHE_DIR=/tmp/cc_check/triton \
     run check 100 python3 benchmarks/decode_compiles.py --device cuda
-  if ! grep -q '"call": "eval", "rows": 200, "width": 70' /tmp/runs/check.log; then
+  if [ -d "$ROOT/.benchold" ] && ! grep -q '"call": "eval", "rows": 200, "width": 70' /tmp/runs/check.log; then
     touch /tmp/use_old && rm -rf /tmp/bt && cp -r "$ROOT/.benchold" /tmp/bt \
       && ln -s ../algorithms /tmp/bt/flowrl/algorithms && echo "tree: .benchold (the check failed)"
   fi
   C="python3 benchmarks/cold_start.py --eval-prompts 0 --cache-dir /tmp/cc --stacks-every 15"
   run cold 120 $C --timeout-s 115 --child-log /tmp/runs/cold_child.log
-  run warm 75 $C --timeout-s 70 --child-log /tmp/runs/warm_child.log
-  run grid_fixed 220 $B $GRID --systems flowrl --label hf_static $COMMON
+  run variable 150 $B --steps 4 --lengths variable --systems flowrl --label hf_static $COMMON
+  run fixed 120 $B --steps 3 --systems flowrl --label hf_static $COMMON
   ;;
 2)
   cat /tmp/dc/vllm.00 /tmp/dc/vllm.01 >"/tmp/dc/$W" && (cd /tmp/dc && sha256sum -c --quiet SHA256SUMS) \
     && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "/tmp/dc/$W" \
       /tmp/dc/vwheels/*.whl || exit 4
   python3 -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
-  T="$B --warmup 1 --steps 1 --systems trl_vllm"
-  run trl_vllm_16x8_256 130 $T --prompts 16 --new-tokens 256
-  run trl_vllm_16x8_1024 150 $T --prompts 16 --new-tokens 1024 --micro 16
-  run trl_vllm_64x8_1024 200 $T --prompts 64 --new-tokens 1024 --micro 8
-  ;;
-3)
-  [ -d /tmp/site/vllm ] || exit 5  # stage 2's install, on this same warm machine
-  run grid_variable 170 $B $GRID --lengths variable --systems flowrl --label hf_static $COMMON
-  T="$B --warmup 1 --steps 1 --lengths variable"
-  run trl_vllm_var_16x8_256 120 $T --systems trl_vllm --prompts 16 --new-tokens 256
-  run trl_vllm_var_16x8_1024 140 $T --systems trl_vllm --prompts 16 --new-tokens 1024 --micro 16
-  run trl_var_grid 120 $T --systems trl --grid 16x8:256,16x8:1024 --micro 16
+  run speed_l1 150 python3 benchmarks/vllm_engine_speed.py --device cuda --level 1
+  run speed_l0 120 python3 benchmarks/vllm_engine_speed.py --device cuda --level 0
+  run vllm_variable 180 $B --steps 3 --lengths variable --label vllm_l1_unseeded \
+    --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
+  grep -c "cumem_allocator" /tmp/runs/vllm_variable.log
   ;;
 esac
