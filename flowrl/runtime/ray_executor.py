@@ -23,106 +23,41 @@
   (flowrl.runtime.ray_streaming).
 - Workers ask Ray for a sliver of a CPU (they fit on any machine, however
   many pools) and one GPU each on CUDA pools.
+- init_ray and the pools' workers: flowrl.runtime.ray_pools; a node's rows
+  over the ranks and the errors it ends with: flowrl.runtime.ray_nodes.
 """
 
 from __future__ import annotations
 
 import copy
-import math
-import os
-import socket
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator
 
 from flowrl.runtime import ray_loopback
 
 ray_loopback.use_for_a_local_cluster()  # before Ray reads its constants (at import): a local cluster at 127.0.0.1
 import ray  # noqa: E402
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError  # noqa: E402
+from ray.exceptions import GetTimeoutError, RayActorError  # noqa: E402
 from tensordict import TensorDict
 
 from flowrl import metrics
-from flowrl.data.batch import concat
-from flowrl.engines.hf_models import atomic_dir
 from flowrl.engines.transports import TransportConfig
 from flowrl.engines.weight_transport import WeightSyncTimeout
 from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
 from flowrl.graph.role import close_role
 from flowrl.graph.trace import Node, NodeKind
-from flowrl.plan.placement import DRIVER, Pool
+from flowrl.plan.placement import DRIVER
 from flowrl.runtime import buffering, ray_cluster, ray_streaming, streaming
-from flowrl.runtime.ray_cluster import ShippedFolder, pack, unpack
 from flowrl.plan.planner import Plan
 from flowrl.runtime.distributed import average
-from flowrl.runtime.ray_worker import PoolWorker
-from flowrl.runtime.scheduling import Spread, call_node, fill_index, ready, run_step, scheduled
+from flowrl.runtime.ray_nodes import (NodeTimeout, WorkerDied, _cause, _checked_nodes, _Launched, _merge, _split,
+                                      _Versions)
+from flowrl.runtime.ray_pools import PoolEngine, _start_pool, _write_folder
+from flowrl.runtime.ray_pools import CONNECT_TIMEOUT_S, _check_listening, init_ray  # noqa: F401 (re-exported)
+from flowrl.runtime.scheduling import call_node, ready, run_step
 
 _EMPTY = TensorDict({}, batch_size=[0])
-
-
-def init_ray(address: str | None = None, **kwargs: Any) -> None:
-    """Start (or join: `address`, or RAY_ADDRESS; ray://host:port through Ray Client) a Ray cluster unless this
-    process already did. A local one registers its node at 127.0.0.1 and listens there only, when this module
-    was imported before Ray (ray_loopback.use_for_a_local_cluster, at the top)."""
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    if not ray.is_initialized():
-        if address not in (None, "auto", "local"):
-            _check_listening(address)
-        ray.init(address, **({"include_dashboard": False} if address is None else {}), **kwargs)
-
-
-CONNECT_TIMEOUT_S = 15.0
-
-
-def _check_listening(address: str) -> None:
-    """A cluster address nothing listens on is one line within CONNECT_TIMEOUT_S (ray.init would retry for
-    minutes): a TCP connection to its host and port is tried first."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S).close()
-    except ValueError:
-        raise ValueError(f"RAY_ADDRESS {address!r}: expected host:port or ray://host:port") from None
-    except OSError as err:
-        raise ValueError(f"RAY_ADDRESS {address!r}: no Ray cluster answers there within {CONNECT_TIMEOUT_S:g} s "
-                         f"({err.strerror or type(err).__name__}); start it (ray start --head) or unset "
-                         f"RAY_ADDRESS for a local one") from None
-
-
-@dataclass
-class _Versions:
-    """Updates dispatched per versioned role, and the source version each following role last loaded."""
-
-    updates: dict[str, int] = field(default_factory=dict)
-    synced: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class _Launched:
-    node: Node
-    batches: list[ray.ObjectRef]  # one per rank (for a cross-pool sync: the load_weights calls)
-    logged: list[ray.ObjectRef]  # one metrics dict per rank
-    start: float
-
-
-@dataclass(frozen=True)
-class PoolEngine:
-    """One trainable role across its pool's ranks, for flowrl.runtime.checkpoint: save and load call every rank."""
-
-    workers: tuple[Any, ...]
-    role: str
-    ship_files: bool = False  # files travel between the driver's `path` and the workers' scratch folders
-
-    def save(self, path: str) -> None:
-        saved = ray.get([w.save.remote(self.role, None if self.ship_files else path) for w in self.workers])
-        if self.ship_files:
-            _write_folder({name: data for files in saved for name, data in files.items()}, path)
-
-    def load(self, path: str) -> None:
-        files = ray.put(pack(Path(path))) if self.ship_files else None
-        ray.get([w.load.remote(self.role, None if self.ship_files else path, files) for w in self.workers])
 
 
 class RayExecutor:
@@ -362,65 +297,3 @@ class RayExecutor:
         run, ranks = next((run, ranks) for run, ranks in stuck if ranks)
         return (f"node {run.node.name} on pool {run.node.pool!r} did not finish within train.node_timeout_s="
                 f"{self.node_timeout_s:g} s (ranks still running: {ranks}); rerun to resume from the last checkpoint")
-
-
-def _cause(err: BaseException) -> str:
-    """The message of the exception a Ray task raised (without Ray's remote traceback)."""
-    cause = err.cause if isinstance(err, RayTaskError) else err
-    return " ".join(str(cause).split())[:500]
-
-
-class NodeTimeout(RuntimeError):
-    """A node ran past train.node_timeout_s (the message names it, its pool and the ranks still running)."""
-
-
-class WorkerDied(RuntimeError):
-    """A Ray worker process ended while running a node."""
-
-
-def _merge(node: Node, outs: list[Any], batch: TensorDict) -> TensorDict:
-    if node.kind is NodeKind.ROWS:
-        return concat(outs)
-    if node.kind is NodeKind.MAP and node.writes:
-        written = concat(outs)
-        for key in sorted(node.writes):
-            batch[key] = written[key]
-    return batch
-
-
-def _split(batch: TensorDict, node: Node, num_ranks: int) -> list[TensorDict]:
-    rows = batch.batch_size[0]
-    if rows % num_ranks:
-        raise ValueError(f"pool {node.pool!r}: {node.name} got {rows} rows, which do not split evenly over its "
-                         f"world_size {num_ranks}; make train.batch_size (and train.eval_prompts) a multiple of it")
-    size = rows // num_ranks
-    return [batch[rank * size:(rank + 1) * size] for rank in range(num_ranks)]
-
-
-def _checked_nodes(plan: Plan) -> tuple[list[Node], int | None, Spread]:
-    """The plan's nodes in schedule order, its fill node's index, and how a fill deals out its rows: the driver
-    holds them all, and keeps a number of groups every pool after the fill splits evenly."""
-    nodes = scheduled(plan)
-    fill_at = fill_index(nodes)
-    after = nodes[fill_at + 1:] if fill_at is not None else []
-    ranks = math.lcm(1, *(plan.pools[n.role].world_size for n in after if n.role in plan.pools))
-    return nodes, fill_at, Spread(ranks=ranks)
-
-
-def _start_pool(pool: Pool, group: Any, factory: Any, roles: tuple[str, ...],
-                shipped: dict[str, ShippedFolder] | None,
-                cpu_threads: int = 0) -> tuple[list[Any], list[ray.ObjectRef]]:
-    """The pool's workers, one on each bundle of its placement group, and their setup calls (in flight: the
-    ranks meet at the address rank 0 finds on its node)."""
-    workers = [ray.remote(PoolWorker).options(**ray_cluster.worker_options(pool, group, rank)).remote()
-               for rank in range(pool.world_size)]
-    address = workers[0].rendezvous.remote()
-    setups = [w.setup.remote(factory, roles, pool.device, rank, pool.world_size, address, shipped, cpu_threads)
-              for rank, w in enumerate(workers)]
-    return workers, setups
-
-
-def _write_folder(files: dict[str, bytes], path: str) -> None:
-    """Files the workers sent, written as folder `path` on the driver (whole or not at all)."""
-    with atomic_dir(path) as tmp:
-        unpack(files, tmp)

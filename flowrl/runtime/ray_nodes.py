@@ -1,0 +1,82 @@
+"""A plan node across a pool's ranks, for the Ray executor (flowrl.runtime.ray_executor).
+
+- `_checked_nodes`: the plan's nodes in schedule order and how a fill deals out its rows.
+- `_split` deals a node's rows evenly over its pool's ranks; `_merge` puts their results back into the batch.
+- `_Launched` is a node in flight (its result and metrics refs, one per rank); `_Versions` counts the updates
+  of each versioned role and the version each follower last loaded.
+- `NodeTimeout` and `WorkerDied` are the errors a node ends with; `_cause` is a Ray task's own message.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import RayTaskError
+from tensordict import TensorDict
+
+from flowrl.data.batch import concat
+from flowrl.graph.trace import Node, NodeKind
+from flowrl.plan.planner import Plan
+from flowrl.runtime.scheduling import Spread, fill_index, scheduled
+
+
+@dataclass
+class _Versions:
+    """Updates dispatched per versioned role, and the source version each following role last loaded."""
+
+    updates: dict[str, int] = field(default_factory=dict)
+    synced: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Launched:
+    node: Node
+    batches: list[ray.ObjectRef]  # one per rank (for a cross-pool sync: the load_weights calls)
+    logged: list[ray.ObjectRef]  # one metrics dict per rank
+    start: float
+
+
+def _cause(err: BaseException) -> str:
+    """The message of the exception a Ray task raised (without Ray's remote traceback)."""
+    cause = err.cause if isinstance(err, RayTaskError) else err
+    return " ".join(str(cause).split())[:500]
+
+
+class NodeTimeout(RuntimeError):
+    """A node ran past train.node_timeout_s (the message names it, its pool and the ranks still running)."""
+
+
+class WorkerDied(RuntimeError):
+    """A Ray worker process ended while running a node."""
+
+
+def _merge(node: Node, outs: list[Any], batch: TensorDict) -> TensorDict:
+    if node.kind is NodeKind.ROWS:
+        return concat(outs)
+    if node.kind is NodeKind.MAP and node.writes:
+        written = concat(outs)
+        for key in sorted(node.writes):
+            batch[key] = written[key]
+    return batch
+
+
+def _split(batch: TensorDict, node: Node, num_ranks: int) -> list[TensorDict]:
+    rows = batch.batch_size[0]
+    if rows % num_ranks:
+        raise ValueError(f"pool {node.pool!r}: {node.name} got {rows} rows, which do not split evenly over its "
+                         f"world_size {num_ranks}; make train.batch_size (and train.eval_prompts) a multiple of it")
+    size = rows // num_ranks
+    return [batch[rank * size:(rank + 1) * size] for rank in range(num_ranks)]
+
+
+def _checked_nodes(plan: Plan) -> tuple[list[Node], int | None, Spread]:
+    """The plan's nodes in schedule order, its fill node's index, and how a fill deals out its rows: the driver
+    holds them all, and keeps a number of groups every pool after the fill splits evenly."""
+    nodes = scheduled(plan)
+    fill_at = fill_index(nodes)
+    after = nodes[fill_at + 1:] if fill_at is not None else []
+    ranks = math.lcm(1, *(plan.pools[n.role].world_size for n in after if n.role in plan.pools))
+    return nodes, fill_at, Spread(ranks=ranks)
