@@ -1,0 +1,102 @@
+"""What the in-process vLLM engine (flowrl.engines.vllm_rollout) needs around vLLM; imports no vLLM.
+
+- `_start_within`: vLLM's start-up under a deadline; `_close_at_exit`: the engine closed at the interpreter's exit.
+- `_tensor_parallel_ranks` and `_gather_rows`: every rank of a tensor-parallel engine sends the same requests.
+- `token_logprobs`: the sampler's logprob of each token of a vLLM completion.
+- `_device_used_gib`: the device memory in use (what a sleep frees).
+- `RotaryReloadFilter`: drops the warning vLLM's reload_weights logs for rotary layers (RELOAD_LOGGER).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from flowrl.data.scoring_pool import call_with_deadline
+
+if TYPE_CHECKING:
+    from flowrl.engines.vllm_rollout import VLLMRolloutEngine
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"  # vLLM's reload_weights, layer by layer
+GIB = 1 << 30
+
+
+class RotaryReloadFilter(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights" after every weight sync, and nothing else.
+
+    A rotary layer holds its cos/sin cache but no checkpoint weights, so each `reload_weights` finds nothing
+    to load for it and (rightly) puts its tensors back; vLLM warns about that. Any other layer that fails to
+    load still warns.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and isinstance(record.args, tuple)
+                    and str(record.args[0]).endswith("RotaryEmbedding"))
+
+
+def _start_within(start: Any, timeout_s: float, cuda: bool) -> Any:
+    """start() (vLLM's constructor) under a deadline (flowrl.data.scoring_pool.call_with_deadline): a hung
+    start-up stops the run in one line. vLLM runs in this process, so there is nothing to kill: the thread is
+    abandoned and ends with the process. The thread starts on the caller's CUDA device (the current device is per
+    thread), and the device vLLM's worker left current there is made current here, as when vLLM started in this
+    thread."""
+    device = torch.cuda.current_device() if cuda else None
+
+    def on_device() -> tuple[Any, int | None]:
+        if device is not None:
+            torch.cuda.set_device(device)
+        return start(), (torch.cuda.current_device() if device is not None else None)
+
+    llm, left = call_with_deadline(on_device, (), timeout_s, "vLLM's start-up", timed_out=(
+        f"vLLM did not start within {timeout_s:g} s (roles.rollout.start_timeout_s); the run stops here (rerun the "
+        f"same command to resume)"))
+    if left is not None:
+        torch.cuda.set_device(left)
+    return llm
+
+
+def token_logprobs(completion: Any) -> list[float]:
+    """The sampler's logprob of each token of a vLLM CompletionOutput (asked with logprobs=0: the sampled
+    token's only; processed: after temperature, top-k, top-p)."""
+    return [step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids)]
+
+
+def _device_used_gib(cuda: bool) -> float:
+    """Memory in use on the current CUDA device, every allocator's (vLLM's sleep-mode pool is not torch's);
+    0 off CUDA."""
+    if not cuda:
+        return 0.0
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / GIB
+
+
+def _tensor_parallel_ranks(size: int) -> int:
+    """1, or the world size when one vLLM engine spans all torchrun ranks (vLLM's external launcher)."""
+    if size == 1:
+        return 1
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world != size:
+        raise ValueError(f"roles.rollout.tensor_parallel_size={size} needs torchrun with exactly {size} ranks, "
+                         f"got world size {world}")
+    return size
+
+
+def _close_at_exit(engine: "weakref.ref[VLLMRolloutEngine]") -> None:
+    if (alive := engine()) is not None:
+        alive.close()
+
+
+def _gather_rows(ranks: int, prompts: list, seeds: list) -> tuple[slice, tuple[list, list]]:
+    """Every rank of a tensor-parallel engine must send the same requests: all ranks' rows, and this rank's
+    slice of them."""
+    if ranks == 1:
+        return slice(None), (prompts, seeds)
+    gathered: list[Any] = [None] * ranks
+    dist.all_gather_object(gathered, (prompts, seeds))
+    start = sum(len(p) for p, _ in gathered[:dist.get_rank()])
+    return slice(start, start + len(prompts)), ([p for ps, _ in gathered for p in ps],
+                                                [s for _, ss in gathered for s in ss])
