@@ -92,6 +92,7 @@ def test_no_import_cycles():
 
 @pytest.mark.parametrize("path", [*sorted((ROOT / "plan").glob("*.py")),
                                   *(ROOT / "runtime" / f for f in ("executor.py", "ray_executor.py",
+                                                                    "ray_pools.py", "ray_nodes.py",
                                                                     "ray_worker.py", "scheduling.py",
                                                                     "buffering.py"))])
 def test_the_planner_and_executors_name_no_role_and_no_field(path):
