@@ -64,6 +64,7 @@ def test_an_engine_section_warns_only_when_no_role_builds_on_it(algorithm, warne
     import warnings
     from types import SimpleNamespace
 
+    import flowrl.algorithms  # noqa: F401 (registers the prebuilt algorithms, whatever ran before)
     from flowrl.data.arithmetic import ArithmeticTask
     from flowrl.graph.algorithm import ALGORITHMS
     from flowrl.runtime.trainer import make_plan
