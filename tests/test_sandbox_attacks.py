@@ -333,6 +333,8 @@ def test_a_fork_bomb_in_one_call_leaves_a_concurrent_call_its_own_process_budget
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     threads = "import threading, time\nts = [threading.Thread(target=time.sleep, args=(0.5,)) for _ in range(8)]\n" \
               "time.sleep(0.3)\n[t.start() for t in ts]\n[t.join() for t in ts]\nprint('ran', len(ts))"
+    # the bomb burns its 2 s; the other call gets 30 s, so a busy 2-core machine (the bomb's forking on one
+    # core) cannot time it out (CI, 2026-12-04: at 2 s it did), while a shared process budget still fails it
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda code: run_python(code, timeout_s=2.0), [bomb, threads]))
+        results = list(pool.map(lambda code, limit: run_python(code, timeout_s=limit), [bomb, threads], [2.0, 30.0]))
     assert results[0].error == "timeout after 2.0s" and results[1] == ToolResult("ran 8\n", "")
