@@ -13,6 +13,7 @@ check of what it tried.
 import hashlib
 import os
 import platform
+import re
 import signal
 import socket
 import subprocess
@@ -123,6 +124,13 @@ class Attack:
     limits: dict = field(default_factory=dict)
 
 
+def _as_a_sandbox_uid(output: str, pattern: str) -> bool:
+    """The ids `pattern` finds in `output` are one uid the sandbox hands out (nobody, or a spare beside it)."""
+    found = re.search(pattern, output)
+    return found is not None and len(set(found.groups())) == 1 and \
+        int(found.group(1)) in (bwrap.NOBODY, *bwrap._SPARE_UIDS)
+
+
 def _said(*words: str) -> Callable[[ToolResult], bool]:
     return lambda result: all(word in result.output + result.error for word in words)
 
@@ -148,7 +156,7 @@ ATTACKS = [
            _refused("/usr", "/etc", "/root", "/var/tmp")),
     Attack("run_id_through_posixsubprocess", "import subprocess\n"  # the issue reached it through gc; it is allowed
            "print(subprocess.run(['id'], capture_output=True, text=True).stdout)",
-           lambda r: "uid=65534 gid=65534" in r.output and "uid=0" not in r.output),
+           lambda r: _as_a_sandbox_uid(r.output, r"uid=(\d+) gid=(\d+)") and "uid=0" not in r.output),
     Attack("sigterm_the_trainer", "import os, signal\nfor p in {pids} + [{me}, os.getppid()]:\n    try:\n"
            "        os.kill(p, signal.SIGTERM); print('sent', p)\n    except OSError as e:\n        print(p, e)"),
     Attack("sigkill_the_trainer", "import os, signal\nfor p in {pids} + [{me}]:\n    try:\n"
@@ -189,7 +197,7 @@ ATTACKS = [
     # privileges
     Attack("setuid_root", TRY + "import os\nattempt('setuid', lambda: os.setuid(0))\n"
            "attempt('setresuid', lambda: os.setresuid(0, 0, 0))\nprint(os.getresuid())",
-           lambda r: _refused("setuid", "setresuid")(r) and "(65534, 65534, 65534)" in r.output),
+           lambda r: _refused("setuid", "setresuid")(r) and _as_a_sandbox_uid(r.output, r"\((\d+), (\d+), (\d+)\)")),
     Attack("ctypes_setuid_and_caps", "import ctypes\nlibc = ctypes.CDLL(None)\nprint(libc.setuid(0), libc.setgid(0))\n"
            "print([l for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapPrm', 'CapBnd', "
            "'NoNewPrivs'))])",
@@ -338,3 +346,21 @@ def test_a_fork_bomb_in_one_call_leaves_a_concurrent_call_its_own_process_budget
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda code, limit: run_python(code, timeout_s=limit), [bomb, threads], [2.0, 30.0]))
     assert results[0].error == "timeout after 2.0s" and results[1] == ToolResult("ran 8\n", "")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as another user the sandbox's uid lives in its own user namespace")
+def test_host_processes_running_as_nobody_leave_a_call_its_whole_process_budget():
+    """RLIMIT_NPROC counts every process of a uid on the host: a daemon running as nobody (or an earlier call's
+    processes still exiting) would take from a call run as nobody. Four host processes as nobody, a budget of
+    four: the call runs as another uid and starts its three threads."""
+    sleepers = [subprocess.Popen(["setpriv", f"--reuid={bwrap.NOBODY}", f"--regid={bwrap.NOBODY}", "--clear-groups",
+                                  "sleep", "60"]) for _ in range(4)]
+    try:
+        code = "import os, threading, time\n" \
+               "ts = [threading.Thread(target=time.sleep, args=(0.2,)) for _ in range(3)]\n" \
+               "[t.start() for t in ts]\n[t.join() for t in ts]\nprint(os.getuid() != 65534, len(ts))"
+        assert run_python(code, timeout_s=30.0, max_processes=4) == ToolResult("True 3\n", "")
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()

@@ -5,7 +5,8 @@ runs
 
 - as `uid` (and gid) with no capabilities and no supplementary groups:
   `uid_slot()` hands out 65534 (nobody), or while that one is in use by a
-  concurrent call, one of 65000-65533 (reserved, never allocated by Debian),
+  concurrent call or by any process on the host, one of 65000-65533
+  (reserved, never allocated by Debian),
   so that concurrent calls have separate process budgets (RLIMIT_NPROC counts
   a uid's processes); as root, bwrap keeps only CAP_SETUID/SETGID/SETPCAP for
   util-linux's `setpriv`, which drops to nobody, clears the bounding set and
@@ -73,15 +74,33 @@ def command(argv: list[str], limits: Limits, uid: int = NOBODY, info_fd: int | N
 
 @contextlib.contextmanager
 def uid_slot() -> Iterator[int]:
-    """A uid no other sandbox of this process runs as while the block runs: nobody when free."""
+    """A uid no other sandbox of this process runs as while the block runs, and no process on the host runs as
+    when it starts: nobody when free. RLIMIT_NPROC counts all of a uid's processes, so a host daemon running as
+    nobody, or a process of an earlier call still exiting, would take from the call's budget (CI, 2026-12-04:
+    a thread bomb right after a fork bomb could start no thread)."""
     with _lock:
-        uid = next(u for u in (NOBODY, *_SPARE_UIDS) if u not in _in_use)
+        running = _host_uids()
+        uid = next((u for u in (NOBODY, *_SPARE_UIDS) if u not in _in_use and u not in running),
+                   next(u for u in (NOBODY, *_SPARE_UIDS) if u not in _in_use))
         _in_use.add(uid)
     try:
         yield uid
     finally:
         with _lock:
             _in_use.discard(uid)
+
+
+def _host_uids() -> set[int]:
+    """The owners of the processes this host's /proc shows (a process's /proc folder belongs to its uid)."""
+    uids = set()
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if entry.name.isdigit():
+                try:
+                    uids.add(entry.stat().st_uid)
+                except OSError:  # it exited meanwhile
+                    pass
+    return uids
 
 
 def interpreter() -> str:
