@@ -78,10 +78,10 @@ def uid_slot() -> Iterator[int]:
     when it starts: nobody when free. RLIMIT_NPROC counts all of a uid's processes, so a host daemon running as
     nobody, or a process of an earlier call still exiting, would take from the call's budget (CI, 2026-12-04:
     a thread bomb right after a fork bomb could start no thread)."""
+    running = _host_uids()  # read before the lock: concurrent calls do not wait on each other's scan of /proc
     with _lock:
-        running = _host_uids()
-        uid = next((u for u in (NOBODY, *_SPARE_UIDS) if u not in _in_use and u not in running),
-                   next(u for u in (NOBODY, *_SPARE_UIDS) if u not in _in_use))
+        free = [u for u in (NOBODY, *_SPARE_UIDS) if u not in _in_use]
+        uid = next((u for u in free if u not in running), free[0])
         _in_use.add(uid)
     try:
         yield uid

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from flowrl.engines.regional_compile import specialized_floats
+from flowrl.engines.regional_compile import decoder_layers, layer_compile_settings, specialized_floats
 
 
 class _LayerCache:
@@ -43,16 +43,10 @@ def _layer_call(layer: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     return layer._call_impl(*args, **kwargs)
 
 
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
-    return list(getattr(decoder, "layers", None) or [])
-
-
 def supports_regions(model: torch.nn.Module) -> bool:
     """Whether every layer attends to the whole cache (one mask for all) and the decoder's layers are found."""
     types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
-    return bool(_decoder_layers(model)) and types == {"full_attention"}
+    return bool(decoder_layers(model)) and types == {"full_attention"}
 
 
 class RegionalDecodeStep:
@@ -60,7 +54,7 @@ class RegionalDecodeStep:
     `sample(last logits_BV, done_B, *sample_args)`, with the layers and `sample` compiled (or all eager)."""
 
     def __init__(self, model: torch.nn.Module, sample: Callable[..., tuple[torch.Tensor, ...]], *, compile: bool):
-        self.layers = _decoder_layers(model)
+        self.layers = decoder_layers(model)
         self.compile = compile
         self.layer = torch.compile(_layer_call, dynamic=True) if compile else None
         self.sample = torch.compile(sample, dynamic=True) if compile else sample
@@ -71,9 +65,8 @@ class RegionalDecodeStep:
         (cache,) = cache_kwargs.values()
         slots_L = torch.arange(mask_BL.shape[1], device=mask_BL.device)
         mask_B11L = (mask_BL.bool() & (slots_L <= cache_position))[:, None, None, :]  # padding, then causal
-        with self._compiled_layers(cache), _compile_settings():
-            logits_BV = model(input_ids=token_B[:, None], attention_mask=mask_B11L, position_ids=position_B[:, None],
-                              cache_position=cache_position, use_cache=True, **cache_kwargs).logits[:, -1]
+        with self._compiled_layers(cache), layer_compile_settings():
+            logits_BV = _last_logits(model, cache_kwargs, token_B, position_B, cache_position, mask_B11L)
             return self.sample(logits_BV, done_B, *sample_args)
 
     @contextlib.contextmanager
@@ -108,9 +101,15 @@ class WholeDecodeStep:
     def _run(self, model: torch.nn.Module, cache_kwargs: dict[str, Any], token_B: torch.Tensor,
              position_B: torch.Tensor, cache_position: torch.Tensor, mask_BL: torch.Tensor, done_B: torch.Tensor,
              *sample_args: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        logits_BV = model(input_ids=token_B[:, None], attention_mask=mask_BL, position_ids=position_B[:, None],
-                          cache_position=cache_position, use_cache=True, **cache_kwargs).logits[:, -1]
-        return self.sample(logits_BV, done_B, *sample_args)
+        return self.sample(_last_logits(model, cache_kwargs, token_B, position_B, cache_position, mask_BL), done_B,
+                           *sample_args)
+
+
+def _last_logits(model: torch.nn.Module, cache_kwargs: dict[str, Any], token_B: torch.Tensor, position_B: torch.Tensor,
+                 cache_position: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The logits of each row's newest token, fed at `position_B` into the cache's `cache_position` slot."""
+    return model(input_ids=token_B[:, None], attention_mask=mask, position_ids=position_B[:, None],
+                 cache_position=cache_position, use_cache=True, **cache_kwargs).logits[:, -1]
 
 
 def _bound(compiled: Callable[..., Any], layer: torch.nn.Module, cache: _LayerCache) -> Callable[..., Any]:
@@ -119,12 +118,3 @@ def _bound(compiled: Callable[..., Any], layer: torch.nn.Module, cache: _LayerCa
         name = "cache" if "cache" in kwargs else "past_key_values"
         return compiled(layer, *args, **{**kwargs, name: cache})
     return call
-
-
-def _compile_settings() -> contextlib.AbstractContextManager:
-    """Python floats as constants (regional_compile.specialized_floats), and no duck sizing: rows equal to the
-    head size (64 for Qwen2.5-0.5B) would otherwise share its symbol and be specialized with it."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(specialized_floats())
-    stack.enter_context(torch.fx.experimental._config.patch(use_duck_shape=False))
-    return stack

@@ -25,9 +25,7 @@ class CompiledLayers:
     """The compiled decoder layers of `model` (none where it has no `get_decoder().layers`)."""
 
     def __init__(self, model: torch.nn.Module):
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
-        self.layers = list(getattr(decoder, "layers", None) or [])
+        self.layers = decoder_layers(model)
         self.compiled = [torch.compile(layer._call_impl, dynamic=True) for layer in self.layers]
         self.depth = 0
 
@@ -42,13 +40,31 @@ class CompiledLayers:
                 layer._compiled_call_impl = compiled
         self.depth += 1
         try:
-            with torch.fx.experimental._config.patch(use_duck_shape=False), specialized_floats():
+            with layer_compile_settings():
                 yield
         finally:
             self.depth -= 1
             if self.depth == 0:
                 for layer in self.layers:
                     layer._compiled_call_impl = None
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers of `model` (or of the model under a peft wrapper); none where it has no
+    `get_decoder().layers`."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else None
+    return list(getattr(decoder, "layers", None) or [])
+
+
+@contextlib.contextmanager
+def layer_compile_settings() -> Iterator[None]:
+    """How decoder layers compile (here and in hf_static's decode step, flowrl.engines.decode_regions): Python
+    floats as constants (`specialized_floats`), and no duck sizing: equal sizes at the first call (rows and
+    width, or rows and the head size: 64 for Qwen2.5-0.5B) would otherwise share a symbol and be specialized
+    together."""
+    with torch.fx.experimental._config.patch(use_duck_shape=False), specialized_floats():
+        yield
 
 
 def specialized_floats() -> contextlib.AbstractContextManager:
