@@ -14,13 +14,7 @@ from flowrl.engines.decode_regions import RegionalDecodeStep, WholeDecodeStep, s
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.hf_static import StaticCacheRolloutEngine
-
-
-def prompts(tokenizer):
-    rows = [tokenizer.encode(t) for t in ("12+3=", "7*8=", "9-4=", "22+22=")]
-    width = max(map(len, rows))
-    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
-    return ids, (ids != tokenizer.pad_token_id).long()
+from test_engine_hf_static import prompts
 
 
 def test_only_models_whose_layers_all_attend_to_the_whole_cache_compile_per_layer(gqa_model_path):

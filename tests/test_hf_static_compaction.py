@@ -9,14 +9,7 @@ from flowrl import metrics
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from flowrl.engines.hf_static import StaticCacheRolloutEngine
 from flowrl.engines.protocols import FinishReason, SamplingParams
-
-
-def prompts(tokenizer):
-    rows = [tokenizer.encode(t) for t in ("12+3=", "7*8=", "9-4=", "1+1=", "22+22=", "5=")]
-    width = max(map(len, rows))
-    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return ids, mask
+from test_engine_hf_static import prompts
 
 
 def eight_prompts(tokenizer):
