@@ -4,12 +4,12 @@
 # (N: the stage's carry below; a third ".benchold" tree, if carried, is run instead where stage 1's check
 # fails). Carries: benchmarks/device_carry.sh; .benchtree: `git archive` of the commit the figures name. Every
 # run's log, with the main thread's stack every 15 s where it is a flowrl start (benchmarks/sample_stacks.py),
-# comes back in $OUT/logs.tgz; TORCH_LOGS=recompiles says why anything compiled again. Stages (fifth session):
-#   1 (d1)  wheels; the decode step's compiles (the check); flowrl (hf_static) on the variable workload, 4 timed
-#           steps (the fourth session's second timed step compiled again); the fixed workload; cold start
-#   2 (d2)  vllm installed; where flowrl's vLLM engine loses speed (vllm_engine_speed.py, sleep level 1, then
-#           level 0 in a process of its own); flowrl's vLLM engine, variable workload, sleep level 1: its exit
-#           (the fourth session's fix of the cumem error at exit)
+# comes back in $OUT/logs.tgz; TORCH_LOGS=recompiles says why anything compiled again. Stages (fifth session's
+# second lease, after the train passes' widths became multiples of 8 and the layers' compiles skip inductor's
+# mix-order size guard, and vLLM returns flat logprobs):
+#   1 (d1)  wheels; flowrl (hf_static), variable workload with 4 timed steps and fixed with 3; cold start
+#   2 (d2)  vllm installed; vllm_engine_speed.py at level 0 (flat against nested logprobs, gc seconds); flowrl's
+#           vLLM engine (sleep level 1), variable and fixed workloads
 set -u
 STAGE=$1
 ROOT=$(pwd)
@@ -49,26 +49,22 @@ case $STAGE in
   [ -d /tmp/site/trl ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
     /tmp/dc/wheels/*.whl || exit 4
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  TORCHINDUCTOR_CACHE_DIR=/tmp/cc_check/inductor TRITON_CACHE_DIR=/tmp/cc_check/triton \
-    run check 100 python3 benchmarks/decode_compiles.py --device cuda
-  if [ -d "$ROOT/.benchold" ] && ! grep -q '"call": "eval", "rows": 200, "width": 70' /tmp/runs/check.log; then
-    touch /tmp/use_old && rm -rf /tmp/bt && cp -r "$ROOT/.benchold" /tmp/bt \
-      && ln -s ../algorithms /tmp/bt/flowrl/algorithms && echo "tree: .benchold (the check failed)"
-  fi
-  C="python3 benchmarks/cold_start.py --eval-prompts 0 --cache-dir /tmp/cc --stacks-every 15"
-  run cold 120 $C --timeout-s 115 --child-log /tmp/runs/cold_child.log
   run variable 150 $B --steps 4 --lengths variable --systems flowrl --label hf_static $COMMON
   run fixed 120 $B --steps 3 --systems flowrl --label hf_static $COMMON
+  C="python3 benchmarks/cold_start.py --eval-prompts 0 --cache-dir /tmp/cc_cold --stacks-every 15"
+  run cold 120 $C --timeout-s 115 --child-log /tmp/runs/cold_child.log
+  grep -c "__recompiles\] Recompiling" /tmp/runs/variable.log /tmp/runs/fixed.log
   ;;
 2)
   cat /tmp/dc/vllm.00 /tmp/dc/vllm.01 >"/tmp/dc/$W" && (cd /tmp/dc && sha256sum -c --quiet SHA256SUMS) \
     && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "/tmp/dc/$W" \
       /tmp/dc/vwheels/*.whl || exit 4
   python3 -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
-  run speed_l1 150 python3 benchmarks/vllm_engine_speed.py --device cuda --level 1
-  run speed_l0 120 python3 benchmarks/vllm_engine_speed.py --device cuda --level 0
+  run speed_l0 150 python3 benchmarks/vllm_engine_speed.py --device cuda --level 0
   run vllm_variable 180 $B --steps 3 --lengths variable --label vllm_l1_unseeded \
     --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
-  grep -c "cumem_allocator" /tmp/runs/vllm_variable.log
+  run vllm_fixed 180 $B --steps 3 --label vllm_l1_unseeded --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
+  grep -c "__recompiles\] Recompiling" /tmp/runs/vllm_variable.log /tmp/runs/vllm_fixed.log
+  grep -c "cumem_allocator" /tmp/runs/vllm_variable.log /tmp/runs/vllm_fixed.log
   ;;
 esac

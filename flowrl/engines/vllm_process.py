@@ -61,8 +61,21 @@ def _start_within(start: Any, timeout_s: float, cuda: bool) -> Any:
 
 def token_logprobs(completion: Any) -> list[float]:
     """The sampler's logprob of each token of a vLLM CompletionOutput (asked with logprobs=0: the sampled
-    token's only; processed: after temperature, top-k, top-p)."""
-    return [step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids)]
+    token's only; processed: after temperature, top-k, top-p). Flat logprobs (`flat_logprobs`) hold one
+    entry per token in order, the sampled token's, read as they are; else one dict per token."""
+    flat = completion.logprobs
+    if hasattr(flat, "start_indices"):  # vllm.logprobs.FlatLogprobs
+        if flat.end_indices != list(range(1, len(completion.token_ids) + 1)):
+            raise ValueError("vLLM returned more than the sampled token's logprob per position (logprobs=0)")
+        return list(flat.logprobs)
+    return [step[token].logprob for step, token in zip(flat, completion.token_ids)]
+
+
+def flat_logprobs_option(sampling_params: type) -> dict:
+    """vLLM's flat logprobs where this vLLM has them (0.26 does): a completion's logprobs as a few lists of
+    numbers, not a dict and an object per token. 512 rows of 256 tokens made 131k of each per rollout, which
+    Python's garbage collector then walked."""
+    return {"flat_logprobs": True} if "flat_logprobs" in getattr(sampling_params, "__struct_fields__", ()) else {}
 
 
 def _device_used_gib(cuda: bool) -> float:

