@@ -35,7 +35,7 @@ class Workload:
     kl_coef: float
     lengths: str = "fixed"
     sigma: float = 1.0
-    profile: bool = False
+    profile: str = ""  # "", "update" or "generate" (grpo_vs_trl.py --profile)
     flowrl_sets: list[str] = field(default_factory=list)
     shape: dict = field(default_factory=dict)
 

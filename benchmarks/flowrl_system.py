@@ -1,9 +1,12 @@
 """`grpo_vs_trl.py`'s flowrl runner: flowrl's GRPO on the workload, its node timings, rollout tok/s, update
-MFU, memory and the sampler-vs-trainer logprob gap (`exactness`); `--profile`'s update under torch's profiler."""
+MFU, memory and the sampler-vs-trainer logprob gap (`exactness`); `--profile`'s update or generate under the
+profilers."""
 
 from __future__ import annotations
 
+import cProfile
 import json
+import pstats
 import tempfile
 import time
 
@@ -62,8 +65,11 @@ def run_flowrl(wl: Workload, path: str) -> dict:
                     {k: round(v, 4) for k, v in metrics.items()
                      if k.split("/")[0] in ("timing_s", "memory") or k.startswith("rollout/decode_s")}),
                     flush=True)
-            if wl.profile:  # one more step, untimed, its update under the profiler
-                profile_update(engine, lambda: s.executor.run_step(wl.warmup + wl.steps, s.stream), wl.device)
+            if wl.profile:  # more steps, untimed: the update or the rollout's generate under the profilers
+                profiled = engine if wl.profile == "update" else s.executor.roles["rollout"].engine
+                for extra, python in enumerate((False, True) if wl.profile == "generate" else (False,)):
+                    profile_call(profiled, wl.profile, lambda: s.executor.run_step(wl.warmup + wl.steps + extra,
+                                                                                   s.stream), wl.device, python)
             num_params = sum(p.numel() for p in engine.model.parameters())
             engine.model.load_state_dict(sampler)
             result = {"s_per_step": mean_or_none(times[wl.warmup:]), **exactness(engine, batch, wl.micro),
@@ -76,34 +82,40 @@ def run_flowrl(wl: Workload, path: str) -> dict:
     return {**result, **flowrl_rates(wl, logged[wl.warmup:], batch, num_params)}
 
 
-def profile_update(engine, run_step, device: str) -> None:
-    """Runs a step with the engine's update under torch's profiler; prints the update's wall time, the device's
-    busy time (kernels, summed) and the kernels and CPU ops that took longest: where an update's time goes."""
+def profile_call(engine, method: str, run_step, device: str, python: bool = False) -> None:
+    """Runs a step with the engine's `method` (update, generate) under torch's profiler; prints the call's wall
+    time, the device's busy time (kernels, summed) and the kernels and CPU ops that took longest: where the time
+    goes. `python`: under cProfile instead, the Python functions that took longest themselves (a CPU-bound
+    call, such as an in-process vLLM's scheduling and output processing, shows there)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    update, spans = engine.update, []
+    call, spans = getattr(engine, method), []
 
     def profiled(*args, **kwargs):
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-        with profile(activities=activities) as prof:
+        with cProfile.Profile() if python else profile(activities=activities) as prof:
             start = time.perf_counter()
-            out = update(*args, **kwargs)
+            out = call(*args, **kwargs)
             sync(device)
             spans.append((time.perf_counter() - start, prof))
         return out
 
-    engine.update = profiled
+    setattr(engine, method, profiled)
     try:
         run_step()
     finally:
-        engine.update = update
+        setattr(engine, method, call)
     for wall, prof in spans:
+        if python:
+            print(f"PROFILE {method} (cProfile): {wall:.3f} s wall", flush=True)
+            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+            continue
         events = prof.key_averages()
         # the kernels' own time: an op's self device time counts its kernels again
         busy = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e6
 
-        print(f"PROFILE update: {wall:.3f} s wall, device busy {busy:.3f} s", flush=True)
+        print(f"PROFILE {method}: {wall:.3f} s wall, device busy {busy:.3f} s", flush=True)
         for key in (("self_device_time_total",) if device == "cuda" else ()) + ("self_cpu_time_total",):
             print(events.table(sort_by=key, row_limit=15, max_name_column_width=70), flush=True)
 

@@ -102,8 +102,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lengths", choices=("fixed", "variable"), default="fixed",
                    help="fixed: EOS suppressed, all rows run to the cap; variable: EOS at log-normal drawn lengths")
     p.add_argument("--sigma", type=float, default=1.0, help="log-normal sigma of the variable lengths")
-    p.add_argument("--profile", action="store_true", help="flowrl: one more step after the timed ones, its "
-                                                          "update under torch's profiler (printed tables)")
+    p.add_argument("--profile", nargs="?", const="update", default="", choices=("update", "generate"),
+                   help="flowrl: one more step after the timed ones, its update (the default) or its rollout's "
+                        "generate under torch's profiler (printed tables); generate: then one under cProfile")
     p.add_argument("--label", default="", help="suffix of flowrl's name in the results (flowrl-LABEL)")
     p.add_argument("--flowrl-set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra flowrl config override, e.g. roles.rollout.micro_batch_size=512 (repeatable)")
