@@ -4,12 +4,13 @@
 # (N: the stage's carry below; a third ".benchold" tree, if carried, is run instead where stage 1's check
 # fails). Carries: benchmarks/device_carry.sh; .benchtree: `git archive` of the commit the figures name. Every
 # run's log, with the main thread's stack every 15 s where it is a flowrl start (benchmarks/sample_stacks.py),
-# comes back in $OUT/logs.tgz; TORCH_LOGS=recompiles says why anything compiled again. Stages (fifth session's
-# second lease, after the train passes' widths became multiples of 8 and the layers' compiles skip inductor's
-# mix-order size guard, and vLLM returns flat logprobs):
-#   1 (d1)  wheels; flowrl (hf_static), variable workload with 4 timed steps and fixed with 3; cold start
-#   2 (d2)  vllm installed; vllm_engine_speed.py at level 0 (flat against nested logprobs, gc seconds); flowrl's
-#           vLLM engine (sleep level 1), variable and fixed workloads
+# comes back in $OUT/logs.tgz; TORCH_LOGS=recompiles says why anything compiled again. Stages (for the sixth
+# session, written at the end of the fifth):
+#   1 (d1)  wheels; flowrl (hf_static) on the variable workload, 64x8 and 16x8, 4 timed steps each (the 16x8
+#           row's first timed update was slower than its second, with no recompile)
+#   2 (d2)  vllm installed; the first and later weight syncs by vLLM's reload_weights and by the model's own
+#           load_weights (vllm_sync_paths.py); flowrl's vLLM engine on the fixed workload with its generate
+#           under the profilers (--profile generate: why it is slower inside a GRPO step than alone)
 set -u
 STAGE=$1
 ROOT=$(pwd)
@@ -50,21 +51,17 @@ case $STAGE in
     /tmp/dc/wheels/*.whl || exit 4
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   run variable 150 $B --steps 4 --lengths variable --systems flowrl --label hf_static $COMMON
-  run fixed 120 $B --steps 3 --systems flowrl --label hf_static $COMMON
-  C="python3 benchmarks/cold_start.py --eval-prompts 0 --cache-dir /tmp/cc_cold --stacks-every 15"
-  run cold 120 $C --timeout-s 115 --child-log /tmp/runs/cold_child.log
-  grep -c "__recompiles\] Recompiling" /tmp/runs/variable.log /tmp/runs/fixed.log
+  run variable_16x8 120 $B --steps 4 --lengths variable --prompts 16 --systems flowrl --label hf_static $COMMON
+  grep -c "__recompiles\] Recompiling" /tmp/runs/variable.log /tmp/runs/variable_16x8.log
   ;;
 2)
   cat /tmp/dc/vllm.00 /tmp/dc/vllm.01 >"/tmp/dc/$W" && (cd /tmp/dc && sha256sum -c --quiet SHA256SUMS) \
     && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "/tmp/dc/$W" \
       /tmp/dc/vwheels/*.whl || exit 4
   python3 -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
-  run speed_l0 150 python3 benchmarks/vllm_engine_speed.py --device cuda --level 0
-  run vllm_variable 180 $B --steps 3 --lengths variable --label vllm_l1_unseeded \
+  run sync_reload 120 python3 benchmarks/vllm_sync_paths.py --device cuda --path reload
+  run sync_direct 120 python3 benchmarks/vllm_sync_paths.py --device cuda --path direct
+  run vllm_fixed_profiled 200 $B --steps 2 --profile generate --label vllm_l1_unseeded \
     --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
-  run vllm_fixed 180 $B --steps 3 --label vllm_l1_unseeded --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
-  grep -c "__recompiles\] Recompiling" /tmp/runs/vllm_variable.log /tmp/runs/vllm_fixed.log
-  grep -c "cumem_allocator" /tmp/runs/vllm_variable.log /tmp/runs/vllm_fixed.log
   ;;
 esac
