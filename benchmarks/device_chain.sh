@@ -8,9 +8,10 @@
 # session, written at the end of the fifth):
 #   1 (d1)  wheels; flowrl (hf_static) on the variable workload, 64x8 and 16x8, 4 timed steps each (the 16x8
 #           row's first timed update was slower than its second, with no recompile)
-#   2 (d2)  vllm installed; the first and later weight syncs by vLLM's reload_weights and by the model's own
-#           load_weights (vllm_sync_paths.py); flowrl's vLLM engine on the fixed workload with its generate
-#           under the profilers (--profile generate: why it is slower inside a GRPO step than alone)
+#   2 (d2)  vllm installed; the first and later weight syncs by vLLM's reload_weights, by the model's own
+#           load_weights, and by reload_weights after a warm-up reload (vllm_sync_paths.py); flowrl's vLLM
+#           engine on the fixed workload, its generate under the profilers (--profile generate: why it is
+#           slower inside a GRPO step than alone)
 set -u
 STAGE=$1
 ROOT=$(pwd)
@@ -61,6 +62,7 @@ case $STAGE in
   python3 -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
   run sync_reload 120 python3 benchmarks/vllm_sync_paths.py --device cuda --path reload
   run sync_direct 120 python3 benchmarks/vllm_sync_paths.py --device cuda --path direct
+  run sync_reload_warm 120 python3 benchmarks/vllm_sync_paths.py --device cuda --path reload --warm
   run vllm_fixed_profiled 200 $B --steps 2 --profile generate --label vllm_l1_unseeded \
     --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   ;;

@@ -8,8 +8,9 @@ The paths, one per process (`--path`):
   direct   the tensors handed to the vLLM model's own `load_weights`, which copies each into the parameter it
            loads (what TRL's colocated sync does); no processing after loading, so only for models whose
            kernels read the checkpoint's layout (vLLM on CPU repacks its linear layers: refused there)
-Each sync sends weights perturbed from the last, then greedy decoding checks the engine against transformers on
-the same weights (`equal`: tokens; `gap`: the largest logprob difference). One JSON line per sync.
+`--warm` first reloads the checkpoint vLLM started from, once. Each sync sends weights perturbed from the last,
+then greedy decoding checks the engine against transformers on the same weights (`equal`: tokens; `gap`: the
+largest logprob difference). One JSON line per sync.
 
     PYTHONPATH=. python benchmarks/vllm_sync_paths.py --device cuda --path reload
     PYTHONPATH=. python benchmarks/vllm_sync_paths.py --device cuda --path direct
@@ -42,6 +43,8 @@ def main() -> None:
     p.add_argument("--path", default="reload", choices=("reload", "direct"))
     p.add_argument("--syncs", type=int, default=4)
     p.add_argument("--level", type=int, default=1, choices=(0, 1), help="roles.rollout.free_cache_engine")
+    p.add_argument("--warm", action="store_true", help="first, one reload_weights from the checkpoint vLLM started "
+                                                      "from (timed): does the first sync then cost what later do?")
     args = p.parse_args()
     cuda = args.device == "cuda"
     if args.path == "direct" and not cuda:
@@ -68,6 +71,8 @@ def main() -> None:
         engine.weights_fresh = True
         return 0
 
+    if args.warm:
+        timed("warm_reload", lambda: engine.llm.collective_rpc("reload_weights") and 0, cuda)
     for n in range(args.syncs):
         with torch.no_grad():
             for param in model.parameters():
