@@ -138,6 +138,33 @@ def test_response_layout_top_k_and_ignore_eos(engine, model_path):
     assert torch.allclose(top_k["rollout_logprobs"][valid], logprobs[valid], atol=1e-4)
 
 
+def test_logprobs_come_flat_and_read_as_nested_ones(engine, model_path):
+    """flat_logprobs: one list of numbers per completion, not a dict and an object per token; read, they equal
+    the nested form's logprobs, and a position with more than the sampled token's is refused."""
+    from types import SimpleNamespace
+
+    from vllm.logprobs import FlatLogprobs, Logprob
+
+    from flowrl.engines.vllm_process import token_logprobs
+
+    assert engine.sampling(SamplingParams(max_new_tokens=4), seed=1).flat_logprobs
+    tokenizer = load_tokenizer(model_path)
+    ids, mask = prompts(tokenizer)
+    prompt = ids[0][mask[0].bool()].tolist()
+    sample = engine.llm.generate([{"prompt_token_ids": prompt}], [engine.sampling(SamplingParams(
+        max_new_tokens=6, ignore_eos=True), seed=1)], use_tqdm=False)[0]
+    completion = sample.outputs[0]
+    assert isinstance(completion.logprobs, FlatLogprobs) and len(completion.token_ids) == 6
+    nested = [completion.logprobs[i] for i in range(6)]  # the same positions as dicts
+    expected = [step[token].logprob for step, token in zip(nested, completion.token_ids)]
+    assert token_logprobs(completion) == expected
+    assert token_logprobs(SimpleNamespace(logprobs=nested, token_ids=completion.token_ids)) == expected
+    two = FlatLogprobs()
+    two.append({3: Logprob(-0.5), 4: Logprob(-1.5)})
+    with pytest.raises(ValueError, match="more than the sampled token"):
+        token_logprobs(SimpleNamespace(logprobs=two, token_ids=[3]))
+
+
 def test_bad_setups_are_one_line(tiny_model_path, tmp_path):
     config = ROLLOUT_ENGINES.get("vllm").model_validate({"engine": "vllm"})
     with pytest.raises(ValueError, match=r"head_dim 16; vLLM on CPU needs one of \(32, "):
@@ -177,6 +204,8 @@ def test_resume_after_a_crash_reproduces_the_run(tmp_path):
 NEEDS = {"grpo_multiturn": ["task.name=calculator", "roles.rollout.env=calculator", "roles.rollout.max_new_tokens=2"]}
 
 
+import flowrl.algorithms  # noqa: E402,F401 (registers the prebuilt algorithms: run alone, the list was empty)
+
 ROLLING_OUT = [name for name in ALGORITHMS.names() if "rollout" in ALGORITHMS.get(name).roles]  # not sft, rm
 
 
@@ -209,29 +238,3 @@ def test_a_closed_engine_leaves_the_engines_built_since_working(model_path):
     assert torch.equal(new.generate(ids, mask, greedy)["response_ids"], expected)
     new.close()
 
-
-def test_logprobs_come_flat_and_read_as_nested_ones(engine, model_path):
-    """flat_logprobs: one list of numbers per completion, not a dict and an object per token; read, they equal
-    the nested form's logprobs, and a position with more than the sampled token's is refused."""
-    from types import SimpleNamespace
-
-    from vllm.logprobs import FlatLogprobs, Logprob
-
-    from flowrl.engines.vllm_process import token_logprobs
-
-    assert engine.sampling(SamplingParams(max_new_tokens=4), seed=1).flat_logprobs
-    tokenizer = load_tokenizer(model_path)
-    ids, mask = prompts(tokenizer)
-    prompt = ids[0][mask[0].bool()].tolist()
-    sample = engine.llm.generate([{"prompt_token_ids": prompt}], [engine.sampling(SamplingParams(
-        max_new_tokens=6, ignore_eos=True), seed=1)], use_tqdm=False)[0]
-    completion = sample.outputs[0]
-    assert isinstance(completion.logprobs, FlatLogprobs) and len(completion.token_ids) == 6
-    nested = [completion.logprobs[i] for i in range(6)]  # the same positions as dicts
-    expected = [step[token].logprob for step, token in zip(nested, completion.token_ids)]
-    assert token_logprobs(completion) == expected
-    assert token_logprobs(SimpleNamespace(logprobs=nested, token_ids=completion.token_ids)) == expected
-    two = FlatLogprobs()
-    two.append({3: Logprob(-0.5), 4: Logprob(-1.5)})
-    with pytest.raises(ValueError, match="more than the sampled token"):
-        token_logprobs(SimpleNamespace(logprobs=two, token_ids=[3]))

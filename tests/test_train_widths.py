@@ -2,14 +2,11 @@
 compiling the layers again (the H200's recompiles inside timed GRPO steps, 2026-12-04: inductor guarded the
 compiled layer on `width % 8 == 0` and on a size threshold of its mix-order reductions)."""
 
-import functools
-
 import torch
 
-import flowrl.engines.hf_train as hf_train
 from flowrl.engines.hf_models import load_causal_lm
 from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.engines.model_inputs import COLUMN_MULTIPLE, trim_padding
+from flowrl.engines.model_inputs import COLUMN_MULTIPLE, column_multiple, trim_padding
 from flowrl.engines.regional_compile import layer_compile_settings
 from fakes import TokenMeanNLL
 from test_engine_hf_train import ROWS, make_batch
@@ -23,8 +20,14 @@ def widths_seen(engine: HFTrainEngine) -> list[int]:
     return widths
 
 
+def test_widths_are_aligned_on_cuda_and_exact_on_the_cpu():
+    assert column_multiple(torch.device("cuda", 0)) == COLUMN_MULTIPLE == 8
+    assert column_multiple(torch.device("cpu")) == 1  # the CPU runs' figures stay those recorded
+
+
 def test_every_micro_batch_width_is_a_multiple_of_eight(tiny_model_path):
     engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=1e-2)
+    engine.column_multiple = COLUMN_MULTIPLE  # as on CUDA
     widths = widths_seen(engine)
     for rows in (ROWS, ROWS[:3], ROWS[4:]):
         for micro in (1, 2, 4):
@@ -34,14 +37,14 @@ def test_every_micro_batch_width_is_a_multiple_of_eight(tiny_model_path):
     assert all(w % 8 == 0 for w in widths), widths  # ... and all are aligned (before: 2 to 9 columns)
 
 
-def test_aligned_widths_change_no_output_and_no_step(tiny_model_path, monkeypatch):
-    """The same forward and update with the trimmed widths unaligned (multiple=1, as before)."""
+def test_aligned_widths_change_no_output_and_no_step(tiny_model_path):
+    """The same forward and update with the trimmed widths aligned (as on CUDA) and exact (as on the CPU)."""
     batch = make_batch(ROWS)
     results = []
     for multiple in (COLUMN_MULTIPLE, 1):
-        monkeypatch.setattr(hf_train, "trim_padding", functools.partial(trim_padding, multiple=multiple))
         torch.manual_seed(0)
         engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=1e-2, eps=1.0)
+        engine.column_multiple = multiple
         widths = widths_seen(engine)
         out = engine.forward(batch, micro_batch_size=2, outputs=("logprobs", "entropy"))
         metrics = engine.update(batch, TokenMeanNLL(), mini_batch_size=len(ROWS), micro_batch_size=2)
@@ -58,9 +61,10 @@ def test_aligned_widths_change_no_output_and_no_step(tiny_model_path, monkeypatc
 
 def test_trim_padding_pads_responses_with_masked_columns():
     batch = make_batch(ROWS)  # prompts 6 wide, responses 4
-    trimmed = trim_padding(batch, (1, 3))  # 5 prompt columns + 3 response columns: 8, none added
+    trimmed = trim_padding(batch, (1, 3), 8)  # 5 prompt columns + 3 response columns: 8, none added
     assert trimmed["prompt_ids"].shape[1] == 5 and trimmed["response_ids"].shape[1] == 3
-    trimmed = trim_padding(batch, (2, 3))  # 4 + 3 = 7: one masked column of id 0 after the responses
+    assert trim_padding(batch, (2, 3))["response_ids"].shape[1] == 3  # multiple 1: exact
+    trimmed = trim_padding(batch, (2, 3), 8)  # 4 + 3 = 7: one masked column of id 0 after the responses
     assert trimmed["response_ids"].shape[1] == 4
     assert torch.equal(trimmed["response_ids"][:, :3], batch["response_ids"][:, :3])
     assert not trimmed["response_mask"][:, 3].any() and not trimmed["response_ids"][:, 3].any()

@@ -42,7 +42,7 @@ from flowrl.engines.fsdp import full_tensors, move_optimizer_state, shard_device
 from flowrl.engines.logprobs import full_logits_logprobs, token_logprobs
 from flowrl.engines.lr_schedules import check_schedule, lr_factor
 from flowrl.engines.model_outputs import check_outputs, default_outputs
-from flowrl.engines.model_inputs import masked_inputs, packed_inputs, trim_padding, used_columns
+from flowrl.engines.model_inputs import column_multiple, masked_inputs, packed_inputs, trim_padding, used_columns
 from flowrl.engines.packing import packed_outputs
 from flowrl.engines.protocols import LossFn
 from flowrl.engines.regional_compile import CompiledLayers
@@ -88,6 +88,7 @@ class HFTrainEngine:
         self.world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.sharded = self.world_size > 1
         self.device = shard_device(torch.device(device)) if self.sharded else torch.device(device)
+        self.column_multiple = column_multiple(self.device)  # widths aligned on CUDA (model_inputs.COLUMN_MULTIPLE)
         self.model, self.lora, self.offload_optimizer = model, lora, offload_optimizer and self.device.type != "cpu"
         use_flowrl_sdpa(model)  # unpadded causal passes run SDPA's flash kernel, compiled too
         if offload_params and not self.sharded and self.device.type != "cpu":
@@ -232,7 +233,7 @@ class HFTrainEngine:
         """Outputs [B, R] on this engine's device for the micro-batch (on any device), 0 on padding, computed
         without the columns that are padding in every row: `span`, else found from mb's masks (on the host
         when mb is there, so no device sync); each row's sampling likewise: `sampling`, else read from mb."""
-        trimmed = trim_padding(mb, span or used_columns(mb)).to(self.device)
+        trimmed = trim_padding(mb, span or used_columns(mb), self.column_multiple).to(self.device)
         mask = trimmed["response_mask"].bool()
         sampling = (sampling or RowSampling.of(mb, temperature)).to(self.device)
         with self._compiling():

@@ -40,13 +40,19 @@ def used_columns(mb: TensorDict) -> tuple[int, int]:
 
 
 COLUMN_MULTIPLE = 8
-"""A trimmed micro-batch's width (prompt and response columns) is a multiple of this. CUDA's attention
+"""On CUDA a trimmed micro-batch's width (prompt and response columns) is a multiple of this. CUDA's attention
 kernels want their inputs' strides aligned to 8 elements, and inductor guards a compiled layer on that
 alignment (`(width % 8) == 0`), so aligned and unaligned widths each compiled the layers again: a 3.6 s
-recompile inside a timed GRPO step on the H200 (variable response lengths, 2026-12-04)."""
+recompile inside a timed GRPO step on the H200 (variable response lengths, 2026-12-04). On the CPU no kernel
+asks for it, and widths stay exact (so do the CPU runs' figures: summation order follows the width)."""
 
 
-def trim_padding(mb: TensorDict, span: tuple[int, int], multiple: int = COLUMN_MULTIPLE) -> TensorDict:
+def column_multiple(device: torch.device) -> int:
+    """What a trimmed width is a multiple of on `device` (COLUMN_MULTIPLE on CUDA, else 1)."""
+    return COLUMN_MULTIPLE if device.type == "cuda" else 1
+
+
+def trim_padding(mb: TensorDict, span: tuple[int, int], multiple: int = 1) -> TensorDict:
     """Drop leading prompt columns and trailing response columns outside `span` (used_columns): a
     micro-batch of short rows then costs what its rows need, not the whole batch's width. Padding response
     columns (masked, id 0) make the width a multiple of `multiple`."""
