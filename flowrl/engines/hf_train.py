@@ -238,9 +238,8 @@ class HFTrainEngine:
         sampling = (sampling or RowSampling.of(mb, temperature)).to(self.device)
         with self._compiling():
             out = self._outputs_dense(trimmed, sampling, outputs)
-        width = mb["response_mask"].shape[1]  # the trimmed columns may also go past it (COLUMN_MULTIPLE)
-        return {key: torch.nn.functional.pad(torch.where(mask, value, 0)[:, :width],
-                                             (0, max(width - value.shape[1], 0)))
+        width = mb["response_mask"].shape[1]  # a negative pad cuts the aligning columns (COLUMN_MULTIPLE) off
+        return {key: torch.nn.functional.pad(torch.where(mask, value, 0), (0, width - value.shape[1]))
                 for key, value in out.items()}
 
     def _outputs_dense(self, mb: TensorDict, sampling: RowSampling,
