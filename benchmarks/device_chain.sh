@@ -12,6 +12,10 @@
 #           load_weights, and by reload_weights after a warm-up reload (vllm_sync_paths.py); flowrl's vLLM
 #           engine on the fixed workload, its generate under the profilers (--profile generate: why it is
 #           slower inside a GRPO step than alone)
+#   3 (d1)  wheels; hf_static on the variable workload, 64x8, with train.gc_freeze (the default since stage 2
+#           found generate's device busy 0.93 s of 7.13 s: Python's collector walking the trainer's heap)
+#   4 (d2)  vllm installed; flowrl's vLLM engine, fixed workload, 4 timed steps: with train.gc_freeze (generate
+#           under the profilers) and without it
 set -u
 STAGE=$1
 ROOT=$(pwd)
@@ -64,6 +68,21 @@ case $STAGE in
   run sync_direct 120 python3 benchmarks/vllm_sync_paths.py --device cuda --path direct
   run sync_reload_warm 120 python3 benchmarks/vllm_sync_paths.py --device cuda --path reload --warm
   run vllm_fixed_profiled 200 $B --steps 2 --profile generate --label vllm_l1_unseeded \
+    --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
+  ;;
+3)
+  [ -d /tmp/site/trl ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    /tmp/dc/wheels/*.whl || exit 4
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  run variable_frozen 150 $B --steps 4 --lengths variable --systems flowrl --label hf_static_frozen $COMMON
+  ;;
+4)
+  cat /tmp/dc/vllm.00 /tmp/dc/vllm.01 >"/tmp/dc/$W" && (cd /tmp/dc && sha256sum -c --quiet SHA256SUMS) \
+    && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "/tmp/dc/$W" \
+      /tmp/dc/vwheels/*.whl || exit 4
+  run vllm_fixed_frozen 230 $B --steps 4 --profile generate --label vllm_l1_frozen \
+    --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
+  run vllm_fixed_unfrozen 200 $B --steps 4 --label vllm_l1_unfrozen --flowrl-set train.gc_freeze=false \
     --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   ;;
 esac

@@ -19,7 +19,7 @@ from flowrl.graph.context import StepCalls
 from flowrl.graph.role import close_role
 from flowrl.graph.trace import Node
 from flowrl.plan.planner import Plan
-from flowrl.runtime import buffering, streaming
+from flowrl.runtime import buffering, gc_heap, streaming
 from flowrl.runtime.scheduling import Spread, call_node, fill_index, run_step, scheduled
 
 
@@ -54,7 +54,9 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    def __init__(self, plan: Plan, roles: dict[str, Any], world_size: int = 1):
+    """`gc_freeze`: after its first step, freeze the process's heap (flowrl.runtime.gc_heap; thawed at close)."""
+
+    def __init__(self, plan: Plan, roles: dict[str, Any], world_size: int = 1, gc_freeze: bool = False):
         missing = [r for r in plan.roles if r not in roles]
         if missing:
             raise PlanError(f"executor: role {missing[0]!r} of plan {plan.algorithm} has no instance")
@@ -63,6 +65,7 @@ class LocalExecutor:
                 raise PlanError(f"placement: pool {pool.name!r} has world_size {pool.world_size}, but the local "
                                 f"executor runs {world_size} rank(s); launch with torchrun or fix the pool")
         self.plan, self.roles, self.world_size, self.closed = plan, roles, world_size, False
+        self.gc_freeze, self.frozen, self.gc = gc_freeze, False, gc_heap.CLOCK.install()
         self.nodes = scheduled(plan)
         self.fill_at = fill_index(self.nodes)
         # torchrun: each rank holds its own rows; a fill gathers them and deals them out again evenly
@@ -74,10 +77,15 @@ class LocalExecutor:
     def run_step(self, step: int, prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
         """One training step over prompt batches drawn from `prompts`; returns the batch and metrics."""
         if self.stream is not None:
-            return self.stream.step(step, prompts, self._run)
-        if self.pipeline is not None:
-            return self.pipeline.step(step, prompts, self._run)
-        return run_step(step, self.nodes, self.fill_at, self._run, prompts, self.spread)
+            out = self.stream.step(step, prompts, self._run)
+        elif self.pipeline is not None:
+            out = self.pipeline.step(step, prompts, self._run)
+        else:
+            out = run_step(step, self.nodes, self.fill_at, self._run, prompts, self.spread)
+        if self.gc_freeze and not self.frozen:  # the first step made what lives as long as the run (compiles)
+            self.frozen = True
+            gc_heap.freeze_heap()
+        return out
 
     def for_plan(self, plan: Plan) -> "LocalExecutor":
         return LocalExecutor(plan, self.roles, self.world_size)
@@ -106,12 +114,15 @@ class LocalExecutor:
                 self.stream.close()
             for instance in self.roles.values():
                 close_role(instance)
+            if self.frozen:
+                gc_heap.thaw_heap()
 
     def _run(self, nodes: list[Node], batch: TensorDict, calls: StepCalls) -> TensorDict:
         for node in nodes:
-            start = time.perf_counter()
+            start, collected = time.perf_counter(), self.gc.seconds
             batch = call_node(node, self.roles, batch, calls)
             metrics.log(f"timing_s/{node.name}", time.perf_counter() - start)
+            metrics.log(f"gc_s/{node.name}", self.gc.seconds - collected)
             if batch.batch_size[0] == 0 and node is not nodes[-1]:
                 return batch
         return batch

@@ -86,9 +86,12 @@ class ExecutorConfig(BaseModel):
 class LocalExecutorConfig(ExecutorConfig):
     """`train.executor=local`: every role in this process (one rank, or one per torchrun rank)."""
 
+    OPTIONS: ClassVar[tuple[str, ...]] = ("gc_freeze",)
+    gc_freeze: bool  # train.gc_freeze
+
     def reads(self) -> tuple[str, ...]:
         torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1  # node_timeout_s bounds its collectives
-        return ("node_timeout_s",) if torchrun else ()
+        return ("gc_freeze", "node_timeout_s") if torchrun else ("gc_freeze",)
 
     def build(self, plan: Plan, factory: RoleFactory, world: int, evaluation: Plan | None) -> Executor:
         for follower, source in plan.weight_links():
@@ -96,7 +99,7 @@ class LocalExecutorConfig(ExecutorConfig):
         names = tuple(dict.fromkeys((*plan.roles, *(evaluation.roles if evaluation else ()))))
         pools = list(plan.pools.values())  # under torchrun every pool spans all ranks (LocalExecutor checks it)
         local = factory.per_rank(pools[0]) if pools else factory
-        return LocalExecutor(plan, local.build(names), world_size=world)
+        return LocalExecutor(plan, local.build(names), world_size=world, gc_freeze=self.gc_freeze)
 
 
 class RayExecutorConfig(ExecutorConfig):

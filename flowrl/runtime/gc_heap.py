@@ -1,0 +1,55 @@
+"""Python's garbage collector in a training process: the time it takes per node, and the heap frozen after the
+first step (train.gc_freeze).
+
+CPython's oldest-generation collections walk every container object the process holds. A training process holds
+millions that live as long as it does: the models' modules, torch.compile's graphs, guards and sympy expressions
+(made in the first step), tokenizers, vLLM's engine. A rollout on vLLM in the same process makes a few Python
+objects per token, and each collection they trigger walks that whole heap again. On the H200 (docs/benchmarks.md,
+2026-12-04, sixth session) vLLM's generate inside a GRPO step kept the GPU busy 0.93 s of its 7.13 s, against 2.7
+to 3.6 s for the same call in a process of its own, where vLLM freezes the heap it made at start-up
+(vllm.utils.gc_utils.freeze_gc_heap; SGLang does the same).
+
+`freeze_heap()` collects once and moves every object tracked then into the permanent generation, which no later
+collection walks (gc.freeze). Objects made later are collected as usual; a frozen object is still freed when its
+last reference goes, so only reference cycles among frozen objects wait: `thaw_heap()` (at the executor's close)
+hands them back to the collector. `GcClock` adds up the collector's seconds, read per node as `gc_s/<node>`.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+
+class GcClock:
+    """The seconds this process has spent in garbage collection since `install()` (a gc.callbacks entry)."""
+
+    def __init__(self) -> None:
+        self.seconds, self.collections, self._start = 0.0, 0, 0.0
+
+    def install(self) -> "GcClock":
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+        return self
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+            self.collections += 1
+
+
+CLOCK = GcClock()  # one per process: installed by the first executor that reads it
+
+
+def freeze_heap() -> int:
+    """Collects every generation, then freezes what is left; the number of objects now frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
+def thaw_heap() -> None:
+    """Hands the frozen objects back to the collector's oldest generation (gc.unfreeze)."""
+    gc.unfreeze()
