@@ -16,6 +16,9 @@
 #           found generate's device busy 0.93 s of 7.13 s: Python's collector walking the trainer's heap)
 #   4 (d2)  vllm installed; flowrl's vLLM engine, fixed workload, 4 timed steps: with train.gc_freeze (generate
 #           under the profilers) and without it
+#   5 (d1)  wheels, and vllm.00 for stage 6
+#   6 (d2)  vllm installed; flowrl's vLLM engine with the sync's parts logged (timing_s/sync_wake, _wait,
+#           _reload, _reset_cache: where the first sync's extra time goes), fixed and variable workloads
 set -u
 STAGE=$1
 ROOT=$(pwd)
@@ -83,6 +86,19 @@ case $STAGE in
   run vllm_fixed_frozen 230 $B --steps 4 --profile generate --label vllm_l1_frozen \
     --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   run vllm_fixed_unfrozen 200 $B --steps 4 --label vllm_l1_unfrozen --flowrl-set train.gc_freeze=false \
+    --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
+  ;;
+5)
+  [ -d /tmp/site/trl ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    /tmp/dc/wheels/*.whl || exit 4
+  ls -la /tmp/dc/vllm.00
+  ;;
+6)
+  cat /tmp/dc/vllm.00 /tmp/dc/vllm.01 >"/tmp/dc/$W" && (cd /tmp/dc && sha256sum -c --quiet SHA256SUMS) \
+    && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "/tmp/dc/$W" \
+      /tmp/dc/vwheels/*.whl || exit 4
+  run vllm_fixed_parts 200 $B --steps 4 --label vllm_l1_parts --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
+  run vllm_variable_parts 200 $B --steps 4 --lengths variable --label vllm_l1_parts \
     --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   ;;
 esac

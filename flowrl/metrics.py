@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import time
 from typing import Iterator
 
 import torch
@@ -29,6 +30,18 @@ def log(name: str, value: float | torch.Tensor) -> None:
     if isinstance(value, torch.Tensor):
         value = value.detach().float().mean().item()
     sink.setdefault(name, {}).setdefault(_NODE.get(), []).append(float(value))
+
+
+class Laps:
+    """Logs the seconds since the last lap (or since made) under `prefix` + the lap's name."""
+
+    def __init__(self, prefix: str):
+        self.prefix, self.last = prefix, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        log(self.prefix + name, now - self.last)
+        self.last = now
 
 
 def log_dict(prefix: str, values: dict[str, float]) -> None:

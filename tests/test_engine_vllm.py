@@ -182,6 +182,11 @@ def test_grpo_reward_rises_with_vllm(tmp_path):
     first, last = sum(r["reward/mean"] for r in rows[:5]) / 5, sum(r["reward/mean"] for r in rows[-5:]) / 5
     assert last > first + 0.1, (first, last)
     assert all(r["timing_s/sync"] > 0 for r in rows[1:])  # the actor changed before each later step's rollout
+    for r in rows[1:]:  # the sync's parts (no device wait on the CPU) add up to no more than the whole
+        parts = [r[f"timing_s/sync_{part}"] for part in ("wake", "reload", "reset_cache")]
+        assert "timing_s/sync_wait" not in r and min(parts) >= 0 and sum(parts) <= r["timing_s/sync"]
+        assert r["timing_s/sync_reload"] > 0.5 * r["timing_s/sync"]  # vLLM's reload is most of it
+    assert all(f"gc_s/{node}" in rows[1] for node in ("rollout.generate", "actor.update"))
 
 
 def test_resume_after_a_crash_reproduces_the_run(tmp_path):

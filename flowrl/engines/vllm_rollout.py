@@ -184,8 +184,15 @@ class VLLMRolloutEngine:
 
     @torch.no_grad()
     def load_weight_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Loads (name, tensor) pairs in buckets into vLLM and resets its prefix cache; the number of buckets."""
+        """Loads (name, tensor) pairs in buckets into vLLM and resets its prefix cache; the number of buckets.
+        Logs the parts' seconds (timing_s/sync_*): waking the weights, waiting for the device work queued before
+        (on CUDA), vLLM's reload, resetting the prefix cache."""
+        clock = metrics.Laps("timing_s/sync_")
         self._wake_up("weights")
+        clock.lap("wake")
+        if self.cuda:
+            torch.cuda.synchronize()
+            clock.lap("wait")
         grouped = buckets(named_tensors, self.config.weight_bucket_mb << 20)
         count = [0]
 
@@ -196,7 +203,9 @@ class VLLMRolloutEngine:
 
         with self._peak_memory("sync"):
             self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=stream()))
+        clock.lap("reload")
         self.llm.reset_prefix_cache()
+        clock.lap("reset_cache")
         self.weights_fresh = True
         return count[0]
 
