@@ -19,6 +19,11 @@
 #   5 (d1)  wheels, and vllm.00 for stage 6
 #   6 (d2)  vllm installed; flowrl's vLLM engine with the sync's parts logged (timing_s/sync_wake, _wait,
 #           _reload, _reset_cache: where the first sync's extra time goes), fixed and variable workloads
+# For the seventh session (the sixth's fixes, train.gc_freeze and the preloaded reload module, against the
+# peers in one lease):
+#   7 (d1)  wheels; 64x8, 256: flowrl (hf_static) and TRL without vLLM, variable and fixed
+#   8 (d2)  vllm installed; flowrl's vLLM engine, fixed (its first weight sync) and TRL with colocated vLLM,
+#           variable and fixed; the sync paths with teacher-forced checks
 set -u
 STAGE=$1
 ROOT=$(pwd)
@@ -100,5 +105,21 @@ case $STAGE in
   run vllm_fixed_parts 200 $B --steps 4 --label vllm_l1_parts --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   run vllm_variable_parts 200 $B --steps 4 --lengths variable --label vllm_l1_parts \
     --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
+  ;;
+7)
+  [ -d /tmp/site/trl ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    /tmp/dc/wheels/*.whl || exit 4
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  run variable_pair 280 $B --steps 4 --lengths variable --systems flowrl,trl --label hf_static $COMMON
+  run fixed_pair 280 $B --steps 3 --systems flowrl,trl --label hf_static $COMMON
+  ;;
+8)
+  cat /tmp/dc/vllm.00 /tmp/dc/vllm.01 >"/tmp/dc/$W" && (cd /tmp/dc && sha256sum -c --quiet SHA256SUMS) \
+    && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "/tmp/dc/$W" \
+      /tmp/dc/vwheels/*.whl || exit 4
+  run vllm_fixed_first_sync 170 $B --steps 3 --label vllm_l1 --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
+  run trl_vllm_variable 150 $B --steps 3 --lengths variable --systems trl_vllm
+  run trl_vllm_fixed 150 $B --steps 3 --systems trl_vllm
+  run sync_reload 110 python3 benchmarks/vllm_sync_paths.py --device cuda --path reload --syncs 3
   ;;
 esac

@@ -243,3 +243,15 @@ def test_a_closed_engine_leaves_the_engines_built_since_working(model_path):
     assert torch.equal(new.generate(ids, mask, greedy)["response_ids"], expected)
     new.close()
 
+
+
+def test_the_modules_vllm_imports_inside_its_first_reload_are_imported_at_start(tmp_path, monkeypatch):
+    import sys
+
+    from flowrl.engines.vllm_process import RELOAD_IMPORTS, preload
+    (tmp_path / "flowrl_preload_probe.py").write_text("import sys\nsys.flowrl_preload_runs = "
+                                                      "getattr(sys, 'flowrl_preload_runs', 0) + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert preload(("flowrl_preload_probe", "flowrl_no_such_module")) == ["flowrl_preload_probe"]
+    assert preload(("flowrl_preload_probe",)) == ["flowrl_preload_probe"] and sys.flowrl_preload_runs == 1
+    assert preload(RELOAD_IMPORTS) == list(RELOAD_IMPORTS)  # this vLLM has the module the engine preloads

