@@ -41,7 +41,8 @@ def test_a_frozen_cycle_waits_for_the_thaw_and_later_cycles_are_collected():
     try:
         held = cycle()
         frozen = weakref.ref(held)
-        assert gc_heap.freeze_heap() > 0
+        assert gc_heap.freeze_heap() is True and gc.get_freeze_count() > 0  # the first freeze: it owns the thaw
+        assert gc_heap.freeze_heap() is False  # a later one does not
         later = weakref.ref(cycle())
         del held  # garbage now, but frozen while it was alive
         gc.collect()
@@ -78,6 +79,11 @@ def test_the_local_executor_freezes_after_its_first_step_and_thaws_at_close():
         runs[freeze] = (batch, second)
     for key in ("response_ids", "scores", "advantages"):  # the same step with and without the freeze
         assert torch.equal(runs[True][1][key], runs[False][1][key]), key
+    gc.freeze()  # frozen by another owner first (vLLM at its start, the conftest): its thaw, not the executor's
+    executor = fl.LocalExecutor(plan, make_roles(), gc_freeze=True)
+    executor.run_step(0, PromptStream(ParityTask(), FakeTokenizer(), batch_size=3, seed=1))
+    executor.close()
+    assert gc.get_freeze_count() > 0
 
 
 def test_train_gc_freeze_reaches_the_local_executor_and_warns_under_ray():

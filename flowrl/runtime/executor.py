@@ -54,7 +54,8 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    """`gc_freeze`: after its first step, freeze the process's heap (flowrl.runtime.gc_heap; thawed at close)."""
+    """`gc_freeze`: after its first step, freeze the process's heap (flowrl.runtime.gc_heap; thawed at close if
+    nothing was frozen before)."""
 
     def __init__(self, plan: Plan, roles: dict[str, Any], world_size: int = 1, gc_freeze: bool = False):
         missing = [r for r in plan.roles if r not in roles]
@@ -65,7 +66,7 @@ class LocalExecutor:
                 raise PlanError(f"placement: pool {pool.name!r} has world_size {pool.world_size}, but the local "
                                 f"executor runs {world_size} rank(s); launch with torchrun or fix the pool")
         self.plan, self.roles, self.world_size, self.closed = plan, roles, world_size, False
-        self.gc_freeze, self.frozen, self.gc = gc_freeze, False, gc_heap.CLOCK.install()
+        self.gc_freeze, self.frozen, self.thaw, self.gc = gc_freeze, False, False, gc_heap.CLOCK.install()
         self.nodes = scheduled(plan)
         self.fill_at = fill_index(self.nodes)
         # torchrun: each rank holds its own rows; a fill gathers them and deals them out again evenly
@@ -84,7 +85,7 @@ class LocalExecutor:
             out = run_step(step, self.nodes, self.fill_at, self._run, prompts, self.spread)
         if self.gc_freeze and not self.frozen:  # the first step made what lives as long as the run (compiles)
             self.frozen = True
-            gc_heap.freeze_heap()
+            self.thaw = gc_heap.freeze_heap()
         return out
 
     def for_plan(self, plan: Plan) -> "LocalExecutor":
@@ -114,7 +115,7 @@ class LocalExecutor:
                 self.stream.close()
             for instance in self.roles.values():
                 close_role(instance)
-            if self.frozen:
+            if self.thaw:
                 gc_heap.thaw_heap()
 
     def _run(self, nodes: list[Node], batch: TensorDict, calls: StepCalls) -> TensorDict:

@@ -11,8 +11,8 @@ to 3.6 s for the same call in a process of its own, where vLLM freezes the heap 
 
 `freeze_heap()` collects once and moves every object tracked then into the permanent generation, which no later
 collection walks (gc.freeze). Objects made later are collected as usual; a frozen object is still freed when its
-last reference goes, so only reference cycles among frozen objects wait: `thaw_heap()` (at the executor's close)
-hands them back to the collector. `GcClock` adds up the collector's seconds, read per node as `gc_s/<node>`.
+last reference goes, so only reference cycles among frozen objects wait: `thaw_heap()` (at the executor's close,
+when its freeze was the first) hands them back to the collector. `GcClock` adds up the collector's seconds, read per node as `gc_s/<node>`.
 """
 
 from __future__ import annotations
@@ -43,11 +43,14 @@ class GcClock:
 CLOCK = GcClock()  # one per process: installed by the first executor that reads it
 
 
-def freeze_heap() -> int:
-    """Collects every generation, then freezes what is left; the number of objects now frozen."""
+def freeze_heap() -> bool:
+    """Collects every generation, then freezes what is left. True when nothing was frozen before: the caller then
+    owns the thaw. Otherwise whoever froze first does (gc.unfreeze thaws all: vLLM's shutdown does, and the
+    tests' conftest freezes the imports)."""
+    first = gc.get_freeze_count() == 0
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
+    return first
 
 
 def thaw_heap() -> None:
