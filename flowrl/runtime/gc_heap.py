@@ -4,15 +4,17 @@ first step (train.gc_freeze).
 CPython's oldest-generation collections walk every container object the process holds. A training process holds
 millions that live as long as it does: the models' modules, torch.compile's graphs, guards and sympy expressions
 (made in the first step), tokenizers, vLLM's engine. A rollout on vLLM in the same process makes a few Python
-objects per token, and each collection they trigger walks that whole heap again. On the H200 (docs/benchmarks.md,
-2026-12-04, sixth session) vLLM's generate inside a GRPO step kept the GPU busy 0.93 s of its 7.13 s, against 2.7
-to 3.6 s for the same call in a process of its own, where vLLM freezes the heap it made at start-up
-(vllm.utils.gc_utils.freeze_gc_heap; SGLang does the same).
+objects per token, and each collection they trigger walks that whole heap again. vLLM freezes the heap it made
+at start-up (vllm.utils.gc_utils.freeze_gc_heap; SGLang does the same), but not what the trainer makes after. On
+the H200 (docs/benchmarks.md, 2026-12-04, sixth session) freezing after the first step took hf_static's GRPO step
+(64x8, variable lengths) from 3.19 to 2.92 s, and the vLLM engine's (fixed lengths) from 5.82 to 5.61 s, its
+sleep (a full collection) from 0.13-0.21 to 0.09-0.11 s.
 
 `freeze_heap()` collects once and moves every object tracked then into the permanent generation, which no later
 collection walks (gc.freeze). Objects made later are collected as usual; a frozen object is still freed when its
 last reference goes, so only reference cycles among frozen objects wait: `thaw_heap()` (at the executor's close,
-when its freeze was the first) hands them back to the collector. `GcClock` adds up the collector's seconds, read per node as `gc_s/<node>`.
+when its freeze was the first) hands them back to the collector. `GcClock` adds up the collector's seconds,
+logged per node as `gc_s/<node>`.
 """
 
 from __future__ import annotations
