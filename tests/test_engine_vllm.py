@@ -186,7 +186,7 @@ def test_grpo_reward_rises_with_vllm(tmp_path):
         parts = [r[f"timing_s/sync_{part}"] for part in ("wake", "reload", "reset_cache")]
         assert "timing_s/sync_wait" not in r and min(parts) >= 0 and sum(parts) <= r["timing_s/sync"]
         assert r["timing_s/sync_reload"] > 0.5 * r["timing_s/sync"]  # vLLM's reload is most of it
-    assert all(f"gc_s/{node}" in rows[1] for node in ("rollout.generate", "actor.update"))
+    assert all(f"timing_s/gc/{node}" in rows[1] for node in ("rollout.generate", "actor.update"))
 
 
 def test_resume_after_a_crash_reproduces_the_run(tmp_path):

@@ -79,7 +79,7 @@ class TrainConfig(Section):
                             "once and freeze what is left (gc.freeze), so later collections skip the run's "
                             "long-lived objects (models, compiled graphs, vLLM's engine), as vLLM does after its "
                             "start: on an H200 a GRPO step of the 0.5B shape took 2.92 s against 3.19 s without it "
-                            "(flowrl.runtime.gc_heap). gc_s/<node> logs the collector's seconds either way.")
+                            "(flowrl.runtime.gc_heap). timing_s/gc/<node> logs the collector's seconds either way.")
     cpu_threads: int = Field(0, ge=0, description="Threads of torch's CPU ops in each process (torchrun rank, "
                              "Ray worker); 0: OMP_NUM_THREADS if set, else 1 for the built-in tiny model, else "
                              "the cores of the process's CPU affinity shared among the ranks on its node "

@@ -123,7 +123,7 @@ class LocalExecutor:
             start, collected = time.perf_counter(), self.gc.seconds
             batch = call_node(node, self.roles, batch, calls)
             metrics.log(f"timing_s/{node.name}", time.perf_counter() - start)
-            metrics.log(f"gc_s/{node.name}", self.gc.seconds - collected)
+            metrics.log(f"timing_s/gc/{node.name}", self.gc.seconds - collected)
             if batch.batch_size[0] == 0 and node is not nodes[-1]:
                 return batch
         return batch

@@ -14,7 +14,7 @@ sleep (a full collection) from 0.13-0.21 to 0.09-0.11 s.
 collection walks (gc.freeze). Objects made later are collected as usual; a frozen object is still freed when its
 last reference goes, so only reference cycles among frozen objects wait: `thaw_heap()` (at the executor's close,
 when its freeze was the first) hands them back to the collector. `GcClock` adds up the collector's seconds,
-logged per node as `gc_s/<node>`.
+logged per node as `timing_s/gc/<node>`.
 """
 
 from __future__ import annotations
