@@ -4,7 +4,6 @@ collector's seconds are logged per node (flowrl.runtime.gc_heap)."""
 import gc
 import weakref
 
-import pytest
 import torch
 
 import flowrl as fl
@@ -87,9 +86,8 @@ def test_the_local_executor_freezes_after_its_first_step_and_thaws_at_close():
     assert gc.get_freeze_count() > 0
 
 
-def test_train_gc_freeze_reaches_the_local_executor_and_warns_under_ray():
-    assert executor_config(load_run_config(None, [])).gc_freeze is True
-    assert executor_config(load_run_config(None, ["train.gc_freeze=false"])).gc_freeze is False
-    with pytest.warns(UserWarning, match="train.gc_freeze has no effect: train.executor is not 'local'"):
-        executor_config(load_run_config(None, ["train.executor=ray", "train.gc_freeze=false"])).warn_no_effect(
-            load_run_config(None, ["train.executor=ray", "train.gc_freeze=false"]))
+def test_train_gc_freeze_reaches_both_executors():
+    for executor in ("local", "ray"):
+        assert executor_config(load_run_config(None, [f"train.executor={executor}"])).gc_freeze is True
+        assert executor_config(load_run_config(None, [f"train.executor={executor}",
+                                                      "train.gc_freeze=false"])).gc_freeze is False

@@ -1,6 +1,7 @@
 """The Ray executor on one local cluster: equal to the local executor, FSDP2 pools, overlap, bad input."""
 
 import dataclasses
+import gc
 import json
 import math
 from pathlib import Path
@@ -77,11 +78,33 @@ def two_forwards(batch, actor, rollout, ref):
     return ref.logprobs(batch)
 
 
-def fake_executor(placement, algo=two_forwards, forward_s=0.0, cfg=None, node_timeout_s=None, ref_exits=False):
+def fake_executor(placement, algo=two_forwards, forward_s=0.0, cfg=None, node_timeout_s=None, ref_exits=False,
+                  gc_freeze=False):
     plan = fl.compile_plan(algo, placement, INPUTS, ROLE_CLASSES)
     factory = make_factory(cfg or RunConfig(), plan, ParityTask(), Path("unused"))
     return RayExecutor(plan, dataclasses.replace(factory, specs=fake_specs(forward_s, ref_exits)),
-                       node_timeout_s=node_timeout_s)
+                       node_timeout_s=node_timeout_s, gc_freeze=gc_freeze)
+
+
+def test_train_gc_freeze_freezes_each_workers_heap_after_the_first_step_only():
+    placement = fl.Placement(pools=[fl.Pool(name="a", roles=["actor", "rollout"]), fl.Pool(name="b", roles=["ref"])])
+    for freeze in (True, False):
+        executor = fake_executor(placement, gc_freeze=freeze)
+        try:
+            workers = [w for pool in executor.workers.values() for w in pool]
+            frozen = lambda: ray.get([w.__ray_call__.remote(lambda self: gc.get_freeze_count()) for w in workers])  # noqa: E731
+            stream = PromptStream(ParityTask(), FakeTokenizer(), batch_size=2)
+            before = frozen()
+            executor.for_plan(executor.plan).run_step(0, stream)  # a view (the evaluation's) freezes nothing
+            assert all(n <= b for n, b in zip(frozen(), before))  # (a frozen object may be freed since)
+            before = frozen()
+            executor.run_step(0, stream)
+            after = frozen()
+            assert all(a > b for a, b in zip(after, before)) == freeze and len(after) == 2
+            executor.run_step(1, stream)
+            assert all(n <= a for n, a in zip(frozen(), after))  # once (a frozen object may be freed since)
+        finally:
+            executor.close()
 
 
 def test_independent_nodes_on_two_pools_overlap():

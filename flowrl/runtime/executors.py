@@ -86,12 +86,11 @@ class ExecutorConfig(BaseModel):
 class LocalExecutorConfig(ExecutorConfig):
     """`train.executor=local`: every role in this process (one rank, or one per torchrun rank)."""
 
-    OPTIONS: ClassVar[tuple[str, ...]] = ("gc_freeze",)
     gc_freeze: bool  # train.gc_freeze
 
     def reads(self) -> tuple[str, ...]:
         torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1  # node_timeout_s bounds its collectives
-        return ("gc_freeze", "node_timeout_s") if torchrun else ("gc_freeze",)
+        return ("node_timeout_s",) if torchrun else ()
 
     def build(self, plan: Plan, factory: RoleFactory, world: int, evaluation: Plan | None) -> Executor:
         for follower, source in plan.weight_links():
@@ -111,6 +110,7 @@ class RayExecutorConfig(ExecutorConfig):
     ship_files: bool
     placement_timeout_s: float
     cpu_threads: int
+    gc_freeze: bool
 
     def check_world(self, world: int) -> None:
         if world > 1:
@@ -143,7 +143,7 @@ class RayExecutorConfig(ExecutorConfig):
         return RayExecutor(plan, factory, extra_driver_roles=evaluation.driver_roles() if evaluation else (),
                            node_timeout_s=self.node_timeout_s, ship_files=self.ship_files,
                            placement_timeout_s=self.placement_timeout_s, cpu_threads=self.cpu_threads,
-                           sync=self.sync)
+                           sync=self.sync, gc_freeze=self.gc_freeze)
 
 
 EXECUTORS = ExecutorConfig.registry

@@ -51,8 +51,8 @@ from flowrl.plan.placement import DRIVER
 from flowrl.runtime import buffering, ray_cluster, ray_streaming, streaming
 from flowrl.plan.planner import Plan
 from flowrl.runtime.distributed import average
-from flowrl.runtime.ray_nodes import (NodeTimeout, WorkerDied, _cause, _checked_nodes, _Launched, _merge, _split,
-                                      _Versions)
+from flowrl.runtime.ray_nodes import (NodeTimeout, WorkerDied, _cause, _checked_nodes, _freeze_heaps, _Launched,
+                                      _merge, _split, _Versions)
 from flowrl.runtime.ray_pools import PoolEngine, _start_pool, _write_folder
 from flowrl.runtime.ray_pools import CONNECT_TIMEOUT_S, _check_listening, init_ray  # noqa: F401 (re-exported)
 from flowrl.runtime.scheduling import call_node, ready, run_step
@@ -63,15 +63,18 @@ _EMPTY = TensorDict({}, batch_size=[0])
 class RayExecutor:
     def __init__(self, plan: Plan, factory: Any, extra_driver_roles: tuple[str, ...] = (),
                  node_timeout_s: float | None = None, ship_files: bool = False,
-                 placement_timeout_s: float = 60.0, cpu_threads: int = 0, sync: TransportConfig | None = None):
+                 placement_timeout_s: float = 60.0, cpu_threads: int = 0, sync: TransportConfig | None = None,
+                 gc_freeze: bool = False):
         """`factory` (a flowrl.runtime.factory.RoleFactory, or any object with build(names) and for_pool(pool))
         builds the driver's roles here and each pool's roles in its workers. `node_timeout_s`: the watchdog
         (train.node_timeout_s); `ship_files`: model folders, checkpoints and exports travel through the object
         store (train.ship_files; the factory then needs folders() and relocated()); `placement_timeout_s`: how
         long Ray may take to place the pools; `cpu_threads`: torch's threads in each worker (train.cpu_threads);
         `sync`: how weights move between split pools (a flowrl.engines.transports.TransportConfig; None: its
-        defaults)."""
+        defaults); `gc_freeze`: after the first step, each worker freezes its heap (train.gc_freeze,
+        flowrl.runtime.gc_heap; the workers end with the executor, so nothing thaws)."""
         self.plan, self.node_timeout_s, self.ship_files = plan, node_timeout_s, ship_files
+        self.gc_freeze = gc_freeze
         self.sync = sync if sync is not None else TransportConfig.model_validate({})
         self._sync_groups: set[str] = set()
         self._check_transport()
@@ -105,10 +108,15 @@ class RayExecutor:
         step t's consumers (flowrl.runtime.buffering); a streamed buffer samples on the rollout's pool while the
         consumers run (flowrl.runtime.ray_streaming)."""
         if self.stream is not None:
-            return self.stream.step(step, prompts, self._run)
-        if self.pipeline is not None:
-            return self.pipeline.step(step, prompts, self._run)
-        return run_step(step, self.nodes, self.fill_at, self._run, prompts, self.spread)
+            out = self.stream.step(step, prompts, self._run)
+        elif self.pipeline is not None:
+            out = self.pipeline.step(step, prompts, self._run)
+        else:
+            out = run_step(step, self.nodes, self.fill_at, self._run, prompts, self.spread)
+        if self.gc_freeze:  # once: the first step made what lives as long as the workers (compiles)
+            self.gc_freeze = False
+            _freeze_heaps([w for workers in self.workers.values() for w in workers])
+        return out
 
     def for_plan(self, plan: Plan) -> "RayExecutor":
         """A view running `plan` (e.g. the evaluation) on these workers; its pools must be among them."""
@@ -118,7 +126,7 @@ class RayExecutor:
                 raise PlanError(f"executor: plan {plan.algorithm} puts role {role!r} on pool {pool.name!r}, "
                                 f"which these workers do not host")
         view = copy.copy(self)
-        view.plan = plan
+        view.plan, view.gc_freeze = plan, False  # the executor's own first step freezes (an evaluation runs first)
         view.nodes, view.fill_at, view.spread = _checked_nodes(plan)
         view.pipeline = buffering.make(plan, view.nodes, lambda: view.versions, overlap=True, spread=view.spread)
         view.stream = ray_streaming.make(plan, view.nodes, view._workers_of, lambda: view.versions)

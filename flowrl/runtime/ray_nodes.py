@@ -5,6 +5,7 @@
 - `_Launched` is a node in flight (its result and metrics refs, one per rank); `_Versions` counts the updates
   of each versioned role and the version each follower last loaded.
 - `NodeTimeout` and `WorkerDied` are the errors a node ends with; `_cause` is a Ray task's own message.
+- `_freeze_heaps`: the workers freeze their heaps after the first step (train.gc_freeze).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import RayTaskError
+from ray.exceptions import GetTimeoutError, RayTaskError
 from tensordict import TensorDict
 
 from flowrl.data.batch import concat
@@ -51,6 +52,18 @@ class NodeTimeout(RuntimeError):
 
 class WorkerDied(RuntimeError):
     """A Ray worker process ended while running a node."""
+
+
+FREEZE_TIMEOUT_S = 120.0  # one collection and gc.freeze() in each worker, queued behind its running call
+
+
+def _freeze_heaps(workers: list[Any]) -> None:
+    """Each worker's heap frozen (flowrl.runtime.gc_heap; the workers end with the executor: nothing thaws)."""
+    try:
+        ray.get([w.freeze_heap.remote() for w in workers], timeout=FREEZE_TIMEOUT_S)
+    except GetTimeoutError:
+        raise NodeTimeout(f"train.gc_freeze: the workers did not freeze their heaps within {FREEZE_TIMEOUT_S:g} s "
+                          f"of the first step's end; rerun to resume, or set train.gc_freeze=false") from None
 
 
 def _merge(node: Node, outs: list[Any], batch: TensorDict) -> TensorDict:

@@ -33,7 +33,7 @@ from flowrl.engines.weight_transport import CollectiveTransport, SyncGroup
 from flowrl.graph.context import CallInfo
 from flowrl.graph.trace import Node
 from flowrl.runtime.ray_cluster import Files, ShippedFolder, pack, scratch, unpack
-from flowrl.runtime import threads
+from flowrl.runtime import gc_heap, threads
 from flowrl.runtime.scheduling import call_role
 from flowrl.runtime.stream_runner import StreamRunner
 
@@ -145,6 +145,10 @@ class PoolWorker:
         with scratch() as folder:
             self.roles[role].engine.save_pretrained(str(folder / role), tokenizer)
             return _written(folder)
+
+    def freeze_heap(self) -> None:
+        """This worker's heap frozen after the first step (train.gc_freeze, flowrl.runtime.gc_heap)."""
+        gc_heap.freeze_heap()
 
     def close(self) -> None:
         for transport, _ in self.transports.values():
