@@ -22,7 +22,6 @@ and sleep inside `engine` calls are included, and also printed alone). One sleep
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource  # noqa: E402
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer  # noqa: E402
 from flowrl.engines.hf_train import HFTrainEngine  # noqa: E402
 from flowrl.engines.protocols import SamplingParams  # noqa: E402
+from flowrl.runtime import gc_heap  # noqa: E402
 
 
 def main() -> None:
@@ -105,25 +105,13 @@ def timed(phase: str, call, cuda: bool) -> None:
     """Prints the call's seconds, tokens per second and the seconds Python's garbage collector took in it."""
     if cuda:
         torch.cuda.synchronize()
-    collecting = [0.0, 0.0]  # seconds in collections, the current one's start
-
-    def on_gc(step: str, _info: dict) -> None:
-        if step == "start":
-            collecting[1] = time.perf_counter()
-        else:
-            collecting[0] += time.perf_counter() - collecting[1]
-
-    gc.callbacks.append(on_gc)
-    start = time.perf_counter()
-    try:
-        tokens = call()
-        if cuda:
-            torch.cuda.synchronize()
-    finally:
-        gc.callbacks.remove(on_gc)
+    collected, start = gc_heap.CLOCK.install().seconds, time.perf_counter()
+    tokens = call()
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     emit(phase=phase, seconds=seconds, tokens=tokens, tok_per_s=round(tokens / seconds) if tokens else None,
-         gc_s=collecting[0])
+         gc_s=gc_heap.CLOCK.seconds - collected)
 
 
 def emit(**row) -> None:

@@ -37,6 +37,7 @@ from benchmarks.vllm_engine_speed import emit, timed  # noqa: E402
 from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource  # noqa: E402
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer  # noqa: E402
 from flowrl.engines.hf_train import HFTrainEngine  # noqa: E402
+from flowrl.engines.logprobs import full_logits_logprobs  # noqa: E402
 from flowrl.engines.protocols import SamplingParams  # noqa: E402
 
 
@@ -86,22 +87,22 @@ def main() -> None:
                 param.add_(torch.randn_like(param) * 1e-2)
         timed(f"sync_{n}", direct if args.path == "direct" else lambda: sync(train, engine) or 0, cuda)
         out = engine.generate(ids, mask, greedy)
-        response = out["response_ids"].to(args.device)
+        response, real = out["response_ids"].to(args.device), out["response_mask"].to(args.device)
         got = out["rollout_logprobs"].to(args.device)
-        gap = (got - scored(model, ids.to(args.device), response)).abs()
-        emit(check=n, gap=float(gap.max()), first_gap=float(gap[:, 0].max()),
-             stale_gap=float((got - scored(stale, ids.to(args.device), response)).abs().max()))
+        gap = (got - scored(model, ids.to(args.device), response)).abs() * real
+        stale_gap = (got - scored(stale, ids.to(args.device), response)).abs() * real
+        emit(check=n, gap=float(gap.max()), first_gap=float(gap[:, 0].max()), stale_gap=float(stale_gap.max()))
     engine.close()
 
 
 @torch.no_grad()
 def scored(model, prompt_ids, response_ids) -> torch.Tensor:
-    """Each response token's logprob under `model`, the prompt and the response before it given (no padding:
-    greedy responses with EOS suppressed are not cut here, and a pad after EOS is scored like any token)."""
-    logits = model(input_ids=torch.cat([prompt_ids, response_ids], 1)).logits.float()
+    """Each response token's logprob under `model`, the prompt and the response before it given (the prompts
+    have no padding; positions after a row's EOS are left out by the caller's response mask)."""
+    logits = model(input_ids=torch.cat([prompt_ids, response_ids], 1)).logits
     start = prompt_ids.shape[1] - 1
-    logprobs = logits[:, start:start + response_ids.shape[1]].log_softmax(-1)
-    return logprobs.gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)
+    return full_logits_logprobs(logits[:, start:start + response_ids.shape[1]], response_ids,
+                                ("logprobs",))["logprobs"]
 
 
 def _load_direct(worker, weights) -> None:

@@ -66,7 +66,7 @@ class LocalExecutor:
                 raise PlanError(f"placement: pool {pool.name!r} has world_size {pool.world_size}, but the local "
                                 f"executor runs {world_size} rank(s); launch with torchrun or fix the pool")
         self.plan, self.roles, self.world_size, self.closed = plan, roles, world_size, False
-        self.gc_freeze, self.frozen, self.thaw, self.gc = gc_freeze, False, False, gc_heap.CLOCK.install()
+        self.gc_freeze, self.thaw, self.gc = gc_freeze, False, gc_heap.CLOCK.install()
         self.nodes = scheduled(plan)
         self.fill_at = fill_index(self.nodes)
         # torchrun: each rank holds its own rows; a fill gathers them and deals them out again evenly
@@ -83,8 +83,8 @@ class LocalExecutor:
             out = self.pipeline.step(step, prompts, self._run)
         else:
             out = run_step(step, self.nodes, self.fill_at, self._run, prompts, self.spread)
-        if self.gc_freeze and not self.frozen:  # the first step made what lives as long as the run (compiles)
-            self.frozen = True
+        if self.gc_freeze:  # once: the first step made what lives as long as the run (compiles)
+            self.gc_freeze = False
             self.thaw = gc_heap.freeze_heap()
         return out
 
