@@ -55,7 +55,7 @@ def cluster():
             nodes.add_node(num_cpus=1, resources={"node_b": 1}, object_store_memory=100_000_000)
             _wait(lambda: socket.create_connection(("127.0.0.1", client), timeout=1).close() or True, "Ray Client")
             address = f"ray://127.0.0.1:{client}"
-            _connect(address)
+            ray_cluster.connect(address)  # (tries a Ray Client server that dies at start again)
             _wait(lambda: sum(n["Alive"] for n in ray.nodes()) == 2, "the second node")
             assert [n["NodeManagerAddress"] for n in ray.nodes()] == ["127.0.0.1", "127.0.0.1"], ray.nodes()
             yield {"address": address, "gcs": nodes.address, "env": env}
@@ -63,21 +63,6 @@ def cluster():
             ray.shutdown()
             nodes.shutdown()
             shutil.rmtree(temp, ignore_errors=True)
-
-
-def _connect(address: str, attempts: int = 3) -> None:
-    """Ray Client's proxy starts a server per connection on the first port of 23000-23999 that a bind on 0.0.0.0
-    finds free; one left listening on 127.0.0.1 by another cluster on this machine passes that check, and the
-    new server then dies at start ("Initialization failure from server"). The proxy moves on to the next port:
-    try again."""
-    for attempt in range(attempts):
-        try:
-            ray_cluster.connect(address)
-            return
-        except ValueError as err:
-            if "Initialization failure from server" not in str(err) or attempt == attempts - 1:
-                raise
-            time.sleep(2)
 
 
 def _wait(ready, what: str, timeout_s: float = 120.0) -> None:
@@ -180,3 +165,33 @@ def test_connect_takes_the_gcs_address_too(cluster):
     assert not ray.util.client.ray.is_connected() and ray.cluster_resources().get("node_b") == 1
     with pytest.raises(ValueError, match="expected 'ray://host:port' or 'host:port'"):
         ray_cluster.connect(" ")
+
+
+def test_connect_tries_a_client_server_that_died_at_start_again(monkeypatch):
+    """Ray Client's "Initialization failure from server" is tried again (CLIENT_ATTEMPTS in all); any other
+    failure, or that one every time, is one line naming the address."""
+    calls, outcomes = [], []
+
+    def init(address, **kwargs):
+        calls.append(address)
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(ray_cluster.ray, "init", init)
+    monkeypatch.setattr(ray_cluster.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_cluster.time, "sleep", lambda s: None)
+    died = ConnectionError("Initialization failure from server: RuntimeError: Starting Ray client server failed.")
+    outcomes[:] = [died, died, "connected"]
+    assert ray_cluster.connect("ray://127.0.0.1:1") == "connected" and len(calls) == 3
+    calls.clear()
+    outcomes[:] = [died] * ray_cluster.CLIENT_ATTEMPTS
+    with pytest.raises(ValueError, match="connect ray://127.0.0.1:1: Initialization failure from server"):
+        ray_cluster.connect("ray://127.0.0.1:1")
+    assert len(calls) == ray_cluster.CLIENT_ATTEMPTS == 3
+    calls.clear()
+    outcomes[:] = [ConnectionError("refused")]
+    with pytest.raises(ValueError, match="connect ray://127.0.0.1:1: refused; is the head running"):
+        ray_cluster.connect("ray://127.0.0.1:1")
+    assert len(calls) == 1  # not tried again

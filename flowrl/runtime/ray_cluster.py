@@ -20,6 +20,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,24 +39,36 @@ SHIPPED_DIR = "flowrl-shipped"  # under each node's temp folder
 Files = dict[str, bytes]  # a folder's files by relative path
 
 
+CLIENT_ATTEMPTS = 3  # Ray Client's server for this connection may die at start (connect's docstring)
+
+
 def connect(address: str, **kwargs: Any) -> Any:
     """Drive a Ray cluster from this process (a notebook): `ray://head:10001` (Ray Client) or `head:6379` (the
     cluster's GCS, from a machine on its network). Then `train` with train.executor=ray runs its loop here and
     its pools on the cluster: the step lines, progress and metrics come back here, and checkpoints and exports
     land on this machine's disk (train.ship_files). Functions and classes defined here (algorithms, stages,
     tasks, reward functions) travel by value; modules they import must be installed on the cluster's nodes or
-    sent with runtime_env={"py_modules": [...]}. `kwargs` go to ray.init; an earlier connection is closed."""
+    sent with runtime_env={"py_modules": [...]}. `kwargs` go to ray.init; an earlier connection is closed.
+
+    Ray Client's proxy starts a server per connection on the first port of 23000-23999 that a bind on 0.0.0.0
+    finds free; one left listening on 127.0.0.1 by another cluster on the head's machine passes that check, and
+    the new server dies at start ("Initialization failure from server"). The proxy moves on to the next port, so
+    that failure is tried again, CLIENT_ATTEMPTS times in all, 2 s apart."""
     if not isinstance(address, str) or not address.strip():
         raise ValueError(f"connect: address {address!r}; expected 'ray://host:port' or 'host:port'")
-    if ray.is_initialized():
-        ray.shutdown()
-    try:
-        return ray.init(address.strip(), **kwargs)
-    except ModuleNotFoundError as err:  # Ray Client needs grpcio
-        raise ValueError(f"connect {address}: Ray Client needs {err.name}: pip install -e '.[ray]'") from None
-    except ConnectionError as err:
-        raise ValueError(f"connect {address}: {' '.join(str(err).split())}; is the head running "
-                         f"(ray start --head --ray-client-server-port=PORT) and its port reachable?") from None
+    for attempt in range(CLIENT_ATTEMPTS):
+        if ray.is_initialized():
+            ray.shutdown()
+        try:
+            return ray.init(address.strip(), **kwargs)
+        except ModuleNotFoundError as err:  # Ray Client needs grpcio
+            raise ValueError(f"connect {address}: Ray Client needs {err.name}: pip install -e '.[ray]'") from None
+        except ConnectionError as err:
+            if "Initialization failure from server" in str(err) and attempt < CLIENT_ATTEMPTS - 1:
+                time.sleep(2)
+                continue
+            raise ValueError(f"connect {address}: {' '.join(str(err).split())}; is the head running "
+                             f"(ray start --head --ray-client-server-port=PORT) and its port reachable?") from None
 
 
 def bundle(pool: Pool) -> dict[str, float]:
