@@ -25,6 +25,8 @@
 #   8 (d2)  vllm installed; flowrl's vLLM engine, fixed (its first weight sync: timing_s/sync_reload against
 #           vLLM's own reload timer), and TRL with colocated vLLM, variable and fixed (each call stays under 600 s;
 #           vllm_sync_paths.py, 110 s of model building and vLLM start-up before its first sync, is left out)
+#   5, then 9 (d2)  vllm installed; flowrl's vLLM engine, fixed and variable, 4 timed steps each (stage 8's fixed
+#           run reached its limit after its third timed step, before its RESULT)
 set -u
 STAGE=$1
 ROOT=$(pwd)
@@ -121,5 +123,13 @@ case $STAGE in
   run vllm_fixed_first_sync 170 $B --steps 3 --label vllm_l1 --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   run trl_vllm_variable 160 $B --steps 2 --lengths variable --systems trl_vllm
   run trl_vllm_fixed 160 $B --steps 2 --systems trl_vllm
+  ;;
+9)
+  cat /tmp/dc/vllm.00 /tmp/dc/vllm.01 >"/tmp/dc/$W" && (cd /tmp/dc && sha256sum -c --quiet SHA256SUMS) \
+    && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "/tmp/dc/$W" \
+      /tmp/dc/vwheels/*.whl || exit 4
+  run vllm_fixed 240 $B --steps 4 --label vllm_l1 --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
+  run vllm_variable 240 $B --steps 4 --lengths variable --label vllm_l1 \
+    --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   ;;
 esac
