@@ -52,7 +52,8 @@ def test_the_readmes_algorithm_count_and_list_are_the_registrys():
 def test_the_trl_speedup_is_the_benchmarks_latest():
     # the fixed workload's ratio as grpo_vs_trl.py printed it, in its old wording and its new; sessions are
     # appended, so the last one in the file is the latest
-    printed = re.findall(r"`GRPO step (?:vs TRL|trl/flowrl-hf_static): ([0-9.]+)x`", (DOCS / "benchmarks.md").read_text())
+    printed = re.findall(r"`GRPO step (?:vs TRL|trl/flowrl-hf_static): ([0-9.]+)x`",
+                         (DOCS / "benchmarks.md").read_text())
     assert len(printed) >= 2, printed
     measured = printed[-1]
     assert one(r"runs a GRPO step ([0-9.]+)x\nas fast as TRL's GRPOTrainer", README)[1] == measured
