@@ -57,23 +57,31 @@ run() {  # NAME SECONDS COMMAND...: output in /tmp/runs/NAME.log, its tail print
   tar -czf "$OUT/logs.tgz" -C /tmp/runs --exclude="*/final" --exclude="*/checkpoints" . 2>/dev/null
 }
 
+install_wheels() {  # the d1 carry's wheels (pydantic, tensordict, trl, datasets, ...), once per machine
+  [ -d /tmp/site/trl ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    /tmp/dc/wheels/*.whl
+}
+
+install_vllm() {  # vllm from its two halves (d1's vllm.00, d2's vllm.01), checked, with its own wheels
+  cat /tmp/dc/vllm.00 /tmp/dc/vllm.01 >"/tmp/dc/$W" && (cd /tmp/dc && sha256sum -c --quiet SHA256SUMS) \
+    && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "/tmp/dc/$W" \
+      /tmp/dc/vwheels/*.whl
+}
+
 GRID="--steps 2 --grid 64x8:256,16x8:256,16x8:1024,64x8:1024"
 export TORCHINDUCTOR_CACHE_DIR=/tmp/cc/inductor TRITON_CACHE_DIR=/tmp/cc/triton  # the grid reuses cold start's
 export TORCH_LOGS=recompiles  # a recompile inside timed steps says why (the variable 64x8 row of 2026-12-04c did not)
 
 case $STAGE in
 1)
-  [ -d /tmp/site/trl ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-    /tmp/dc/wheels/*.whl || exit 4
+  install_wheels || exit 4
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   run variable 150 $B --steps 4 --lengths variable --systems flowrl --label hf_static $COMMON
   run variable_16x8 120 $B --steps 4 --lengths variable --prompts 16 --systems flowrl --label hf_static $COMMON
   grep -c "__recompiles\] Recompiling" /tmp/runs/variable.log /tmp/runs/variable_16x8.log
   ;;
 2)
-  cat /tmp/dc/vllm.00 /tmp/dc/vllm.01 >"/tmp/dc/$W" && (cd /tmp/dc && sha256sum -c --quiet SHA256SUMS) \
-    && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "/tmp/dc/$W" \
-      /tmp/dc/vwheels/*.whl || exit 4
+  install_vllm || exit 4
   python3 -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
   run sync_reload 120 python3 benchmarks/vllm_sync_paths.py --device cuda --path reload
   run sync_direct 120 python3 benchmarks/vllm_sync_paths.py --device cuda --path direct
@@ -82,52 +90,41 @@ case $STAGE in
     --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   ;;
 3)
-  [ -d /tmp/site/trl ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-    /tmp/dc/wheels/*.whl || exit 4
+  install_wheels || exit 4
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   run variable_frozen 150 $B --steps 4 --lengths variable --systems flowrl --label hf_static_frozen $COMMON
   ;;
 4)
-  cat /tmp/dc/vllm.00 /tmp/dc/vllm.01 >"/tmp/dc/$W" && (cd /tmp/dc && sha256sum -c --quiet SHA256SUMS) \
-    && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "/tmp/dc/$W" \
-      /tmp/dc/vwheels/*.whl || exit 4
+  install_vllm || exit 4
   run vllm_fixed_frozen 230 $B --steps 4 --profile generate --label vllm_l1_frozen \
     --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   run vllm_fixed_unfrozen 200 $B --steps 4 --label vllm_l1_unfrozen --flowrl-set train.gc_freeze=false \
     --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   ;;
 5)
-  [ -d /tmp/site/trl ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-    /tmp/dc/wheels/*.whl || exit 4
+  install_wheels || exit 4
   ls -la /tmp/dc/vllm.00
   ;;
 6)
-  cat /tmp/dc/vllm.00 /tmp/dc/vllm.01 >"/tmp/dc/$W" && (cd /tmp/dc && sha256sum -c --quiet SHA256SUMS) \
-    && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "/tmp/dc/$W" \
-      /tmp/dc/vwheels/*.whl || exit 4
+  install_vllm || exit 4
   run vllm_fixed_parts 200 $B --steps 4 --label vllm_l1_parts --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   run vllm_variable_parts 200 $B --steps 4 --lengths variable --label vllm_l1_parts \
     --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   ;;
 7)
-  [ -d /tmp/site/trl ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-    /tmp/dc/wheels/*.whl || exit 4
+  install_wheels || exit 4
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   run variable_pair 280 $B --steps 4 --lengths variable --systems flowrl,trl --label hf_static $COMMON
   run fixed_pair 280 $B --steps 3 --systems flowrl,trl --label hf_static $COMMON
   ;;
 8)
-  cat /tmp/dc/vllm.00 /tmp/dc/vllm.01 >"/tmp/dc/$W" && (cd /tmp/dc && sha256sum -c --quiet SHA256SUMS) \
-    && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "/tmp/dc/$W" \
-      /tmp/dc/vwheels/*.whl || exit 4
+  install_vllm || exit 4
   run vllm_fixed_first_sync 170 $B --steps 3 --label vllm_l1 --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   run trl_vllm_variable 160 $B --steps 2 --lengths variable --systems trl_vllm
   run trl_vllm_fixed 160 $B --steps 2 --systems trl_vllm
   ;;
 9)
-  cat /tmp/dc/vllm.00 /tmp/dc/vllm.01 >"/tmp/dc/$W" && (cd /tmp/dc && sha256sum -c --quiet SHA256SUMS) \
-    && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "/tmp/dc/$W" \
-      /tmp/dc/vwheels/*.whl || exit 4
+  install_vllm || exit 4
   run vllm_fixed 240 $B --steps 4 --label vllm_l1 --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   run vllm_variable 240 $B --steps 4 --lengths variable --label vllm_l1 \
     --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
