@@ -54,7 +54,7 @@ def test_the_trl_speedup_is_the_benchmarks_latest():
     # appended, so the last one in the file is the latest
     printed = re.findall(r"`GRPO step (?:vs TRL|trl/flowrl-hf_static): ([0-9.]+)x`",
                          (DOCS / "benchmarks.md").read_text())
-    assert len(printed) >= 2, printed
+    assert printed, "docs/benchmarks.md: no ratio printed by grpo_vs_trl.py"
     measured = printed[-1]
     assert one(r"runs a GRPO step ([0-9.]+)x\nas fast as TRL's GRPOTrainer", README)[1] == measured
     assert one(r"measured GRPO step \(([0-9.]+)x TRL's", (DOCS / "configuration.md").read_text())[1] == measured
