@@ -20,7 +20,7 @@ from flowrl.graph.role import close_role
 from flowrl.graph.trace import Node
 from flowrl.plan.planner import Plan
 from flowrl.runtime import buffering, gc_heap, streaming
-from flowrl.runtime.scheduling import Spread, call_node, fill_index, run_step, scheduled
+from flowrl.runtime.scheduling import Spread, call_node, executor_step, fill_index, scheduled
 
 
 class Executor(Protocol):
@@ -77,16 +77,10 @@ class LocalExecutor:
 
     def run_step(self, step: int, prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
         """One training step over prompt batches drawn from `prompts`; returns the batch and metrics."""
-        if self.stream is not None:
-            out = self.stream.step(step, prompts, self._run)
-        elif self.pipeline is not None:
-            out = self.pipeline.step(step, prompts, self._run)
-        else:
-            out = run_step(step, self.nodes, self.fill_at, self._run, prompts, self.spread)
-        if self.gc_freeze:  # once: the first step made what lives as long as the run (compiles)
-            self.gc_freeze = False
-            self.thaw = gc_heap.freeze_heap()
-        return out
+        return executor_step(self, step, prompts, self._freeze_heap)
+
+    def _freeze_heap(self) -> None:
+        self.thaw = gc_heap.freeze_heap()  # this process's; the executor thaws it at close if it froze first
 
     def for_plan(self, plan: Plan) -> "LocalExecutor":
         return LocalExecutor(plan, self.roles, self.world_size)

@@ -55,7 +55,7 @@ from flowrl.runtime.ray_nodes import (NodeTimeout, WorkerDied, _cause, _checked_
                                       _merge, _split, _Versions)
 from flowrl.runtime.ray_pools import PoolEngine, _start_pool, _write_folder
 from flowrl.runtime.ray_pools import CONNECT_TIMEOUT_S, _check_listening, init_ray  # noqa: F401 (re-exported)
-from flowrl.runtime.scheduling import call_node, ready, run_step
+from flowrl.runtime.scheduling import call_node, executor_step, ready
 
 _EMPTY = TensorDict({}, batch_size=[0])
 
@@ -107,16 +107,8 @@ class RayExecutor:
         buffer (k >= 1) and the producers on pools of their own, step t+k's producers run in a thread beside
         step t's consumers (flowrl.runtime.buffering); a streamed buffer samples on the rollout's pool while the
         consumers run (flowrl.runtime.ray_streaming)."""
-        if self.stream is not None:
-            out = self.stream.step(step, prompts, self._run)
-        elif self.pipeline is not None:
-            out = self.pipeline.step(step, prompts, self._run)
-        else:
-            out = run_step(step, self.nodes, self.fill_at, self._run, prompts, self.spread)
-        if self.gc_freeze:  # once: the first step made what lives as long as the workers (compiles)
-            self.gc_freeze = False
-            _freeze_heaps([w for workers in self.workers.values() for w in workers])
-        return out
+        return executor_step(self, step, prompts,
+                             lambda: _freeze_heaps([w for workers in self.workers.values() for w in workers]))
 
     def for_plan(self, plan: Plan) -> "RayExecutor":
         """A view running `plan` (e.g. the evaluation) on these workers; its pools must be among them."""
