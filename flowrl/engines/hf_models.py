@@ -89,19 +89,26 @@ def load_value_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32
     return model
 
 
+MARKER = ".flowrl_export"
+"""Written into the model folders a run or an export writes: `flowrl export` replaces a non-empty folder only with it."""
+
+
 @contextlib.contextmanager
-def atomic_dir(target: str | os.PathLike) -> Iterator[pathlib.Path]:
+def atomic_dir(target: str | os.PathLike, marked: bool = False) -> Iterator[pathlib.Path]:
     """Yields a temp folder next to `target`; on success it replaces `target` whole.
 
     A crash inside the block leaves `target` as it was (the temp folder is
     removed). An existing `target` is moved aside first, then deleted, since
-    os.replace cannot replace a non-empty folder.
+    os.replace cannot replace a non-empty folder. `marked`: a model folder for `flowrl export` to replace
+    later, so it gets a MARKER file.
     """
     target = pathlib.Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
     try:
         yield tmp
+        if marked:
+            (tmp / MARKER).write_text("written by flowrl; `flowrl export` may replace this folder whole\n")
         _replace_dir(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

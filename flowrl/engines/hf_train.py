@@ -220,7 +220,7 @@ class HFTrainEngine:
             model = self.model
             state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self._rank() == 0:
-            with atomic_dir(path) as tmp:
+            with atomic_dir(path, marked=True) as tmp:
                 model.save_pretrained(tmp, state_dict=state)
                 if tokenizer is not None:
                     tokenizer.save_pretrained(tmp)

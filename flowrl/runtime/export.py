@@ -20,7 +20,7 @@ from flowrl.config import RunConfig, validate
 from flowrl.data.tasks import BUILT_IN as BUILT_IN_TASKS
 from flowrl.engines import sharded_checkpoint
 from flowrl.engines.configs import ModelSource
-from flowrl.engines.hf_models import load_tokenizer
+from flowrl.engines.hf_models import MARKER, load_tokenizer
 from flowrl.runtime import checkpoint
 from flowrl.runtime.data_tasks import run_task
 from flowrl.runtime.factory import model_path
@@ -34,6 +34,7 @@ def export(source: str | Path, output: str | Path, task: str | None = None) -> P
     own task.name, when the run's is not built in."""
     role = POLICY
     step = _step_folder(Path(source))
+    check_output(Path(output), step)
     state = checkpoint.read_state(step)
     if not isinstance(state.get("config"), dict):
         raise ValueError(f"checkpoint {step}: its state.json holds no run config to rebuild the model from")
@@ -46,6 +47,26 @@ def export(source: str | Path, output: str | Path, task: str | None = None) -> P
     sharded_checkpoint.load(step / role, engine.model, trainable_only=engine.lora)
     engine.save_pretrained(str(output), load_tokenizer(path))
     return Path(output)
+
+
+def check_output(output: Path, step: Path) -> None:
+    """Refuses an `output` export would destroy what it did not write: the run folder itself, a folder inside
+    it or holding it, or a non-empty folder that is not a previous export (no MARKER file in it)."""
+    out, run = output.resolve(), _run_folder(step).resolve()
+    if out == run or run in out.parents or out in run.parents:
+        where = "the run folder" if out == run else "inside the run folder" if run in out.parents else "above the run"
+        raise ValueError(f"--output {str(output)!r} is {where} {str(run)!r}; export never replaces a run's files: "
+                         f"name another folder")
+    if output.is_symlink() or (output.exists() and not output.is_dir()):
+        raise ValueError(f"--output {str(output)!r} exists and is not a folder; name another folder")
+    if output.is_dir() and any(output.iterdir()) and not (output / MARKER).is_file():
+        raise ValueError(f"--output {str(output)!r} is a non-empty folder that flowrl did not export (no {MARKER}); "
+                         f"export replaces its --output whole, so it refuses: name a new or empty folder")
+
+
+def _run_folder(step: Path) -> Path:
+    """The run's output_dir of a step folder (<run>/checkpoints/step_N), else the step folder's parent."""
+    return step.parent.parent if step.parent.name == "checkpoints" else step.parent
 
 
 def _without_code(config: dict[str, Any], step: Path, task: str | None) -> dict[str, Any]:
