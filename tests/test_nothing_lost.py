@@ -17,6 +17,7 @@ import cli_process
 from flowrl.config import load_run_config
 from flowrl.runtime import checkpoint
 from flowrl.runtime.export import export
+from flowrl.runtime.run_lock import RunLock
 from flowrl.runtime.trainer import train
 
 TESTS = str(Path(__file__).parent)
@@ -56,3 +57,44 @@ def test_export_refuses_the_run_folder_a_folder_inside_or_above_it_and_a_folder_
     again = cli_process.run("export", str(run), "--output", str(tmp_path / "out"), cwd=tmp_path, timeout=300)
     assert again.returncode == 0, again.stderr  # a previous export (it has the marker) is replaced
     assert (tmp_path / "out" / "config.json").is_file() and (tmp_path / "out" / ".flowrl_export").is_file()
+
+
+def children(pid):
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_kill_9_of_a_run_scoring_a_data_set_leaves_no_scorer_and_no_lock(tmp_path):
+    rows = [{"data_source": "exact", "prompt": [{"role": "user", "content": f"{i}+0="}],
+             "reward_model": {"ground_truth": str(i)}} for i in range(4)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "scorers.py").write_text("import time\ndef slow(**_):\n    time.sleep(0.2)\n    return 1.0\n")
+    sets = [*FAST, "train.steps=400", "train.save_every=1", f"data.train_files={tmp_path / 't.jsonl'}",
+            f"data.reward={tmp_path / 'scorers.py'}:slow", "data.reward_workers=2", "algo.group_size=2",
+            "roles.rollout.max_new_tokens=3"]
+    args = [sys.executable, "-m", "flowrl", "train", "grpo", "--no-progress", "--output-dir", str(tmp_path / "run"),
+            *sum((["--set", s] for s in sets), [])]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "run" / "checkpoints" / "latest").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    scorers = children(run.pid)
+    assert scorers, "the run started no scoring process"
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    time.sleep(3)  # the watch polls every 0.5 s
+    left = [pid for pid in scorers if alive(pid)]
+    for pid in left:  # a failing run leaves nothing behind either
+        os.kill(pid, signal.SIGKILL)
+    assert not left  # none outlives the trainer
+    RunLock(tmp_path / "run").acquire().release()  # the folder is free: a rerun takes it

@@ -13,6 +13,7 @@ import contextvars
 import logging
 import math
 import multiprocessing
+import os
 import signal
 import sys
 import threading
@@ -133,7 +134,7 @@ class _Worker:
 
     def __init__(self) -> None:
         self.conn, child = _CONTEXT.Pipe()
-        self.process = _CONTEXT.Process(target=_serve, args=(child,), daemon=True, name="flowrl-scorer")
+        self.process = _CONTEXT.Process(target=_serve, args=(child, os.getpid()), daemon=True, name="flowrl-scorer")
         self.process.start()
         child.close()
         self.index: int | None = None
@@ -157,14 +158,24 @@ class _Worker:
         self.conn.close()
 
 
-def _serve(conn: Any) -> None:
+def _serve(conn: Any, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="flowrl-orphan-watch").start()
     while True:
         try:
             sample = conn.recv()
         except EOFError:
             return
         conn.send(score_one(sample))
+
+
+def _exit_with(parent: int, every_s: float = 0.5) -> None:
+    """Ends this scoring process once the trainer `parent` is gone (kill -9 included), even while a scorer
+    hangs: an orphan would live on holding the run's files. (PR_SET_PDEATHSIG fires when the forking *thread*
+    ends, and workers are forked from the reward's deadline thread, so the parent's pid is watched instead.)"""
+    while os.getppid() == parent:
+        time.sleep(every_s)
+    os._exit(1)
 
 
 def _kill_all(workers: list[_Worker]) -> None:
