@@ -98,3 +98,33 @@ def test_kill_9_of_a_run_scoring_a_data_set_leaves_no_scorer_and_no_lock(tmp_pat
         os.kill(pid, signal.SIGKILL)
     assert not left  # none outlives the trainer
     RunLock(tmp_path / "run").acquire().release()  # the folder is free: a rerun takes it
+
+
+class Payload:
+    """Unpickling it creates the file `path` (what an attacker's pickle would do, harmlessly)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_metadata_pickle_swapped_in_after_the_signature_check_never_runs(tmp_path, monkeypatch):
+    train(config(tmp_path / "run", "train.steps=1"), progress=False)
+    ran, check = tmp_path / "payload_ran", checkpoint.damage
+
+    def check_then_swap(path):  # the attacker wins the race: the files change right after they were checked
+        problem = check(path)
+        (path / "actor" / ".metadata").write_bytes(pickle.dumps(Payload(ran)))
+        return problem
+
+    monkeypatch.setattr(checkpoint, "damage", check_then_swap)
+    metadata = tmp_path / "run" / "checkpoints" / "step_000001" / "actor" / ".metadata"
+    signed = metadata.read_bytes()
+    with pytest.raises(ValueError, match=r"actor/.metadata changed after its signature was checked; refused"):
+        export(tmp_path / "run", tmp_path / "out")
+    metadata.write_bytes(signed)  # and again, on resume
+    with pytest.raises(ValueError, match=r"actor/.metadata changed after its signature was checked; refused"):
+        train(config(tmp_path / "run", "train.steps=2"), progress=False)
+    assert not ran.exists() and not (tmp_path / "out").exists()

@@ -16,6 +16,10 @@ appears whole or not at all. Several nodes must see one file system (the run's o
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import hashlib
+import io
+import os
 import pathlib
 import shutil
 import warnings
@@ -24,12 +28,58 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 
 from flowrl.engines.hf_models import _replace_dir
 
 METADATA = ".metadata"
+
+_EXPECTED: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("expected_digests", default=None)
+
+
+class ChangedFile(ValueError):
+    """A checkpoint file whose bytes, as read for loading, are not those its signed manifest lists."""
+
+
+@contextlib.contextmanager
+def expecting(digests: dict[str, str]) -> Iterator[None]:
+    """Loads inside read every file once into memory, check those bytes against `digests` (absolute path ->
+    sha256, from a manifest whose signature was checked) and load those same bytes: DCP's `.metadata` is a
+    pickle, so a file swapped after the check is refused, never unpickled."""
+    token = _EXPECTED.set(digests)
+    try:
+        yield
+    finally:
+        _EXPECTED.reset(token)
+
+
+class _VerifiedFileSystem(FileSystem):
+    def __init__(self, digests: dict[str, str]):
+        super().__init__()
+        self.digests = digests
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        name = os.path.abspath(path)
+        if name not in self.digests:  # as absent (DCP tries an optional per-rank metadata file first)
+            raise FileNotFoundError(f"{name} is not listed in the checkpoint's signed manifest")
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read()
+        if hashlib.sha256(data).hexdigest() != self.digests[name]:
+            raise ChangedFile(f"{name} changed after its signature was checked; refused (not loaded)")
+        yield io.BytesIO(data)
+
+
+def _reader(folder: pathlib.Path) -> dcp.FileSystemReader | None:
+    digests = _EXPECTED.get()
+    if digests is None:
+        return None
+    reader = dcp.FileSystemReader(str(folder))
+    reader.fs = _VerifiedFileSystem(digests)
+    return reader
 
 
 def save(path: str | pathlib.Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -56,8 +106,11 @@ def load(path: str | pathlib.Path, model: torch.nn.Module, optimizer: torch.opti
     if not (folder / METADATA).is_file():
         raise ValueError(f"path {str(folder)!r} holds no sharded engine checkpoint (no {METADATA})")
     state = _state(model, optimizer, scheduler, trainable_only)
+    reader = _reader(folder)
+    if reader is not None:
+        reader.read_metadata()  # a changed .metadata is refused here as ChangedFile, before DCP reads it
     with _one_process_quiet():
-        dcp.load(state, checkpoint_id=folder, no_dist=not _distributed())
+        dcp.load(state, checkpoint_id=folder, storage_reader=reader, no_dist=not _distributed())
     options = StateDictOptions(strict=not trainable_only)
     if optimizer is None:
         set_model_state_dict(model, state["model"], options=options)

@@ -32,6 +32,7 @@ from typing import Any
 
 from torch.distributed.checkpoint.api import CheckpointException
 
+from flowrl.engines import sharded_checkpoint
 from flowrl.engines.protocols import TrainEngine
 from flowrl.runtime import distributed, signing
 
@@ -197,6 +198,17 @@ def read_state(path: str | Path) -> dict[str, Any]:
     return json.loads((Path(path) / STATE).read_text())
 
 
+def verified(path: Path) -> Any:
+    """A context inside which engine loads read each file of checkpoint `path` once and load those bytes only
+    if they are what its manifest lists; the manifest's bytes are read once and their signature checked."""
+    manifest = (path / MANIFEST).read_bytes()
+    if not signing.verify(manifest, (path / SIGNATURE).read_text(errors="replace")):
+        raise CheckpointError(f"checkpoint {path}: its manifest changed after it was checked; refused")
+    entries = json.loads(manifest)
+    return sharded_checkpoint.expecting({os.path.abspath(path / name): entry["sha256"]
+                                         for name, entry in entries.items()})
+
+
 def load(path: str | Path, engines: dict[str, TrainEngine]) -> dict[str, Any]:
     path = Path(path)
     for role, engine in engines.items():
@@ -204,8 +216,11 @@ def load(path: str | Path, engines: dict[str, TrainEngine]) -> dict[str, Any]:
             raise ValueError(f"checkpoint {path} has no state for role {role!r}; it has "
                              f"{sorted(p.name for p in path.iterdir() if p.is_dir())}")
         try:
-            engine.load(str(path / role))
-        except (OSError, RuntimeError, CheckpointException) as err:
+            with verified(path):
+                engine.load(str(path / role))
+        except (OSError, RuntimeError, CheckpointException, sharded_checkpoint.ChangedFile) as err:
+            if isinstance(first_failure(err), sharded_checkpoint.ChangedFile):
+                raise CheckpointError(f"checkpoint {path}: {first_failure(err)}") from None
             raise CheckpointError(f"checkpoint {path}: role {role!r} does not load into this run's engine "
                                   f"({reason(err)}); it was saved under other model or engine settings (LoRA, "
                                   f"model.*, or data files whose characters made the built-in tiny model's "

@@ -44,7 +44,13 @@ def export(source: str | Path, output: str | Path, task: str | None = None) -> P
                          f"{sorted(p.name for p in step.iterdir() if p.is_dir())}")
     path = model_path(cfg, run_task(cfg))
     engine = cfg.actor.build(ModelSource(path, cfg.model.dtype), head="actor", device="cpu")
-    sharded_checkpoint.load(step / role, engine.model, trainable_only=engine.lora)
+    try:
+        with checkpoint.verified(step):
+            sharded_checkpoint.load(step / role, engine.model, trainable_only=engine.lora)
+    except BaseException as err:  # DCP wraps a reader's error in its CheckpointException (a BaseException)
+        if isinstance(checkpoint.first_failure(err), sharded_checkpoint.ChangedFile):
+            raise ValueError(f"checkpoint {step}: {checkpoint.first_failure(err)}") from None
+        raise
     engine.save_pretrained(str(output), load_tokenizer(path))
     return Path(output)
 
