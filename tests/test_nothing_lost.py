@@ -128,3 +128,30 @@ def test_a_metadata_pickle_swapped_in_after_the_signature_check_never_runs(tmp_p
     with pytest.raises(ValueError, match=r"actor/.metadata changed after its signature was checked; refused"):
         train(config(tmp_path / "run", "train.steps=2"), progress=False)
     assert not ran.exists() and not (tmp_path / "out").exists()
+
+
+def test_links_in_a_run_folder_are_not_followed_and_an_empty_key_is_refused(tmp_path, monkeypatch):
+    train(config(tmp_path / "run", "train.steps=1"), progress=False)
+    secret = tmp_path / "secret_key"
+    secret.write_text("TOPSECRET-do-not-print")
+    latest = tmp_path / "run" / "checkpoints" / "latest"
+    latest.unlink()
+    latest.symlink_to(secret)
+    with pytest.warns(UserWarning, match="is a symlink, which flowrl never follows") as warned:
+        assert checkpoint.latest(tmp_path / "run" / "checkpoints").name == "step_000001"
+    assert not any("TOPSECRET" in str(w.message) for w in warned)
+    latest.unlink()
+    latest.write_bytes(b"\xff\xfeTOPSECRET")  # bytes, not a name
+    with pytest.warns(UserWarning, match="is not a small text file naming a step folder"):
+        checkpoint.latest(tmp_path / "run" / "checkpoints")
+    lock = tmp_path / "run" / ".flowrl.lock"
+    lock.unlink(missing_ok=True)
+    lock.symlink_to(secret)
+    with pytest.raises(ValueError, match=r"\.flowrl\.lock cannot be opened .*a symlink, which flowrl never follows"):
+        RunLock(tmp_path / "run").acquire()
+    assert secret.read_text() == "TOPSECRET-do-not-print"  # not truncated
+    empty = tmp_path / "empty_key"
+    empty.write_text("")
+    monkeypatch.setenv("FLOWRL_KEY_FILE", str(empty))
+    with pytest.raises(ValueError, match=r"signing key .*empty_key .* holds 0 bytes"):
+        export(tmp_path / "run", tmp_path / "out")

@@ -25,6 +25,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -127,10 +128,10 @@ def latest(root: str | Path) -> Path | None:
     Raises CheckpointError when checkpoints exist but none is intact (nothing is deleted)."""
     root = Path(root)
     found = sorted((p for p in root.glob("step_*") if p.is_dir()), reverse=True) if root.is_dir() else []
-    pointer = root / LATEST
-    if pointer.exists() and not (root / pointer.read_text().strip()).is_dir():
-        warnings.warn(f"checkpoint pointer {pointer} names {pointer.read_text().strip()!r}, which does not "
-                      f"exist; looking for the newest intact checkpoint instead", stacklevel=2)
+    problem = _pointer_problem(root / LATEST)
+    if problem is not None:
+        warnings.warn(f"checkpoint pointer {root / LATEST} {problem}; looking for the newest intact checkpoint "
+                      f"instead", stacklevel=2)
     for path in found:
         problem = damage(path)
         if problem is None:
@@ -141,6 +142,24 @@ def latest(root: str | Path) -> Path | None:
         raise CheckpointError(f"{root}: no intact checkpoint among {[p.name for p in found]} (the newest: "
                               f"{damage(found[0])}); move the folder away to start over, or set train.resume=false")
     return None
+
+
+def _pointer_problem(pointer: Path) -> str | None:
+    """What is wrong with the `latest` pointer (None: absent, or names a step folder that exists). It is read
+    without following a symlink, and its contents are never printed unless they are a step folder's name."""
+    if pointer.is_symlink():
+        return "is a symlink, which flowrl never follows"
+    if not pointer.exists():
+        return None
+    try:
+        fd = os.open(pointer, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            name = f.read(64).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return "is not a small text file naming a step folder"
+    if not re.fullmatch(r"step_\d+", name):
+        return "does not name a step folder"
+    return None if (pointer.parent / name).is_dir() else f"names {name!r}, which does not exist"
 
 
 def damage(path: Path) -> str | None:

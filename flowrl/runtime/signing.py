@@ -43,7 +43,12 @@ def key() -> bytes:
             pass
         finally:
             tmp.unlink()
-    return path.read_bytes().strip()
+    secret = path.read_bytes().strip()
+    if len(secret) < 16:
+        raise ValueError(f"signing key {path} ({KEY_ENV} or ~/.config/flowrl/key) holds {len(secret)} bytes: a key "
+                         f"anyone can guess signs nothing; delete it (flowrl makes a new one) or put 32 random "
+                         f"bytes in it")
+    return secret
 
 
 def sign(data: bytes) -> str:
