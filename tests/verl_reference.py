@@ -187,3 +187,78 @@ def pf_ppo_weights(scores, method, weight_pow):
     else:
         w = torch.where(scores == scores.max(), 0.4, 0.1)
     return torch.clamp(w + 1e-8, min=1e-8)
+
+
+# --- rollout correction, rollout_corr_helper.py at verl v0.9.0 (unchanged to 1dda039) ---
+
+def _seq_sum(x, mask):
+    return (x * mask).sum(-1)
+
+
+def _seq_mean(x, mask):
+    return (x * mask).sum(-1) / (mask.sum(-1) + 1e-8)
+
+
+def _seq_max(x, mask):
+    # _sequence_max: masked_fill(~mask, -inf).max(-1), then 0 for a row without valid tokens
+    v = x.masked_fill(~mask.bool(), float("-inf")).max(-1).values
+    return torch.where(v == float("-inf"), torch.zeros_like(v), v)
+
+
+def rollout_rejection_mask(log_ratio, mask, option, upper, lower=None):
+    # compute_rollout_rejection_mask with one option: k1 options bound -log_ratio in [log lower, log upper]
+    # (lower defaults to 1 / upper), k2 / k3 options bound the divergence above by `upper`
+    import math
+    safe = torch.clamp(log_ratio, -20.0, 20.0)
+    stats = {"k1": -safe, "k2": 0.5 * safe ** 2, "k3": torch.exp(safe) - 1.0 - safe}
+    kind = option[-2:]
+    if kind == "k1":
+        lower = 1.0 / upper if lower is None else lower
+
+        def keep(s):
+            return (s >= math.log(lower)) & (s <= math.log(upper))
+    else:
+        def keep(s):
+            return s <= upper
+    if option.startswith("token"):
+        keep_bt = keep(stats[kind])
+    else:
+        reduce = {"seq_sum": _seq_sum, "seq_mean": _seq_mean, "seq_max": _seq_max}[option[:-3]]
+        keep_bt = keep(reduce(stats[kind], mask)).unsqueeze(-1).expand_as(mask)
+    return (mask * keep_bt.to(log_ratio.dtype)).to(mask.dtype)
+
+
+def rollout_correction_weights(log_ratio, mask, level="token", upper=2.0, lower=None, batch_normalize=False):
+    # compute_rollout_correction_weights: TIS (lower None) clamps at upper, IcePop zeroes weights outside
+    # [lower, upper]; batch normalisation divides by the masked token mean (token) or the mean over
+    # non-empty rows of each row's mean weight (sequence), when that mean is > 1e-8
+    if level == "token":
+        raw = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
+    else:
+        log_sum = (log_ratio * mask).sum(-1, keepdim=True)
+        raw = torch.exp(torch.clamp(log_sum, -20.0, 20.0)).expand_as(log_ratio)
+    raw = raw * mask
+    if lower is None:
+        w = raw.clamp(max=upper)
+    else:
+        w = torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
+    if batch_normalize:
+        if level == "token":
+            mean = (w * mask).sum() / (mask.sum() + 1e-8)
+        else:
+            seq_w = (w * mask).sum(-1) / (mask.sum(-1) + 1e-8)
+            seq_mask = (mask.sum(-1) > 0).to(w.dtype)
+            mean = (seq_w * seq_mask).sum() / seq_mask.sum().clamp_min(1e-8)
+        if mean > 1e-8:
+            w = w / mean
+    return w
+
+
+def gspo(old, logp, adv, mask, clip_low, clip_high):
+    # compute_policy_loss_gspo with its forced "seq-mean-token-mean" (global_batch_size: the non-empty rows)
+    neg_kl = logp - old
+    seq = (neg_kl * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    log_s = torch.clamp(logp - logp.detach() + seq.detach().unsqueeze(-1), max=10.0)
+    s = torch.exp(log_s)
+    losses = torch.maximum(-adv * s, -adv * torch.clamp(s, 1 - clip_low, 1 + clip_high))
+    return seq_mean_token_mean(losses, mask)
