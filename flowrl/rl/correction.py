@@ -41,6 +41,9 @@ class RolloutCorrection:
         verl); "k2" / "k3": the token divergence (ops.token_divergence), or its
         row sum (sequence), mean (geometric) or max, above rs_threshold fails
         (verl's token_k3, seq_sum_k2, seq_max_k3, ...).
+    bypass: verl's bypass mode, where the batch's old logprobs are the sampler's
+        (flowrl.rl.bypass): rho = pi_current / pi_rollout, from the current
+        policy's logprobs (detached) in the loss, not from old_logprobs.
     Both None: only the metrics (rollout/kl, rollout/k3_kl, rollout/max_abs_diff,
     rollout/masked_fraction); is_level adds rollout/is_weight_mean and
     rollout/is_truncated_fraction (before normalisation), is_batch_normalize
@@ -55,6 +58,7 @@ class RolloutCorrection:
     is_threshold_lower: float | None = None
     is_batch_normalize: bool = False
     rs_estimator: str = "k1"
+    bypass: bool = False
 
     def __post_init__(self) -> None:
         if self.is_level is not None:

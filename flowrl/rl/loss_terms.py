@@ -241,8 +241,9 @@ class Loss:
         mask_BT = mb["loss_mask"]
         is_weights_BT, keep_BT, metrics = None, None, {}
         if self.rollout_correction is not None:
-            is_weights_BT, keep_BT, metrics = self.rollout_correction(mb["old_logprobs"], mb["rollout_logprobs"],
-                                                                      mask_BT)
+            correction = self.rollout_correction
+            old_BT = out["logprobs"].detach() if correction.bypass else mb["old_logprobs"]
+            is_weights_BT, keep_BT, metrics = correction(old_BT, mb["rollout_logprobs"], mask_BT)
         term_mb = mb if keep_BT is None else _reject(mb, keep_BT)
         total = None
         for term in self.terms:
