@@ -367,3 +367,32 @@ def bypass_mode(rollout, logp, adv, mask, loss_type, mode, rs_option=None, rs_up
     else:
         losses = vanilla(rollout, logp, adv, mask, 0.2, 0.2)
     return agg(losses, kept, mode, num_tokens=mask.sum(), num_rows=rows)
+
+
+# --- verl/trainer/distillation at v0.9.0 (unchanged to 1dda039) ---
+
+def forward_kl_topk(student_logits, teacher_topk_log_probs, teacher_topk_ids, log_prob_min_clamp=-10.0,
+                    loss_max_clamp=10.0):
+    # fsdp/losses.compute_forward_kl_topk (the log_softmax path) with kl_divergence, then losses.py's
+    # compute_forward_kl_topk clamp_min(0) and distillation_loss's clamp to +-loss_max_clamp
+    student_log_probs = torch.log_softmax(student_logits, dim=-1)
+    student_topk = torch.gather(student_log_probs, dim=-1, index=teacher_topk_ids)
+    student_topk = student_topk.clamp_min(log_prob_min_clamp)
+    teacher = teacher_topk_log_probs.clamp_min(log_prob_min_clamp)
+    losses = (teacher.exp() * (teacher.float() - student_topk.float())).sum(-1)
+    return losses.clamp_min(0.0).clamp(min=-loss_max_clamp, max=loss_max_clamp)
+
+
+def distillation_estimator(student_logp, teacher_logp, mode, loss_max_clamp=10.0):
+    # compute_distillation_loss_reverse_kl_estimator (kl_penalty(student, teacher, mode)) and the clamp
+    log_ratio = student_logp - teacher_logp
+    if mode in ("kl", "k1"):
+        losses = log_ratio
+    elif mode == "abs":
+        losses = log_ratio.abs()
+    elif mode in ("mse", "k2"):
+        losses = 0.5 * log_ratio.square()
+    else:  # low_var_kl / k3
+        kl = torch.clamp(teacher_logp - student_logp, -20, 20)
+        losses = torch.clamp(torch.exp(kl) - kl - 1, -10, 10)
+    return losses.clamp(min=-loss_max_clamp, max=loss_max_clamp)
