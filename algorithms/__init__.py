@@ -24,13 +24,14 @@ from flowrl.algorithms.pf_ppo import PFPPOConfig, pf_ppo
 from flowrl.algorithms.otb import OTBConfig, otb
 from flowrl.algorithms.sft import SFTConfig, sft
 from flowrl.algorithms.rm import RMConfig, rm
+from flowrl.algorithms.distill import DistillConfig, distill
 
 REGISTRY = {"ppo": ppo, "grpo": grpo, "dapo": dapo, "rloo": rloo, "reinforce_pp": reinforce_pp, "remax": remax,
             "gspo": gspo, "cispo": cispo, "dppo": dppo, "grpo_multiturn": grpo_multiturn,
             "grpo_async": grpo_async,
             "reinforce_pp_baseline": reinforce_pp_baseline, "gpg": gpg, "opo": opo, "grpo_passk": grpo_passk,
             "sapo": sapo, "gmpo": gmpo, "clip_cov": clip_cov, "kl_cov": kl_cov, "pf_ppo": pf_ppo,
-            "otb": otb, "sft": sft, "rm": rm}
+            "otb": otb, "sft": sft, "rm": rm, "distill": distill}
 
 for _name, _algorithm in REGISTRY.items():  # the one list: `flowrl train NAME` finds them in ALGORITHMS
     ALGORITHMS.register(_name, _algorithm)
@@ -44,4 +45,4 @@ __all__ = ["REGISTRY", "ppo", "grpo", "dapo", "rloo", "reinforce_pp", "remax", "
            "reinforce_pp_baseline", "gpg", "opo", "grpo_passk", "sapo", "gmpo", "clip_cov", "kl_cov", "pf_ppo", "otb",
            "ReinforcePPBaselineConfig", "GPGConfig", "OPOConfig", "GRPOPassKConfig", "SAPOConfig", "GMPOConfig",
            "ClipCovConfig", "KLCovConfig", "PFPPOConfig", "OTBConfig",
-           "sft", "rm", "SFTConfig", "RMConfig"]
+           "sft", "rm", "SFTConfig", "RMConfig", "distill", "DistillConfig"]

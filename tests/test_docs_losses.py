@@ -12,11 +12,13 @@ from fakes import ROLE_CLASSES
 from flowrl.algorithms import REGISTRY
 from flowrl.graph.role import ROLES
 from flowrl.rl import losses
+from flowrl.rl.distillation import DistillTerm
 from flowrl.rl.loss_terms import EntropyTerm, KLTerm, Loss, NLLTerm, PolicyTerm, ValueTerm
 
 DOC = Path(__file__).parent.parent / "docs" / "algorithms.md"
 INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer", "conversation", "pair"}
-CLASSES = {**ROLE_CLASSES, **{name: ROLES.get(name).cls for name in ("conversations", "learned_reward", "kl_ctrl")}}
+CLASSES = {**ROLE_CLASSES, **{name: ROLES.get(name).cls for name in ("conversations", "learned_reward", "kl_ctrl",
+                                                                     "teacher")}}
 HEADER = "| name | policy objective | aggregation | KL loss | entropy bonus | rollout correction | value loss |"
 
 
@@ -28,7 +30,7 @@ def _objective(term: PolicyTerm) -> str:
     fn = term.objective
     options = fn.keywords if isinstance(fn, partial) else {}
     name = (fn.func if isinstance(fn, partial) else fn).__name__
-    inside = ", IS weights inside" if term.weights_in_objective else ""
+    inside = ", IS weights inside" if term.inside else ""
     return f"`{name}`" + (f" ({', '.join(f'{k}={_number(v)}' for k, v in options.items())}{inside})" if options
                           else inside and f" ({inside[2:]})")
 
@@ -43,7 +45,7 @@ def _correction(loss: Loss) -> str:
 
 def describe_policy(loss_fn) -> list[str]:
     """[objective, aggregation, KL loss, entropy bonus, rollout correction] of an actor's loss."""
-    loss = getattr(loss_fn, "loss", None)
+    loss = loss_fn if isinstance(loss_fn, Loss) else getattr(loss_fn, "loss", None)
     if not isinstance(loss, Loss):  # a loss of its own kind, not a sum of token terms (sft_loss.BradleyTerryLoss)
         fields = ", ".join(f"{k}={_number(v)}" for k, v in vars(loss_fn).items())
         return [f"`{type(loss_fn).__name__}` ({fields})", "-", "-", "-", "-"]
@@ -53,6 +55,10 @@ def describe_policy(loss_fn) -> list[str]:
             row[0] = _objective(term)
         elif isinstance(term, NLLTerm):
             row[0] = "`nll` (supervised)"
+        elif isinstance(term, DistillTerm):
+            names = ("kind", "policy_gradient", "loss_max_clamp")
+            options = ", ".join(f"{k}={_number(getattr(term, k))}" for k in names)
+            row[0] = f"`distill` ({options})"
         elif isinstance(term, KLTerm):
             row[2] = f"{_number(term.coef)} {term.kind}"
         elif isinstance(term, EntropyTerm):

@@ -211,7 +211,8 @@ NEEDS = {"grpo_multiturn": ["task.name=calculator", "roles.rollout.env=calculato
 
 import flowrl.algorithms  # noqa: E402,F401 (registers the prebuilt algorithms: run alone, the list was empty)
 
-ROLLING_OUT = [name for name in ALGORITHMS.names() if "rollout" in ALGORITHMS.get(name).roles]  # not sft, rm
+# not sft, rm; nor distill, which has no reward (its vLLM run: benchmarks/distill_gpu.py)
+ROLLING_OUT = [name for name in ALGORITHMS.names() if "rollout" in ALGORITHMS.get(name).roles and name != "distill"]
 
 
 @pytest.mark.parametrize("algorithm", ROLLING_OUT)

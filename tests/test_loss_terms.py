@@ -16,6 +16,7 @@ from flowrl.engines.hf_models import load_causal_lm
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.model_outputs import TOKEN_OUTPUTS, check_outputs
 from flowrl.rl.correction import RolloutCorrection
+from flowrl.rl.distillation import DistillTerm  # noqa: F401 (registers the "distill" term)
 from flowrl.rl.loss_terms import TERMS, EntropyTerm, KLTerm, Loss, PolicyTerm, ValueTerm
 from flowrl.rl.ops.policy_loss import ppo_clip
 from test_engine_hf_train import ROWS, make_batch
@@ -42,7 +43,7 @@ def test_reads_and_needs_are_the_terms_unions():
     assert full.needs == ("logprobs", "entropy")
     value = Loss((ValueTerm(0.5),))
     assert value.reads == ("values", "returns", "loss_mask") and value.needs == ("values",)
-    assert TERMS.names() == ["entropy", "kl", "nll", "policy", "value"]
+    assert TERMS.names() == ["distill", "entropy", "kl", "nll", "policy", "value"]  # distill: rl.distillation
 
 
 def test_the_sum_of_terms_by_hand():

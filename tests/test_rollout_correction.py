@@ -10,6 +10,7 @@ from tensordict import TensorDict
 from fakes import ROLE_CLASSES
 from flowrl.algorithms import REGISTRY, GRPOConfig
 from flowrl.config import load_run_config, validate
+from flowrl.graph.role import ROLES
 from flowrl.rl.correction import RolloutCorrection, RolloutCorrectionConfig
 from flowrl.rl.losses import (PolicyLoss, cispo_loss, clip_higher_loss, dppo_kl_loss, dppo_tv_loss, gspo_loss,
                               ppo_loss)
@@ -154,11 +155,12 @@ def test_only_the_algorithms_that_sample_nothing_lack_the_option():
 def test_every_algorithm_passes_the_option_to_its_policy_loss(name):
     inputs = {"prompt_ids", "prompt_mask", "uid", "answer"}
     option = {"rollout_correction": {"is_level": "token", "rs_level": "geometric", "rs_threshold": 1.5}}
-    graph, _ = REGISTRY[name].trace(inputs, ROLE_CLASSES, option)
+    classes = {**ROLE_CLASSES, "teacher": ROLES.get("teacher").cls}
+    graph, _ = REGISTRY[name].trace(inputs, classes, option)
     update = graph.nodes["actor.update"]["node"]
     assert update.kwargs["loss"].rollout_correction == RolloutCorrection("token", 2.0, "geometric", 1.5)
     assert "rollout_logprobs" in update.reads  # written by rollout.generate, or tracing would fail
-    default, _ = REGISTRY[name].trace(inputs, ROLE_CLASSES)
+    default, _ = REGISTRY[name].trace(inputs, classes)
     # off by default, but for the off-policy graph, whose behaviour policy is the lagging sampler's
     expected = RolloutCorrection("token", 2.0) if name in OFF_POLICY else None
     assert default.nodes["actor.update"]["node"].kwargs["loss"].rollout_correction == expected

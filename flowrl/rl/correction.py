@@ -30,14 +30,24 @@ class RolloutCorrection:
 
     is_level: "token" | "sequence" | "geometric" (ops.rollout_correction) or
         None; the policy loss per token is multiplied by the detached weight
-        min(rho_level, is_threshold) (verl's rollout_is, TIS).
-    rs_level: same levels or None; tokens (token level) or rows (sequence,
-        geometric) whose rho_level is outside [rs_threshold_lower, rs_threshold]
-        get no loss from any term (verl's rollout_rs with ratio bounds;
-        rs_threshold_lower None is 1 / rs_threshold, as verl).
+        min(rho_level, is_threshold) (verl's rollout_is, TIS), or with
+        is_threshold_lower (IcePop) by rho_level inside [is_threshold_lower,
+        is_threshold] and 0 outside; is_batch_normalize divides the weights by
+        their mean over the micro-batch (verl's rollout_is_batch_normalize).
+    rs_level: same levels, or "max" for k2 / k3, or None; tokens (token level)
+        or rows whose statistic fails get no loss from any term (verl's
+        rollout_rs). rs_estimator "k1": rho_level outside [rs_threshold_lower,
+        rs_threshold] fails (rs_threshold_lower None is 1 / rs_threshold, as
+        verl); "k2" / "k3": the token divergence (ops.token_divergence), or its
+        row sum (sequence), mean (geometric) or max, above rs_threshold fails
+        (verl's token_k3, seq_sum_k2, seq_max_k3, ...).
+    bypass: verl's bypass mode, where the batch's old logprobs are the sampler's
+        (flowrl.rl.bypass): rho = pi_current / pi_rollout, from the current
+        policy's logprobs (detached) in the loss, not from old_logprobs.
     Both None: only the metrics (rollout/kl, rollout/k3_kl, rollout/max_abs_diff,
     rollout/masked_fraction); is_level adds rollout/is_weight_mean and
-    rollout/is_truncated_fraction.
+    rollout/is_truncated_fraction (before normalisation), is_batch_normalize
+    rollout/is_batch_norm_factor.
     """
 
     is_level: str | None = "token"
@@ -45,18 +55,39 @@ class RolloutCorrection:
     rs_level: str | None = None
     rs_threshold: float = 2.0
     rs_threshold_lower: float | None = None
+    is_threshold_lower: float | None = None
+    is_batch_normalize: bool = False
+    rs_estimator: str = "k1"
+    bypass: bool = False
 
     def __post_init__(self) -> None:
         if self.is_level is not None:
             rc.check_level(self.is_level, "is_level")
         if self.rs_level is not None:
-            rc.check_level(self.rs_level, "rs_level")
+            rc.check_level(self.rs_level, "rs_level", rc.RS_LEVELS)
+            rc.check_estimator(self.rs_estimator, self.rs_level, "rs_estimator")
         rc.check_is_threshold(self.is_threshold, "is_threshold")
-        rc.check_bounds(self.rs_threshold, self.rs_threshold_lower, "rs_threshold", "rs_threshold_lower")
-        if self.is_level is None and self.is_threshold != 2.0:
-            warnings.warn(f"is_threshold={self.is_threshold} has no effect with is_level=None", stacklevel=3)
-        if self.rs_level is None and (self.rs_threshold != 2.0 or self.rs_threshold_lower is not None):
-            warnings.warn("rs_threshold / rs_threshold_lower have no effect with rs_level=None", stacklevel=3)
+        if self.is_threshold_lower is not None:
+            rc.check_bounds(self.is_threshold, self.is_threshold_lower, "is_threshold", "is_threshold_lower")
+        self._check_rs_bounds()
+        off = [name for name, unused in (("is_threshold", self.is_threshold != 2.0),
+                                         ("is_threshold_lower", self.is_threshold_lower is not None),
+                                         ("is_batch_normalize", self.is_batch_normalize)) if unused]
+        if self.is_level is None and off:
+            warnings.warn(f"{', '.join(off)}: no effect with is_level=None", stacklevel=3)
+        if self.rs_level is None and (self.rs_threshold != 2.0 or self.rs_threshold_lower is not None
+                                      or self.rs_estimator != "k1"):
+            warnings.warn("rs_threshold / rs_threshold_lower / rs_estimator have no effect with rs_level=None",
+                          stacklevel=3)
+
+    def _check_rs_bounds(self) -> None:
+        if self.rs_estimator == "k1":
+            rc.check_bounds(self.rs_threshold, self.rs_threshold_lower, "rs_threshold", "rs_threshold_lower")
+            return
+        rc.check_is_threshold(self.rs_threshold, "rs_threshold")
+        if self.rs_threshold_lower is not None:
+            raise ValueError(f"rs_threshold_lower: the {self.rs_estimator} rejection bounds the divergence above "
+                             f"only (verl's single upper threshold), got {self.rs_threshold_lower}")
 
     def __call__(self, old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch.Tensor,
                  mask_BT: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
@@ -66,11 +97,16 @@ class RolloutCorrection:
         metrics = rc.mismatch_metrics(old_BT, rollout_BT, mask_BT)
         weights_BT = keep_BT = None
         if self.is_level is not None:
-            weights_BT = rc.truncated_is_weights(log_rho_BT, mask_BT, self.is_level, self.is_threshold)
-            metrics.update(rc.is_weight_metrics(weights_BT, log_rho_BT, mask_BT, self.is_level, self.is_threshold))
+            weights_BT = rc.truncated_is_weights(log_rho_BT, mask_BT, self.is_level, self.is_threshold,
+                                                 self.is_threshold_lower)
+            metrics.update(rc.is_weight_metrics(weights_BT, log_rho_BT, mask_BT, self.is_level, self.is_threshold,
+                                                self.is_threshold_lower))
+            if self.is_batch_normalize:
+                metrics["is_batch_norm_factor"] = rc.mean_weight(weights_BT, mask_BT, self.is_level)
+                weights_BT = rc.batch_normalized(weights_BT, mask_BT, self.is_level)
         if self.rs_level is not None:
             keep_BT = rc.rejection_keep_mask(log_rho_BT, mask_BT, self.rs_level, self.rs_threshold,
-                                             self.rs_threshold_lower)
+                                             self.rs_threshold_lower, self.rs_estimator)
         metrics["masked_fraction"] = 0.0 if keep_BT is None else rc.masked_fraction(keep_BT, mask_BT)
         return weights_BT, keep_BT, {PREFIX + key: value for key, value in metrics.items()}
 
@@ -83,25 +119,36 @@ class RolloutCorrectionConfig(BaseModel):
         "off", description="Truncated IS weight min(rho, is_threshold) on the policy loss, rho = pi_old / "
                            "pi_rollout per token, per sequence (product) or geometric mean (verl's rollout_is).")
     is_threshold: float = Field(2.0, gt=0, description="Truncation of the IS weight (verl's rollout_is_threshold).")
-    rs_level: Literal["off", "token", "sequence", "geometric"] = Field(
-        "off", description="Rejection: drop tokens (token) or responses (sequence, geometric) whose rho is "
-                           "outside [rs_threshold_lower, rs_threshold] (verl's rollout_rs).")
-    rs_threshold: float = Field(2.0, gt=0, description="Upper bound of rho for rejection "
-                                                       "(verl's rollout_rs_threshold).")
-    rs_threshold_lower: float | None = Field(None, gt=0, description="Lower bound of rho for rejection; "
+    is_threshold_lower: float | None = Field(None, gt=0, description="IcePop: weights whose rho is outside "
+                                             "[is_threshold_lower, is_threshold] are 0, the others untruncated "
+                                             "(verl's \"lower_upper\" rollout_is_threshold).")
+    is_batch_normalize: bool = Field(False, description="Divide the IS weights by their mean over the micro-batch "
+                                                        "(verl's rollout_is_batch_normalize).")
+    rs_level: Literal["off", "token", "sequence", "geometric", "max"] = Field(
+        "off", description="Rejection: drop tokens (token) or responses (sequence: sum, geometric: mean, max: "
+                           "max over the row) whose statistic fails (verl's rollout_rs).")
+    rs_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k1", description="k1: rho outside [rs_threshold_lower, rs_threshold] fails; k2, k3: the divergence "
+                          "(log rho)^2 / 2 or rho - 1 - log rho above rs_threshold fails (verl's token_k3, ...).")
+    rs_threshold: float = Field(2.0, gt=0, description="Upper bound of rho (k1) or of the divergence (k2, k3) "
+                                                       "for rejection (verl's rollout_rs_threshold).")
+    rs_threshold_lower: float | None = Field(None, gt=0, description="Lower bound of rho for k1 rejection; "
                                                                      "None is 1 / rs_threshold.")
     log_mismatch: bool = Field(False, description="Log the sampler/trainer mismatch (actor/rollout/*) with both "
                                              "corrections off; always logged when one is on.")
 
     @model_validator(mode="after")
     def _check(self) -> "RolloutCorrectionConfig":
-        lower = 1.0 / self.rs_threshold if self.rs_threshold_lower is None else self.rs_threshold_lower
-        if lower > self.rs_threshold:
-            raise ValueError(f"rs_threshold_lower (default 1 / rs_threshold) must be <= rs_threshold="
-                             f"{self.rs_threshold}, got {lower}")
+        if self.is_level != "off" or self.rs_level != "off":
+            with warnings.catch_warnings():  # only the bounds' errors here; the warnings come below
+                warnings.simplefilter("ignore")
+                self.build()
         unused = [name for name, off in (("is_threshold", self.is_level == "off"),
+                                         ("is_threshold_lower", self.is_level == "off"),
+                                         ("is_batch_normalize", self.is_level == "off"),
                                          ("rs_threshold", self.rs_level == "off"),
                                          ("rs_threshold_lower", self.rs_level == "off"),
+                                         ("rs_estimator", self.rs_level == "off"),
                                          ("log_mismatch", self.is_level != "off" or self.rs_level != "off"))
                   if off and name in self.model_fields_set]
         for name in unused:
@@ -118,4 +165,7 @@ class RolloutCorrectionConfig(BaseModel):
                                  is_threshold=self.is_threshold if is_on else 2.0,
                                  rs_level=self.rs_level if rs_on else None,
                                  rs_threshold=self.rs_threshold if rs_on else 2.0,
-                                 rs_threshold_lower=self.rs_threshold_lower if rs_on else None)
+                                 rs_threshold_lower=self.rs_threshold_lower if rs_on else None,
+                                 is_threshold_lower=self.is_threshold_lower if is_on else None,
+                                 is_batch_normalize=self.is_batch_normalize and is_on,
+                                 rs_estimator=self.rs_estimator if rs_on else "k1")

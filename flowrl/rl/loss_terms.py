@@ -11,13 +11,17 @@ the term's own metrics beside it.
 
 Rollout correction (flowrl.rl.correction) belongs to the loss, not to a term:
 its truncated IS weights go to the terms that take them (`corrected`: the policy
-objective), its rejection mask drops tokens from every term. Terms are
+objective), and its rejection is written into the loss mask every term reads
+(as verl writes it into response_mask), so an objective's row and batch
+statistics (GMPO's and GSPO's row means, Clip-Cov's and KL-Cov's covariance)
+never see a rejected token, which gets no loss and no gradient. Terms are
 registered by name in TERMS; a new one is a frozen dataclass with these five
 members and a `__call__(out, mb, is_weights_BT)`.
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Literal, Protocol
@@ -51,15 +55,23 @@ class Term(Protocol):
 TERMS: Registry[type] = Registry("loss term")
 
 
+def takes_is_weights(objective: Objective) -> bool:
+    """Whether the objective takes the rollout IS weights itself: its signature has `is_weights_BT`
+    (ops.policy_gradient.gmpo, whose geometric mean needs them inside)."""
+    return "is_weights_BT" in inspect.signature(objective).parameters
+
+
 @TERMS.register("policy")
 @dataclass(frozen=True)
 class PolicyTerm:
     """A policy objective of ops.policy_loss / ops.policy_gradient / ops.cov_loss, options bound with
-    functools.partial. The IS weights multiply its per-token loss, or with `weights_in_objective` go into
-    it (`is_weights_BT=`, GMPO's geometric mean)."""
+    functools.partial. The IS weights go into an objective that takes them (`is_weights_BT=`, GMPO's
+    geometric mean: `takes_is_weights`) and multiply the per-token loss of any other.
+    weights_in_objective: None (that default, right for every objective), or False to multiply GMPO's
+    per-token loss as well (the arithmetic mean of the weights, not verl's)."""
 
     objective: Objective
-    weights_in_objective: bool = False
+    weights_in_objective: bool | None = None
     metric: ClassVar[str] = "pg_loss"
     coef: ClassVar[float] = 1.0
     corrected: ClassVar[bool] = True
@@ -69,10 +81,18 @@ class PolicyTerm:
     def __post_init__(self) -> None:
         if not callable(self.objective):
             raise ValueError(f"objective must be a callable policy objective, got {self.objective!r}")
+        if self.weights_in_objective and not takes_is_weights(self.objective):
+            raise ValueError(f"weights_in_objective: {self.objective!r} takes no is_weights_BT")
+
+    @property
+    def inside(self) -> bool:
+        """Whether the IS weights go into the objective."""
+        takes = takes_is_weights(self.objective)
+        return takes if self.weights_in_objective is None else self.weights_in_objective
 
     def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict,
                  is_weights_BT: torch.Tensor | None) -> TermResult:
-        inside = is_weights_BT is not None and self.weights_in_objective
+        inside = is_weights_BT is not None and self.inside
         weights_kw = {"is_weights_BT": is_weights_BT} if inside else {}
         obj_BT, metrics = self.objective(out["logprobs"], mb["old_logprobs"], mb["advantages"], mb["loss_mask"],
                                          **weights_kw)
@@ -169,6 +189,13 @@ def _check_norm_len(norm_len: int | None, loss_agg_mode: str) -> None:
         warnings.warn(f"norm_len={norm_len} has no effect with loss_agg_mode={loss_agg_mode!r}", stacklevel=4)
 
 
+def _reject(mb: TensorDict, keep_BT: torch.Tensor) -> TensorDict:
+    """A shallow copy of `mb` whose loss mask is 0 on rejected tokens (verl's modified response_mask)."""
+    term_mb = mb.copy()
+    term_mb["loss_mask"] = torch.where(keep_BT, mb["loss_mask"], 0)
+    return term_mb
+
+
 def _union(*groups: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name for group in groups for name in group))
 
@@ -214,14 +241,16 @@ class Loss:
         mask_BT = mb["loss_mask"]
         is_weights_BT, keep_BT, metrics = None, None, {}
         if self.rollout_correction is not None:
-            is_weights_BT, keep_BT, metrics = self.rollout_correction(mb["old_logprobs"], mb["rollout_logprobs"],
-                                                                      mask_BT)
+            correction = self.rollout_correction
+            old_BT = out["logprobs"].detach() if correction.bypass else mb["old_logprobs"]
+            is_weights_BT, keep_BT, metrics = correction(old_BT, mb["rollout_logprobs"], mask_BT)
+        term_mb = mb if keep_BT is None else _reject(mb, keep_BT)
         total = None
         for term in self.terms:
-            loss_BT, term_metrics = term(out, mb, is_weights_BT if term.corrected else None)
-            if keep_BT is not None:  # rejected tokens add 0 but still count in the normaliser
+            loss_BT, term_metrics = term(out, term_mb, is_weights_BT if term.corrected else None)
+            if keep_BT is not None:  # rejected tokens add 0 but still count in the token and row counts
                 loss_BT = torch.where(keep_BT, loss_BT, 0)
-            value = agg_loss(loss_BT, mask_BT, self.loss_agg_mode, self.norm_len)
+            value = agg_loss(loss_BT, mask_BT, self.loss_agg_mode, self.norm_len, keep_BT)
             part = value if term.coef == 1.0 else term.coef * value
             total = part if total is None else total + part
             metrics = {**term_metrics, **metrics, term.metric: value.detach()}
@@ -266,7 +295,7 @@ class PolicyLoss(BuiltLoss):
     kl_coef > 0 (else "ref_logprobs" is not read) and an EntropyTerm when entropy_coef != 0 (else no
     entropy is computed). objective: an op of ops.policy_loss, ops.policy_gradient or ops.cov_loss, options
     bound with functools.partial. rollout_correction: see Loss (None: "rollout_logprobs" is not read;
-    rejected tokens still count in the normaliser and in weight(mb), docs/algorithms.md). Metrics
+    rejected tokens still count in the token and row counts and in weight(mb), docs/algorithms.md). Metrics
     "pg_loss", "kl_loss", "entropy" (each term before its coefficient), the objective's own and "rollout/*".
     """
 
@@ -277,7 +306,7 @@ class PolicyLoss(BuiltLoss):
     entropy_coef: float = 0.0
     norm_len: int | None = None
     rollout_correction: RolloutCorrection | None = None
-    weights_in_objective: bool = False
+    weights_in_objective: bool | None = None
     loss: Loss = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -14,6 +14,7 @@ from tensordict import TensorDict
 from flowrl import metrics
 from flowrl.data.batch import keep_rows, response_lengths
 from flowrl.rl.ops import advantages as adv_ops
+from flowrl.rl.ops import gdpo as gdpo_ops
 from flowrl.rl.ops import kl as kl_ops
 from flowrl.rl.ops import rewards as reward_ops
 from flowrl.graph.stage import stage
@@ -149,6 +150,33 @@ def otb_advantage(batch: TensorDict, *, handle_zero_tail: bool = True) -> Tensor
     return _log_advantages(batch)
 
 
+@stage(reads=("token_rewards", "response_mask", "group", "old_logprobs", "sum_pi_squared"),
+       writes=("advantages", "returns"))
+def tir_otb_advantage(batch: TensorDict, *, handle_zero_tail: bool = True) -> TensorDict:
+    """otb_advantage for multi-turn rows: time counted in generated tokens, tool observations skipped."""
+    batch["advantages"], batch["returns"] = adv_ops.tir_optimal_token_baseline(
+        batch["token_rewards"], batch["response_mask"], batch["group"], batch["old_logprobs"],
+        batch["sum_pi_squared"], handle_zero_tail=handle_zero_tail)
+    return _log_advantages(batch)
+
+
+@stage(reads=("scores", "group", "response_mask"), writes=("advantages",))
+def gdpo_advantage(batch: TensorDict, *, weights: tuple[float, ...] | None = None,
+                   norm_by_std: bool = True) -> TensorDict:
+    """GDPO: GRPO per reward component (scores [B, K], or [B] for one), weighted, whitened over the batch."""
+    batch["advantages"] = gdpo_ops.gdpo(batch["scores"], batch["group"], batch["response_mask"],
+                                        None if weights is None else list(weights), norm_by_std=norm_by_std)
+    return _log_advantages(batch)
+
+
+@stage(reads=("rollout_logprobs",), writes=("old_logprobs",))
+def rollout_as_old_logprobs(batch: TensorDict) -> TensorDict:
+    """verl's bypass mode: the sampler's logprobs are the old policy's (no actor.logprobs forward);
+    update with flowrl.rl.bypass.bypass_loss."""
+    batch["old_logprobs"] = batch["rollout_logprobs"].clone()
+    return batch
+
+
 @stage(reads=("scores", "response_ids"), rows=True)
 def pf_ppo_resample(batch: TensorDict, *, method: str = "pow", weight_pow: float = 2.0, seed: int = 0) -> TensorDict:
     """PF-PPO: the batch's rows redrawn with replacement, each in proportion to a weight of its score.
@@ -166,4 +194,4 @@ def pf_ppo_resample(batch: TensorDict, *, method: str = "pow", weight_pow: float
 __all__ = ["group_advantage", "rloo_advantage", "token_rewards", "gae_advantage", "reinforce_pp_advantage",
            "overlong_penalty", "drop_uniform_groups", "keep_as_baseline", "remax_advantage",
            "reinforce_pp_baseline_advantage", "gpg_advantage", "opo_advantage", "passk_advantage", "otb_advantage",
-           "pf_ppo_resample"]
+           "pf_ppo_resample", "rollout_as_old_logprobs", "tir_otb_advantage", "gdpo_advantage"]

@@ -1,4 +1,5 @@
-"""The policy and its relatives: actor (trained, followed by the rollout), reference and critic."""
+"""The policy and its relatives: actor (trained, followed by the rollout), reference, critic, and the
+distillation teacher."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from flowrl.engines.rank_balance import exchange
 from flowrl.engines.sampling import SAMPLED_WITH
 from flowrl.graph.role import graph_method, role
 from flowrl.graph.trace import Deferred
-from flowrl.roles.configs import ActorConfig, CriticConfig, RefConfig
+from flowrl.roles.configs import ActorConfig, CriticConfig, RefConfig, TeacherConfig
 from flowrl.roles.context import UpdateSettings
 
 
@@ -121,6 +122,22 @@ class Ref:
     @graph_method(reads=POLICY_INPUT, writes=("ref_logprobs",))
     def logprobs(self, batch: TensorDict) -> TensorDict:
         batch["ref_logprobs"] = _logprobs(self.engine, self.settings, batch)
+        return batch
+
+
+@role("teacher", engines=("actor",), config=TeacherConfig)
+@dataclass
+class Teacher:
+    """On-policy distillation's teacher: a frozen model of its own (roles.teacher.model) scoring the student's
+    samples (flowrl.rl.distillation)."""
+
+    engine: TrainEngine
+    settings: UpdateSettings = field(default_factory=UpdateSettings)
+
+    @graph_method(reads=POLICY_INPUT, writes=("teacher_logprobs",))
+    def logprobs(self, batch: TensorDict) -> TensorDict:
+        """The teacher's logprobs of the sampled tokens, under the distribution each row was sampled with."""
+        batch["teacher_logprobs"] = _logprobs(self.engine, self.settings, batch)
         return batch
 
 

@@ -106,6 +106,17 @@ class RefConfig(TrainRoleConfig):
         return cls(engine, ctx.settings)
 
 
+class TeacherConfig(TrainRoleConfig):
+    """`roles.teacher.*` (on-policy distillation): the teacher's model folder, `roles.teacher.model`, required,
+    and its engine's options (starting from the actor's, as the reference's)."""
+
+    def build(self, cls: type, ctx: Any) -> Any:
+        if self.model is None:
+            raise ValueError("roles.teacher.model: give the teacher's model folder (a teacher is not the "
+                             "student's own starting weights)")
+        return cls(self.engine.build(ctx.model, head="actor", device=ctx.device, trainable=False), ctx.settings)
+
+
 class GeneratorConfig(EngineRoleConfig):
     """A role generating on a rollout engine of its own (the generative judge)."""
 

@@ -257,3 +257,32 @@ def optimal_token_baseline(token_rewards_BT: torch.Tensor, mask_BT: torch.Tensor
         if handle_zero_tail and (lengths == longest).sum() == 1 and longest > second:
             baselines_BT[rows[lengths.argmax()], second:] = 0.0
     return torch.where(valid_BT, returns_BT - baselines_BT, 0), returns_BT
+
+
+def tir_optimal_token_baseline(token_rewards_BT: torch.Tensor, mask_BT: torch.Tensor, group_B: torch.Tensor,
+                               old_logprobs_BT: torch.Tensor, sum_pi_squared_BT: torch.Tensor,
+                               is_weights_BT: torch.Tensor | None = None, handle_zero_tail: bool = True,
+                               eps: float = 1e-8) -> tuple[torch.Tensor, torch.Tensor]:
+    """OTB for tool-integrated (multi-turn) rows, verl's tir_optimal_token_baseline: the same baseline with
+    time counted in valid tokens, so a row's k-th generated token meets the group's other k-th tokens
+    whatever tool observations (mask-0 spans) came before. Each row's valid tokens are packed to the
+    left, `optimal_token_baseline` runs there, and the advantages go back to their places; the returns
+    are the unpacked ones. Rows without valid tokens join no group.
+
+        mask [[1, 0, 1], [1, 1, 0]], one group: row 0's second valid token (t = 2) meets row 1's t = 1
+    """
+    valid_BT = valid_mask(mask_BT, token_rewards_BT)
+    order_BT = torch.sort((~valid_BT).to(torch.int8), dim=-1, stable=True).indices  # valid tokens first
+    packed_mask_BT = valid_BT.gather(-1, order_BT)
+
+    def pack(x_BT: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x_BT is None else torch.where(packed_mask_BT, x_BT.gather(-1, order_BT), 0)
+
+    nonempty_B = valid_BT.any(-1)
+    group_B = torch.where(nonempty_B, group_B, group_B.max() + 1 + torch.arange(len(group_B)))  # own groups
+    packed_adv_BT, _ = optimal_token_baseline(pack(token_rewards_BT), packed_mask_BT, group_B,
+                                              pack(old_logprobs_BT), pack(sum_pi_squared_BT), pack(is_weights_BT),
+                                              handle_zero_tail, eps)
+    adv_BT = torch.zeros_like(packed_adv_BT).scatter(-1, order_BT, packed_adv_BT)
+    returns_BT = torch.where(valid_BT, token_rewards_BT, 0).flip(-1).cumsum(-1).flip(-1)
+    return torch.where(valid_BT, adv_BT, 0), torch.where(valid_BT, returns_BT, 0)

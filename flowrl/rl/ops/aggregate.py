@@ -36,7 +36,7 @@ def num_sequences(mask_BT: torch.Tensor) -> int:
 
 
 def agg_loss(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: str,
-             norm_len: int | None = None) -> torch.Tensor:
+             norm_len: int | None = None, kept_BT: torch.Tensor | None = None) -> torch.Tensor:
     """Aggregate `loss_BT` over valid tokens to a scalar (0 when none are valid).
 
     - "token-mean": sum of valid token losses / number of valid tokens.
@@ -48,6 +48,13 @@ def agg_loss(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: str,
       (num sequences * norm_len); norm_len defaults to T. verl divides by T
       alone. Pass the max response length as `norm_len` so that micro-batches
       padded to different T share one normaliser. Ignored by other modes.
+
+    kept_BT (rollout rejection's keep mask): in "seq-mean-token-mean" a row's
+    token mean is over its kept tokens, as verl's (which sees the rejection in
+    response_mask); every count (tokens, rows) stays the mask's, so agg_weight
+    needs no forward pass. Rejected tokens' losses must already be 0.
+
+        loss [[1, 2, 3]], mask [[1, 1, 1]], kept [[1, 1, 0]] -> (1 + 2) / 2 = 1.5
     """
     check_agg_mode(mode)
     if mode == "token-mean":
@@ -58,7 +65,8 @@ def agg_loss(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: str,
     if mode == "seq-mean-token-sum":
         return masked_sum(loss_BT, mask_BT, dim=-1).sum() / num_seqs
     if mode == "seq-mean-token-mean":
-        return masked_mean(loss_BT, mask_BT, dim=-1).sum() / num_seqs
+        row_mask_BT = mask_BT if kept_BT is None else valid_mask(mask_BT, loss_BT) & kept_BT.bool()
+        return masked_mean(loss_BT, row_mask_BT, dim=-1).sum() / num_seqs
     norm_len = loss_BT.shape[-1] if norm_len is None else norm_len
     if norm_len <= 0:
         raise ValueError(f"norm_len must be > 0, got {norm_len}")

@@ -1,4 +1,4 @@
-"""Policy objectives without PPO's ratio clip: REINFORCE / GPG, SAPO's soft gate, GMPO's geometric mean.
+"""Policy objectives without PPO's ratio clip: REINFORCE / GPG, SAPO's soft gate, GMPO's geometric mean, DRO.
 
 Same signature and conventions as flowrl.rl.ops.policy_loss:
 `(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, **options) -> (loss_BT, metrics)`,
@@ -97,3 +97,24 @@ def gmpo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT
                              clipped_BT & (adv_BT > 0), valid_BT)
     metrics["clipfrac_lower"] = masked_mean((clipped_BT & (adv_BT < 0)).to(loss_BT.dtype), valid_BT).detach()
     return loss_BT, metrics
+
+
+def dro(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
+        mask_BT: torch.Tensor, beta: float = 0.1) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Direct Reward Optimization, verl's "dro" loss mode: -(A * logp - beta / 2 * (logp - old)^2).
+
+    The policy gradient with a quadratic penalty on the log ratio in place of
+    a clip (its gradient pulls logp back to old in proportion to the
+    distance). beta is verl's dro_beta (required there, no default; 0.1
+    here). The log ratio is not clamped, as verl. logp [-1, -2, -.5], old
+    [-1, -1, -1], A [1, -1, 2], beta .5 -> [1, -2 + .25, 1 + .0625] =
+    [1, -1.75, 1.0625].
+    """
+    if not beta > 0:
+        raise ValueError(f"beta must be > 0 (verl's dro_beta), got {beta}")
+    valid_BT, adv_BT, logp_BT, log_ratio_BT = _inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
+    raw_log_ratio_BT = torch.where(valid_BT, logprobs_BT - old_logprobs_BT, 0)
+    loss_BT = -(adv_BT * logp_BT - 0.5 * beta * raw_log_ratio_BT.square())
+    ratio_BT = log_ratio_BT.detach().exp()
+    return torch.where(valid_BT, loss_BT, 0), _ratio_metrics(log_ratio_BT, ratio_BT, torch.zeros_like(valid_BT),
+                                                             valid_BT)

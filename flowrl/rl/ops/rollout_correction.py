@@ -17,6 +17,12 @@ sampling took all three (rollout_rs="token"/"sequence"/"geometric", now
 earlier mismatch_helper.py (rollout_is_level="geometric"). The log ratio is
 clamped to [-20, 20] before exp, as verl's SAFETY_BOUND. Padding inputs are
 replaced by 0 first, so garbage there reaches no result.
+
+Rejection by a divergence (verl's "token_k2", "seq_sum_k3", "seq_max_k2", ...):
+the per-token k2 = (log rho)^2 / 2 or k3 = rho - 1 - log rho, taken per token
+or reduced over the row by sum ("sequence"), mean ("geometric") or "max", is
+bounded above. IS weights may be IcePop's (0 outside [lower, upper] instead of
+truncated) and normalised to mean 1 (verl's rollout_is_batch_normalize).
 """
 
 from __future__ import annotations
@@ -26,13 +32,24 @@ import torch
 from flowrl.rl.ops.masked import masked_mean, masked_sum, valid_mask
 
 LEVELS = ("token", "sequence", "geometric")
+RS_LEVELS = LEVELS + ("max",)  # "max" only for the k2 / k3 divergences, as verl's seq_max_k2 / seq_max_k3
+ESTIMATORS = ("k1", "k2", "k3")  # k1: the ratio's bounds; k2, k3: an upper bound on the divergence
 SAFETY_BOUND = 20.0  # verl's clamp of log ratios before exp: exp(20) ~ 4.9e8
+NORM_EPS = 1e-8  # batch normalisation is skipped when the mean weight is not above this, as verl
 
 
-def check_level(level: str, name: str = "level") -> None:
-    """ValueError naming `name` unless `level` is one of LEVELS."""
-    if level not in LEVELS:
-        raise ValueError(f"{name} must be one of {LEVELS}, got {level!r}")
+def check_level(level: str, name: str = "level", levels: tuple[str, ...] = LEVELS) -> None:
+    """ValueError naming `name` unless `level` is one of `levels`."""
+    if level not in levels:
+        raise ValueError(f"{name} must be one of {levels}, got {level!r}")
+
+
+def check_estimator(estimator: str, level: str, name: str = "estimator") -> None:
+    """ValueError naming `name` unless it is one of ESTIMATORS, and "k1" is not asked for at level "max"."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"{name} must be one of {ESTIMATORS}, got {estimator!r}")
+    if estimator == "k1" and level == "max":
+        raise ValueError(f"{name}: level 'max' takes 'k2' or 'k3' (verl has no seq_max_k1), got 'k1'")
 
 
 def log_ratio(old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch.Tensor,
@@ -46,18 +63,34 @@ def log_ratio(old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch.Tensor,
 
 
 def level_log_ratio(log_ratio_BT: torch.Tensor, mask_BT: torch.Tensor, level: str) -> torch.Tensor:
-    """The log ratio at `level` on every valid token of its row, 0 on padding.
+    """The log ratio (or any per-token statistic) at `level` on every valid token of its row, 0 on padding.
 
         log rho [[.5, -1, 0]], mask [[1, 1, 0]]: token [.5, -1, 0];
-        sequence .5 - 1 = -.5 -> [-.5, -.5, 0]; geometric -.5 / 2 -> [-.25, -.25, 0]
+        sequence .5 - 1 = -.5 -> [-.5, -.5, 0]; geometric -.5 / 2 -> [-.25, -.25, 0]; max [.5, .5, 0]
     """
-    check_level(level)
+    check_level(level, "level", RS_LEVELS)
     valid_BT = valid_mask(mask_BT, log_ratio_BT)
     if level == "token":
         return torch.where(valid_BT, log_ratio_BT, 0)
-    reduce = masked_sum if level == "sequence" else masked_mean
-    row_B = reduce(log_ratio_BT, mask_BT, dim=-1).to(log_ratio_BT.dtype)
+    if level == "max":
+        row_B = torch.where(valid_BT, log_ratio_BT, -torch.inf).amax(-1)
+        row_B = torch.where(row_B == -torch.inf, 0, row_B)  # verl: 0 for a row without valid tokens
+    else:
+        reduce = masked_sum if level == "sequence" else masked_mean
+        row_B = reduce(log_ratio_BT, mask_BT, dim=-1).to(log_ratio_BT.dtype)
     return torch.where(valid_BT, row_B.unsqueeze(-1), 0)
+
+
+def token_divergence(log_ratio_BT: torch.Tensor, estimator: str) -> torch.Tensor:
+    """verl's per-token rejection statistics of l = log rho clamped to [-20, 20]: k1 = -l,
+    k2 = l^2 / 2, k3 = exp(l) - 1 - l.
+
+        l = ln 2: k1 -.693147, k2 .240227, k3 2 - 1 - .693147 = .306853
+    """
+    safe_BT = log_ratio_BT.clamp(min=-SAFETY_BOUND, max=SAFETY_BOUND)
+    if estimator == "k1":
+        return -safe_BT
+    return 0.5 * safe_BT ** 2 if estimator == "k2" else torch.exp(safe_BT) - 1.0 - safe_BT
 
 
 def _ratio(level_log_ratio_BT: torch.Tensor) -> torch.Tensor:
@@ -83,36 +116,81 @@ def check_bounds(upper: float, lower: float | None = None, upper_name: str = "up
 
 @torch.no_grad()
 def truncated_is_weights(log_ratio_BT: torch.Tensor, mask_BT: torch.Tensor, level: str = "token",
-                         threshold: float = 2.0) -> torch.Tensor:
+                         threshold: float = 2.0, lower: float | None = None,
+                         batch_normalize: bool = False) -> torch.Tensor:
     """Truncated importance sampling (TIS): min(exp(level log ratio), threshold), detached, 0 on padding.
 
-    verl's compute_rollout_correction_weights with a float threshold: the
-    weights multiply the per-token policy loss and carry no gradient.
+    verl's compute_rollout_correction_weights: with a float threshold (TIS) the
+    weights are truncated; with `lower` (IcePop, verl's "lower_upper" string)
+    a weight outside [lower, threshold] is 0 and the others are kept as they
+    are. `batch_normalize` divides by their mean (over valid tokens at "token"
+    level, over rows' weights otherwise) when it is > 1e-8. The weights
+    multiply the per-token policy loss and carry no gradient.
 
         log rho [ln 3, ln .5, 0], mask [1, 1, 0], token, threshold 2 -> [2, .5, 0]
+        IcePop lower .6: [0, 0, 0] (3 > 2, .5 < .6); normalised TIS: [2, .5] / 1.25 -> [1.6, .4, 0]
     """
+    check_level(level)
     check_is_threshold(threshold)
+    if lower is not None:
+        check_bounds(threshold, lower, "threshold", "lower")
     level_BT = level_log_ratio(log_ratio_BT, mask_BT, level)
-    weights_BT = _ratio(level_BT).clamp(max=threshold)
-    return torch.where(valid_mask(mask_BT, weights_BT), weights_BT, 0)
+    valid_BT = valid_mask(mask_BT, level_BT)
+    ratio_BT = _ratio(level_BT)
+    if lower is None:
+        weights_BT = ratio_BT.clamp(max=threshold)
+    else:
+        weights_BT = torch.where((ratio_BT >= lower) & (ratio_BT <= threshold), ratio_BT, 0)
+    weights_BT = torch.where(valid_BT, weights_BT, 0)
+    return batch_normalized(weights_BT, mask_BT, level) if batch_normalize else weights_BT
+
+
+@torch.no_grad()
+def mean_weight(weights_BT: torch.Tensor, mask_BT: torch.Tensor, level: str) -> torch.Tensor:
+    """The mean IS weight batch normalisation divides by: over valid tokens at "token" level, else over
+    rows with a valid token of each row's mean weight (verl's rollout_is_batch_norm_factor).
+
+        weights [[2, 2, 0], [.5, 0, 0]], mask [[1, 1, 0], [1, 0, 0]]: token 4.5 / 3 = 1.5; sequence 2.5 / 2
+    """
+    if level == "token":
+        return masked_mean(weights_BT, mask_BT)
+    return masked_mean(masked_mean(weights_BT, mask_BT, dim=-1), mask_BT.bool().any(-1))
+
+
+@torch.no_grad()
+def batch_normalized(weights_BT: torch.Tensor, mask_BT: torch.Tensor, level: str) -> torch.Tensor:
+    """weights / mean_weight when that mean is > 1e-8, else the weights unchanged (as verl)."""
+    mean = mean_weight(weights_BT, mask_BT, level)
+    return weights_BT / mean if mean > NORM_EPS else weights_BT
 
 
 @torch.no_grad()
 def rejection_keep_mask(log_ratio_BT: torch.Tensor, mask_BT: torch.Tensor, level: str = "token",
-                        upper: float = 2.0, lower: float | None = None) -> torch.Tensor:
-    """Rejection sampling (masked IS): valid tokens whose level ratio lies in [lower, upper].
+                        upper: float = 2.0, lower: float | None = None, estimator: str = "k1") -> torch.Tensor:
+    """Rejection sampling (masked IS): the valid tokens a rejection keeps, a bool tensor, False on padding.
 
-    verl's ratio-bound compute_rollout_rejection_mask: keep where
+    estimator "k1" (verl's ratio-bound compute_rollout_rejection_mask): keep where
     lower <= exp(level log ratio) <= upper, bounds included; `lower` defaults to
-    1 / upper. At "token" level single tokens are dropped, at "sequence" and
-    "geometric" whole rows. A bool tensor, False on padding.
+    1 / upper. "k2" / "k3" (verl's token_k2, seq_sum_k3, seq_mean_k2, seq_max_k3, ...):
+    keep where the token divergence, or its row sum ("sequence"), mean
+    ("geometric") or max ("max"), is <= upper; `lower` must be None. At "token"
+    level single tokens are dropped, at the others whole rows.
 
         log rho [ln 3, ln .6, ln .4], token, upper 2 (lower .5) -> [False, True, False]
+        k3 of ln 2, ln 1, ln 3: [.306853, 0, .901388]; token k3, upper .5 -> [True, True, False]
     """
-    check_bounds(upper, lower)
-    lower = 1.0 / upper if lower is None else lower
-    ratio_BT = _ratio(level_log_ratio(log_ratio_BT, mask_BT, level))
-    return (ratio_BT >= lower) & (ratio_BT <= upper) & valid_mask(mask_BT, ratio_BT)
+    check_estimator(estimator, level)
+    if estimator == "k1":
+        check_bounds(upper, lower)
+        lower = 1.0 / upper if lower is None else lower
+        ratio_BT = _ratio(level_log_ratio(log_ratio_BT, mask_BT, level))
+        return (ratio_BT >= lower) & (ratio_BT <= upper) & valid_mask(mask_BT, ratio_BT)
+    if lower is not None:
+        raise ValueError(f"lower: the {estimator} rejection has an upper bound only, got lower={lower}")
+    check_is_threshold(upper, "upper")
+    valid_BT = valid_mask(mask_BT, log_ratio_BT)
+    token_BT = torch.where(valid_BT, token_divergence(log_ratio_BT, estimator), 0)
+    return (level_log_ratio(token_BT, mask_BT, level) <= upper) & valid_BT
 
 
 @torch.no_grad()
@@ -150,17 +228,20 @@ def mismatch_metrics(old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch.T
 
 @torch.no_grad()
 def is_weight_metrics(weights_BT: torch.Tensor, log_ratio_BT: torch.Tensor, mask_BT: torch.Tensor,
-                      level: str, threshold: float) -> dict[str, torch.Tensor]:
+                      level: str, threshold: float, lower: float | None = None) -> dict[str, torch.Tensor]:
     """"is_weight_mean": mean truncated weight over valid tokens (verl's rollout_is_mean);
     "is_truncated_fraction": fraction of valid tokens whose level ratio exceeded `threshold`
-    (verl's rollout_is_ratio_fraction_high, per token at every level)."""
-    above_BT = _ratio(level_log_ratio(log_ratio_BT, mask_BT, level)) > threshold
+    (verl's rollout_is_ratio_fraction_high, per token at every level), or with IcePop's `lower` lay
+    outside [lower, threshold] (verl's rollout_is_oob_ratio)."""
+    ratio_BT = _ratio(level_log_ratio(log_ratio_BT, mask_BT, level))
+    above_BT = ratio_BT > threshold if lower is None else (ratio_BT > threshold) | (ratio_BT < lower)
     return {
         "is_weight_mean": masked_mean(weights_BT, mask_BT),
         "is_truncated_fraction": masked_mean(above_BT.to(torch.float32), mask_BT),
     }
 
 
-__all__ = ["LEVELS", "SAFETY_BOUND", "check_bounds", "check_is_threshold", "check_level", "is_weight_metrics",
-           "level_log_ratio", "log_ratio", "masked_fraction", "mismatch_metrics", "rejection_keep_mask",
+__all__ = ["ESTIMATORS", "LEVELS", "RS_LEVELS", "SAFETY_BOUND", "batch_normalized", "check_bounds",
+           "check_estimator", "check_is_threshold", "check_level", "is_weight_metrics", "level_log_ratio", "log_ratio",
+           "masked_fraction", "mean_weight", "mismatch_metrics", "rejection_keep_mask", "token_divergence",
            "truncated_is_weights"]
