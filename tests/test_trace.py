@@ -119,7 +119,7 @@ def test_dppo_divergence_picks_the_loss():
 
     for divergence, objective in (("tv", dppo_tv), ("kl", dppo_kl)):
         graph, order = dppo.trace(INPUTS, ROLE_CLASSES, {"divergence": divergence})
-        assert graph.nodes["actor.update"]["node"].kwargs["loss"].objective.func is objective
+        assert graph.nodes["actor.update"]["node"].kwargs["loss"].term("pg_loss").objective.func is objective
         assert "ref.logprobs" not in order  # no KL by default
     with pytest.raises(ValueError, match="divergence"):
         dppo.make_config({"divergence": "js"})
