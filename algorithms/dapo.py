@@ -29,5 +29,4 @@ def dapo(batch, actor, rollout, reward, cfg):
         batch = fl.fill(batch, max_rounds=cfg.max_sampling_rounds)
     batch = actor.logprobs(batch)
     batch = stages.group_advantage(batch)
-    loss = losses.ClipHigher.build(cfg, rollout_correction=cfg.rollout_correction.build())
-    return actor.update(batch, loss=loss)
+    return actor.update(batch, loss=cfg.loss())

@@ -15,6 +15,4 @@ class DPPOConfig(losses.TrustRegion, GroupSampling, KLLoss):
 
 @fl.algorithm(config=DPPOConfig)
 def dppo(batch, actor, rollout, ref, reward, cfg):
-    loss = losses.TrustRegion.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
-    return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size,
-                            advantage=stages.group_advantage, loss=loss)
+    return critic_free_step(batch, actor, rollout, ref, reward, cfg, advantage=stages.group_advantage)

@@ -17,5 +17,4 @@ class GPGConfig(losses.GPG, GroupSampling, KLLoss):
 @fl.algorithm(config=GPGConfig)
 def gpg(batch, actor, rollout, ref, reward, cfg):
     advantage = stages.gpg_advantage.options(f_norm=cfg.f_norm)
-    loss = losses.GPG.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
-    return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size, advantage=advantage, loss=loss)
+    return critic_free_step(batch, actor, rollout, ref, reward, cfg, advantage=advantage)

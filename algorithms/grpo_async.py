@@ -9,20 +9,18 @@ clipped ratio pi / pi_old, as in AReaL's decoupled PPO objective.
 from pydantic import ConfigDict, Field
 
 import flowrl as fl
-from flowrl.rl import losses, stages
-from flowrl.rl.options import GroupSampling, KLLoss, KLLossCoef
+from flowrl.rl import stages
+from flowrl.rl.algorithm_configs import GRPOConfig
 from flowrl.rl.correction import RolloutCorrectionConfig
 
 
-class GRPOAsyncConfig(losses.PPOClip, GroupSampling, KLLoss):
+class GRPOAsyncConfig(GRPOConfig):
     model_config = ConfigDict(extra="forbid")
     max_staleness: int = Field(1, ge=0, description="Steps generation may run ahead of training (versions a "
                                                     "trained row may lag the weights); 0 is synchronous GRPO.")
     stream: bool = Field(False, description="Sample each response on its own and train on the first groups to "
                                             "finish, max_staleness bounding each sample's versions "
                                             "(flowrl.runtime.streaming; roles.rollout.max_in_flight, .partial).")
-    kl_coef: KLLossCoef = 0.001
-    norm_by_std: bool = Field(True, description="Divide by the group's std; False gives Dr.GRPO.")
     rollout_correction: RolloutCorrectionConfig = Field(
         default_factory=lambda: RolloutCorrectionConfig(is_level="token"),
         description="Importance weights against the sampler's (lagging) logprobs; token-level truncated IS by "
@@ -34,7 +32,7 @@ def grpo_async(batch, actor, rollout, ref, reward, cfg):
     batch = rollout.generate(batch, n=cfg.group_size)
     batch = reward.score(batch)
     batch = fl.buffer(batch, max_staleness=cfg.max_staleness, stream=cfg.stream)
-    loss = losses.PPOClip.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
+    loss = cfg.loss()
     batch = actor.logprobs(batch)
     if "ref_logprobs" in loss.reads:
         batch = ref.logprobs(batch)

@@ -16,5 +16,4 @@ class GSPOConfig(losses.GSPOClip, GroupSampling, KLLoss):
 @fl.algorithm(config=GSPOConfig)
 def gspo(batch, actor, rollout, ref, reward, cfg):
     advantage = stages.group_advantage.options(norm_by_std=cfg.norm_by_std)
-    loss = losses.GSPOClip.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
-    return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size, advantage=advantage, loss=loss)
+    return critic_free_step(batch, actor, rollout, ref, reward, cfg, advantage=advantage)

@@ -15,6 +15,4 @@ class OPOConfig(losses.PPOClip, GroupSampling, KLLoss):
 
 @fl.algorithm(config=OPOConfig)
 def opo(batch, actor, rollout, ref, reward, cfg):
-    loss = losses.PPOClip.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
-    return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size, advantage=stages.opo_advantage,
-                            loss=loss)
+    return critic_free_step(batch, actor, rollout, ref, reward, cfg, advantage=stages.opo_advantage)

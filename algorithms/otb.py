@@ -25,5 +25,4 @@ def otb(batch, actor, rollout, ref, reward, cfg):
         batch = ref.logprobs(batch)
     batch = stages.token_rewards(batch)
     batch = stages.otb_advantage(batch, handle_zero_tail=cfg.handle_zero_tail)
-    loss = losses.PPOClip.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
-    return actor.update(batch, loss=loss)
+    return actor.update(batch, loss=cfg.loss())

@@ -18,6 +18,6 @@ def reinforce_pp_baseline(batch, actor, rollout, ref, reward, cfg):
     batch = actor.logprobs(batch)
     if cfg.kl_coef > 0:
         batch = ref.logprobs(batch)
-    batch = stages.token_rewards(batch, kl_coef=cfg.kl_coef, kl_kind="k1")
+    batch = cfg.token_rewards(batch)
     batch = stages.reinforce_pp_baseline_advantage(batch)
-    return actor.update(batch, loss=losses.PPOClip.build(cfg, rollout_correction=cfg.rollout_correction.build()))
+    return actor.update(batch, loss=cfg.loss())

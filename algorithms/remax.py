@@ -22,5 +22,4 @@ def remax(batch, actor, rollout, reward, cfg):
     batch = reward.score(batch)
     batch = actor.logprobs(batch)
     batch = stages.remax_advantage(batch)
-    loss = losses.PPOClip.build(cfg, rollout_correction=cfg.rollout_correction.build())
-    return actor.update(batch, loss=loss)
+    return actor.update(batch, loss=cfg.loss())

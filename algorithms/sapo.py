@@ -14,6 +14,4 @@ class SAPOConfig(losses.SAPOGate, GroupSampling, KLLoss):
 
 @fl.algorithm(config=SAPOConfig)
 def sapo(batch, actor, rollout, ref, reward, cfg):
-    loss = losses.SAPOGate.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
-    return critic_free_step(batch, actor, rollout, ref, reward, n=cfg.group_size, advantage=stages.group_advantage,
-                            loss=loss)
+    return critic_free_step(batch, actor, rollout, ref, reward, cfg, advantage=stages.group_advantage)

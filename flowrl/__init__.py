@@ -21,6 +21,15 @@ _PUBLIC = {
     "GraphError": "flowrl.errors", "PlanError": "flowrl.errors", "LocalExecutor": "flowrl.runtime.executor",
     "Placement": "flowrl.plan", "Plan": "flowrl.plan", "Pool": "flowrl.plan", "compile_plan": "flowrl.plan",
     "connect": "flowrl.runtime.ray_cluster", "train": "flowrl.runtime.trainer", "load_run_config": "flowrl.config",
+    # what a user algorithm needs (docs/concepts.md, "The user's surface")
+    "GRPOConfig": "flowrl.rl.algorithm_configs", "PPOConfig": "flowrl.rl.algorithm_configs",
+    "ActorCriticConfig": "flowrl.rl.algorithm_configs", "critic_free_step": "flowrl.rl.subgraphs",
+    "ppo_step": "flowrl.rl.subgraphs", "Loss": "flowrl.rl.loss_terms", "PolicyTerm": "flowrl.rl.loss_terms",
+    "KLTerm": "flowrl.rl.loss_terms", "EntropyTerm": "flowrl.rl.loss_terms", "ValueTerm": "flowrl.rl.loss_terms",
+    "policy_loss": "flowrl.rl.loss_terms", "value_loss": "flowrl.rl.loss_terms", "LossPreset": "flowrl.rl.losses",
+    "Sampled": "flowrl.rl.options", "GroupSampling": "flowrl.rl.options", "KLLoss": "flowrl.rl.options",
+    "GRPOKL": "flowrl.rl.options", "KLReward": "flowrl.rl.options", "AdaptiveKLReward": "flowrl.rl.options",
+    "RolloutCorrectionConfig": "flowrl.rl.correction",
 }
 _MODULES = {"losses": "flowrl.rl.losses", "stages": "flowrl.rl.stages", "metrics": "flowrl.metrics",
             "roles": "flowrl.roles"}

@@ -59,3 +59,54 @@ def test_the_flat_keys_still_set_them_and_bad_values_name_the_field():
         validate(REGISTRY["rloo"].config_cls, {"group_size": 1}, prefix="algo", strict=True)
     with pytest.raises(ValueError, match=r"^invalid config: algo.kl_coef: Input should be greater than or equal to 0$"):
         validate(REGISTRY["ppo"].config_cls, {"kl_coef": -1.0}, prefix="algo", strict=True)
+
+
+def _another_value(field):
+    """A valid value other than the field's default, to trace the algorithm with."""
+    default, kind = field.get_default(call_default_factory=True), field.annotation
+    choices = getattr(kind, "__args__", ())
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, str) or default is None and all(isinstance(c, str) for c in choices):
+        return next(c for c in choices if c != default)
+    if default is None:
+        return 2.0
+    if isinstance(default, int):
+        return default + 1
+    if isinstance(default, float):
+        return default / 2 if default else 0.01
+    return {"is_level": "token"}  # the rollout correction, the one nested config
+
+
+def _fields_read(algorithm, values) -> set[str]:
+    """The config fields the algorithm's graph (and the losses it builds) read while it is traced."""
+    from test_docs_losses import CLASSES, INPUTS
+
+    read, recording = set(), [False]
+
+    class Recorded(algorithm.config_cls):
+        def __getattribute__(self, name):
+            if recording[0] and name in type(self).model_fields:
+                read.add(name)
+            return super().__getattribute__(name)
+
+    cfg = Recorded(**values)
+    recording[0] = True
+    algorithm.trace(INPUTS, CLASSES, cfg)
+    return read
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_option_of_every_prebuilt_algorithm_is_read(name):
+    """An `algo.*` key nothing reads would be accepted and silently do nothing (issue 42): the fields read while
+    tracing with the defaults and with each field changed in turn (DAPO's max_response_len is read once
+    overlong_buffer_len is on) must be all of the config's."""
+    algorithm = REGISTRY[name]
+    fields = algorithm.config_cls.model_fields
+    read = _fields_read(algorithm, {})
+    for field, info in fields.items():
+        try:
+            read |= _fields_read(algorithm, {field: _another_value(info)})
+        except ValueError:  # a value its validator refuses alone (pydantic's ValidationError is a ValueError)
+            continue
+    assert read == set(fields), f"{name}: algo.{sorted(set(fields) - read)} read by nothing"

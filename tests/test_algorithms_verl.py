@@ -127,17 +127,17 @@ def test_loss_presets_bind_verl_defaults_and_sum_token_sum_micro_batches():
     from flowrl.rl import losses
     from flowrl.rl.ops import cov_loss, policy_gradient
 
-    assert losses.sapo_loss().objective.keywords == {"tau_pos": 1.0, "tau_neg": 1.05}
+    assert losses.sapo_loss().term("pg_loss").objective.keywords == {"tau_pos": 1.0, "tau_neg": 1.05}
     assert losses.sapo_loss().loss_agg_mode == losses.gmpo_loss().loss_agg_mode == "seq-mean-token-mean"
-    assert losses.gmpo_loss().objective.func is policy_gradient.gmpo
-    assert losses.clip_cov_loss().objective.keywords == {"clip_low": 0.2, "clip_high": 0.2, "cov_ratio": 2e-4,
-                                                         "cov_lb": 1.0, "cov_ub": 5.0}
-    assert losses.kl_cov_loss().objective.func is cov_loss.kl_cov
-    assert losses.reinforce_loss().objective is policy_gradient.reinforce
-    assert losses.ppo_loss(kl_coef=0.1, kl_kind="k3+").kl_kind == "k3+"
+    assert losses.gmpo_loss().term("pg_loss").objective.func is policy_gradient.gmpo
+    assert losses.clip_cov_loss().term("pg_loss").objective.keywords == {"clip_low": 0.2, "clip_high": 0.2,
+                                                                         "cov_ratio": 2e-4, "cov_lb": 1.0, "cov_ub": 5.0}
+    assert losses.kl_cov_loss().term("pg_loss").objective.func is cov_loss.kl_cov
+    assert losses.reinforce_loss().term("pg_loss").objective is policy_gradient.reinforce
+    assert losses.ppo_loss(kl_coef=0.1, kl_kind="k3+").term("kl_loss").kind == "k3+"
     assert losses.ppo_loss(loss_agg_mode="token-sum").combine == "sum"
-    assert losses.ValueLoss(loss_agg_mode="token-sum").combine == "sum"
-    assert losses.sapo_loss().combine == losses.ValueLoss().combine == "mean"
+    assert losses.value_loss(loss_agg_mode="token-sum").combine == "sum"
+    assert losses.sapo_loss().combine == losses.value_loss().combine == "mean"
     with pytest.raises(ValueError, match="loss_agg_mode"):
         losses.ppo_loss(loss_agg_mode="token-total")
     assert REGISTRY["dppo"].make_config({}).ratio_cap == 3.0  # verl's clip_ratio_c default

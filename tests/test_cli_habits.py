@@ -12,6 +12,8 @@ from flowrl.config import load_run_config, warn_no_effect
 from flowrl.data.tasks import make_task
 from flowrl.graph.algorithm import ALGORITHMS
 
+pytestmark = pytest.mark.filterwarnings("error::FutureWarning")  # flowrl's deprecations: none from its own code
+
 TASK_FILE = '''
 from dataclasses import dataclass
 

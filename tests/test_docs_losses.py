@@ -71,8 +71,8 @@ def effective_row(name: str) -> str:
     updates = {n: graph.nodes[n]["node"].kwargs["loss"] for n in graph.nodes if n.endswith(".update")}
     policy = next(loss for n, loss in updates.items() if n != "critic.update")
     value = updates.get("critic.update")
-    value_cell = "-" if value is None else f"clip {_number(value.loss.terms[0].clip)}, {value.loss_agg_mode}"
-    assert value is None or isinstance(value.loss.terms[0], ValueTerm)
+    value_cell = "-" if value is None else f"clip {_number(value.terms[0].clip)}, {value.loss_agg_mode}"
+    assert value is None or isinstance(value.terms[0], ValueTerm)
     return "| " + " | ".join([f"`{name}`", *describe_policy(policy), value_cell]) + " |"
 
 
@@ -121,9 +121,9 @@ if __name__ == "__main__":  # prints the table: python tests/test_docs_losses.py
 ])
 def test_a_presets_options_are_the_algorithms_flat_keys(name, option, expected):
     graph, _ = REGISTRY[name].trace(INPUTS, CLASSES, option)
-    loss = graph.nodes["actor.update"]["node"].kwargs["loss"]
-    assert loss.objective.keywords == expected
-    assert (loss.objective.func.__name__ == "dppo_kl") == (name == "dppo")
+    objective = graph.nodes["actor.update"]["node"].kwargs["loss"].term("pg_loss").objective
+    assert objective.keywords == expected
+    assert (objective.func.__name__ == "dppo_kl") == (name == "dppo")
 
 
 def test_an_entropy_bonus_set_on_any_algorithm_asks_the_engine_for_entropy():

@@ -1,4 +1,4 @@
-"""PolicyLoss / ValueLoss objects and their presets on a 2-row micro-batch."""
+"""policy_loss / value_loss Losses and their presets on a 2-row micro-batch."""
 
 import math
 import warnings
@@ -7,7 +7,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from flowrl.rl.losses import (PolicyLoss, ValueLoss, cispo_loss, clip_higher_loss, dppo_kl_loss, dppo_tv_loss,
+from flowrl.rl.losses import (policy_loss, value_loss, cispo_loss, clip_higher_loss, dppo_kl_loss, dppo_tv_loss,
                            gspo_loss, ppo_loss)
 from flowrl.rl.ops.policy_loss import dppo_kl, dppo_tv, ppo_clip
 
@@ -71,7 +71,7 @@ def test_policy_loss_padding_garbage_changes_neither_loss_nor_gradient():
 def test_reads_entropy_and_weight():
     assert ppo_loss().reads == ("old_logprobs", "advantages", "loss_mask")
     assert ppo_loss(kl_coef=0.1).reads[-1] == "ref_logprobs"
-    assert not ppo_loss().needs_entropy and ppo_loss(entropy_coef=1e-3).needs_entropy
+    assert "entropy" not in ppo_loss().needs and "entropy" in ppo_loss(entropy_coef=1e-3).needs
     # without kl/entropy the loss reads neither ref_logprobs nor entropy
     _, metrics = ppo_loss()({"logprobs": torch.zeros(2, 3)}, policy_batch().exclude("ref_logprobs"))
     assert "kl_loss" not in metrics and "entropy" not in metrics
@@ -94,8 +94,9 @@ def test_weighted_micro_batches_give_the_mini_batch_loss(mode):
 def test_grpo_is_symmetric_clip_higher():
     grpo, ppo = clip_higher_loss(clip_low=0.2, clip_high=0.2), ppo_loss(clip=0.2)
     # same objective with the same clips, same settings
-    assert grpo.objective.func is ppo.objective.func and grpo.objective.keywords == ppo.objective.keywords
-    assert (grpo.loss_agg_mode, grpo.kl_coef) == (ppo.loss_agg_mode, ppo.kl_coef)
+    grpo_objective, ppo_objective = grpo.term("pg_loss").objective, ppo.term("pg_loss").objective
+    assert grpo_objective.func is ppo_objective.func and grpo_objective.keywords == ppo_objective.keywords
+    assert (grpo.loss_agg_mode, grpo.terms[1:]) == (ppo.loss_agg_mode, ppo.terms[1:]) == ("token-mean", ())
     out = {"logprobs": t([[math.log(1.5)]])}
     mb = TensorDict({"old_logprobs": torch.zeros(1, 1), "advantages": torch.ones(1, 1),
                      "response_mask": torch.ones(1, 1), "loss_mask": torch.ones(1, 1)}, batch_size=[1])
@@ -106,20 +107,21 @@ def test_grpo_is_symmetric_clip_higher():
 
 def test_presets():
     assert gspo_loss().loss_agg_mode == "seq-mean-token-mean"
-    assert gspo_loss().objective.keywords == {"clip_low": 3e-4, "clip_high": 4e-4}
-    assert cispo_loss().objective.keywords == {"clip_low": 10.0, "clip_high": 0.2}
-    assert ppo_loss(clip=0.1).objective.func is ppo_clip
-    assert ppo_loss(dual_clip=None).objective.keywords["dual_clip"] is None
+    assert gspo_loss().term("pg_loss").objective.keywords == {"clip_low": 3e-4, "clip_high": 4e-4}
+    assert cispo_loss().term("pg_loss").objective.keywords == {"clip_low": 10.0, "clip_high": 0.2}
+    assert ppo_loss(clip=0.1).term("pg_loss").objective.func is ppo_clip
+    assert ppo_loss(dual_clip=None).term("pg_loss").objective.keywords["dual_clip"] is None
     loss, _ = cispo_loss()(outputs(), policy_batch())
     # cispo at r = 1, logp = 0: -1 * A * 0 = 0
     assert loss.item() == 0.0
 
 
 def test_dppo_presets():
-    assert dppo_tv_loss().objective.func is dppo_tv and dppo_kl_loss().objective.func is dppo_kl
-    assert dppo_tv_loss().objective.keywords == {"clip_low": 0.15, "clip_high": 0.15, "ratio_cap": 20.0}
+    assert dppo_tv_loss().term("pg_loss").objective.func is dppo_tv
+    assert dppo_kl_loss().term("pg_loss").objective.func is dppo_kl
+    assert dppo_tv_loss().term("pg_loss").objective.keywords == {"clip_low": 0.15, "clip_high": 0.15, "ratio_cap": 20.0}
     loss_fn = dppo_kl_loss(clip_low=0.05, clip_high=0.05, ratio_cap=10.0, kl_coef=0.1)
-    assert loss_fn.objective.keywords == {"clip_low": 0.05, "clip_high": 0.05, "ratio_cap": 10.0}
+    assert loss_fn.term("pg_loss").objective.keywords == {"clip_low": 0.05, "clip_high": 0.05, "ratio_cap": 10.0}
     assert loss_fn.reads[-1] == "ref_logprobs"
     out = outputs()
     loss, metrics = dppo_tv_loss()(out, policy_batch())
@@ -130,17 +132,17 @@ def test_dppo_presets():
 
 
 @pytest.mark.parametrize("make, name", [
-    (lambda: PolicyLoss(ppo_clip, loss_agg_mode="sum"), "loss_agg_mode"),
-    (lambda: PolicyLoss(ppo_clip, kl_kind="k9"), "kl_kind"),
-    (lambda: PolicyLoss(ppo_clip, kl_coef=-1.0), "kl_coef"),
-    (lambda: PolicyLoss("ppo"), "objective"),
-    (lambda: PolicyLoss(ppo_clip, loss_agg_mode="seq-mean-token-sum-norm", norm_len=0), "norm_len"),
+    (lambda: policy_loss(ppo_clip, loss_agg_mode="sum"), "loss_agg_mode"),
+    (lambda: policy_loss(ppo_clip, kl_kind="k9"), "kl_kind"),
+    (lambda: policy_loss(ppo_clip, kl_coef=-1.0), "kl_coef"),
+    (lambda: policy_loss("ppo"), "objective"),
+    (lambda: policy_loss(ppo_clip, loss_agg_mode="seq-mean-token-sum-norm", norm_len=0), "norm_len"),
     (lambda: ppo_loss(dual_clip=0.5), "dual_clip"),
     (lambda: gspo_loss(clip_low=-1.0), "clip_low"),
     (lambda: dppo_tv_loss(clip_high=-1.0), "clip_high"),
     (lambda: dppo_kl_loss(ratio_cap=0.5), "ratio_cap"),
-    (lambda: ValueLoss(clip=0.0), "clip"),
-    (lambda: ValueLoss(loss_agg_mode="sum"), "loss_agg_mode"),
+    (lambda: value_loss(clip=0.0), "clip"),
+    (lambda: value_loss(loss_agg_mode="sum"), "loss_agg_mode"),
 ])
 def test_bad_settings_raise(make, name):
     with pytest.raises(ValueError, match=name):
@@ -149,17 +151,17 @@ def test_bad_settings_raise(make, name):
 
 def test_settings_without_effect_warn():
     with pytest.warns(UserWarning, match="norm_len"):
-        PolicyLoss(ppo_clip, norm_len=512)
+        policy_loss(ppo_clip, norm_len=512)
     with pytest.warns(UserWarning, match="kl_kind"):
-        PolicyLoss(ppo_clip, kl_kind="k1")
+        policy_loss(ppo_clip, kl_kind="k1")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        PolicyLoss(ppo_clip, loss_agg_mode="seq-mean-token-sum-norm", norm_len=512, kl_coef=0.1, kl_kind="k1")
+        policy_loss(ppo_clip, loss_agg_mode="seq-mean-token-sum-norm", norm_len=512, kl_coef=0.1, kl_kind="k1")
 
 
 def test_value_loss():
-    loss_fn = ValueLoss(clip=0.5)
-    assert loss_fn.reads == ("values", "returns", "loss_mask") and not loss_fn.needs_entropy
+    loss_fn = value_loss(clip=0.5)
+    assert loss_fn.reads == ("values", "returns", "loss_mask") and not "entropy" in loss_fn.needs
     mb = TensorDict({"values": t([0.0, 0.0, 1.0], [NAN, NAN, NAN]),  # old values from the rollout
                      "returns": t([2.0, 1.0, 1.0], [NAN, NAN, NAN]),
                      "response_mask": t([1, 1, 1], [0, 0, 0]), "loss_mask": t([1, 1, 1], [0, 0, 0])}, batch_size=[2])
@@ -169,7 +171,7 @@ def test_value_loss():
     assert loss.item() == pytest.approx(2.125 / 3)
     assert metrics == pytest.approx({"vf_loss": 2.125 / 3, "vf_clipfrac": 1 / 3})
     assert loss_fn.weight(mb) == 3.0
-    assert ValueLoss(loss_agg_mode="seq-mean-token-sum").weight(mb) == 1.0
+    assert value_loss(loss_agg_mode="seq-mean-token-sum").weight(mb) == 1.0
     loss.backward()
     # d/dv .5 (v - R)^2 / 3 on unclipped tokens: (0 - 1)/3, (2 - 1)/3; clipped tok0 -> 0
     assert torch.allclose(values.grad, t([0.0, -1 / 3, 1 / 3], [0.0, 0.0, 0.0]))

@@ -9,7 +9,7 @@ from tensordict import TensorDict
 import verl_reference as verl
 from flowrl.rl.bypass import bypass_loss
 from flowrl.rl.correction import RolloutCorrection
-from flowrl.rl.loss_terms import PolicyLoss
+from flowrl.rl.loss_terms import policy_loss
 from flowrl.rl.ops.advantages import optimal_token_baseline, tir_optimal_token_baseline
 from flowrl.rl.ops.gdpo import gdpo
 from flowrl.rl.ops.policy_gradient import dro
@@ -106,11 +106,11 @@ def policy_batch(seed, rows=6, width=7):
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
 def test_dro_equals_verls_on_random_inputs(seed, mode):
     mb, logp = policy_batch(seed)
-    loss_fn = PolicyLoss(lambda *a: dro(*a, beta=0.3), mode)
+    loss_fn = policy_loss(lambda *a: dro(*a, beta=0.3), loss_agg_mode=mode)
     expected = verl.dro(mb["old_logprobs"], logp, mb["advantages"], mb["loss_mask"], 0.3, mode)
     assert loss_fn({"logprobs": logp}, mb)[0].item() == pytest.approx(expected.item(), abs=1e-5)
     weights = verl.rollout_is_weights(mb["old_logprobs"] - mb["rollout_logprobs"] + 0.0, mb["loss_mask"])
-    corrected = PolicyLoss(lambda *a: dro(*a, beta=0.3), mode, rollout_correction=RolloutCorrection("token"))
+    corrected = policy_loss(lambda *a: dro(*a, beta=0.3), loss_agg_mode=mode, rollout_correction=RolloutCorrection("token"))
     expected = verl.dro(mb["old_logprobs"], logp, mb["advantages"], mb["loss_mask"], 0.3, mode, weights)
     assert corrected({"logprobs": logp}, mb)[0].item() == pytest.approx(expected.item(), abs=1e-5)
 

@@ -21,7 +21,7 @@ from tensordict import TensorDict
 
 import verl_reference as verl
 from flowrl.rl.correction import RolloutCorrection
-from flowrl.rl.loss_terms import Loss, PolicyLoss, PolicyTerm
+from flowrl.rl.loss_terms import Loss, PolicyTerm, policy_loss
 from flowrl.rl.ops.cov_loss import clip_cov, kl_cov
 from flowrl.rl.ops.policy_gradient import gmpo
 from flowrl.rl.ops.policy_loss import gspo, ppo_clip
@@ -64,7 +64,7 @@ def test_gmpo_with_token_rejection_equals_verl_and_rejected_tokens_get_no_gradie
     keep = kept_mask(mb, "token_k1", 1.5)
     assert 0 < keep.sum() < mb["loss_mask"].sum()
     correction = RolloutCorrection("token", 2.0, rs_level="token", rs_threshold=1.5)
-    loss_fn = PolicyLoss(partial(gmpo, clip_low=0.4, clip_high=0.4), "seq-mean-token-mean",
+    loss_fn = policy_loss(partial(gmpo, clip_low=0.4, clip_high=0.4), loss_agg_mode="seq-mean-token-mean",
                          rollout_correction=correction)
     logp = logp.clone().requires_grad_(True)
     loss, _ = loss_fn({"logprobs": logp}, mb)
@@ -80,7 +80,7 @@ def test_gmpo_with_token_rejection_equals_verl_and_rejected_tokens_get_no_gradie
 def test_gspo_with_token_rejection_equals_verl(seed):
     mb, logp = random_batch(seed)
     keep = kept_mask(mb, "token_k1", 1.5)
-    loss_fn = PolicyLoss(partial(gspo, clip_low=0.2, clip_high=0.3), "seq-mean-token-mean",
+    loss_fn = policy_loss(partial(gspo, clip_low=0.2, clip_high=0.3), loss_agg_mode="seq-mean-token-mean",
                          rollout_correction=RolloutCorrection(None, rs_level="token", rs_threshold=1.5))
     loss, _ = loss_fn({"logprobs": logp}, mb)
     expected = verl.gspo(mb["old_logprobs"], logp, mb["advantages"], keep, 0.2, 0.3)
@@ -94,10 +94,10 @@ def test_clip_cov_and_kl_cov_with_sequence_rejection_take_their_covariance_over_
     assert 0 < keep.sum() < mb["loss_mask"].sum()
     correction = RolloutCorrection(None, rs_level="sequence", rs_threshold=2.0)
     num_valid = mb["loss_mask"].sum()  # flowrl's token-mean counts rejected tokens (verl's bypass-mode count)
-    kl = PolicyLoss(partial(kl_cov, kl_cov_ratio=0.2, kl_coef=0.5), rollout_correction=correction)
+    kl = policy_loss(partial(kl_cov, kl_cov_ratio=0.2, kl_coef=0.5), rollout_correction=correction)
     tokens = verl.kl_cov_tokens(mb["old_logprobs"], logp, mb["advantages"], keep, 0.2, 0.5)
     assert kl({"logprobs": logp}, mb)[0].item() == pytest.approx(((tokens * keep).sum() / num_valid).item(), abs=1e-6)
-    clip = PolicyLoss(partial(clip_cov, cov_ratio=0.3, cov_lb=-5.0, cov_ub=5.0,
+    clip = policy_loss(partial(clip_cov, cov_ratio=0.3, cov_lb=-5.0, cov_ub=5.0,
                               generator=torch.Generator().manual_seed(7)), rollout_correction=correction)
     tokens = verl.clip_cov_tokens(mb["old_logprobs"], logp, mb["advantages"], keep, 0.2, 0.3, -5.0, 5.0,
                                   torch.Generator().manual_seed(7))
@@ -107,20 +107,20 @@ def test_clip_cov_and_kl_cov_with_sequence_rejection_take_their_covariance_over_
 
 def test_without_rejection_a_loss_is_unchanged():
     mb, logp = random_batch(0)
-    plain = PolicyLoss(partial(ppo_clip))({"logprobs": logp}, mb)[0]
-    metrics_only = PolicyLoss(partial(ppo_clip), rollout_correction=RolloutCorrection(None))({"logprobs": logp}, mb)[0]
+    plain = policy_loss(partial(ppo_clip))({"logprobs": logp}, mb)[0]
+    metrics_only = policy_loss(partial(ppo_clip), rollout_correction=RolloutCorrection(None))({"logprobs": logp}, mb)[0]
     assert torch.equal(plain, metrics_only)
 
 
 def test_a_hand_built_gmpo_loss_takes_the_weights_inside_by_default():
     mb, logp = random_batch(1)
     correction = RolloutCorrection("token", 1.2)
-    by_hand = PolicyLoss(partial(gmpo, clip_low=0.4, clip_high=0.4), "seq-mean-token-mean",
+    by_hand = policy_loss(partial(gmpo, clip_low=0.4, clip_high=0.4), loss_agg_mode="seq-mean-token-mean",
                          rollout_correction=correction)
     weights = verl.rollout_is_weights(mb["old_logprobs"] - mb["rollout_logprobs"], mb["loss_mask"], "token", 1.2)
     expected = verl.geo_mean(mb["old_logprobs"], logp, mb["advantages"], mb["loss_mask"], 0.4, 0.4, weights)
     assert by_hand({"logprobs": logp}, mb)[0].item() == pytest.approx(expected.item(), abs=1e-6)
-    arithmetic = PolicyLoss(partial(gmpo, clip_low=0.4, clip_high=0.4), "seq-mean-token-mean",
+    arithmetic = policy_loss(partial(gmpo, clip_low=0.4, clip_high=0.4), loss_agg_mode="seq-mean-token-mean",
                             rollout_correction=correction, weights_in_objective=False)
     assert abs(arithmetic({"logprobs": logp}, mb)[0].item() - expected.item()) > 1e-3
     assert PolicyTerm(gmpo).inside and not PolicyTerm(ppo_clip).inside

@@ -12,7 +12,7 @@ from flowrl.algorithms import REGISTRY, GRPOConfig
 from flowrl.config import load_run_config, validate
 from flowrl.graph.role import ROLES
 from flowrl.rl.correction import RolloutCorrection, RolloutCorrectionConfig
-from flowrl.rl.losses import (PolicyLoss, cispo_loss, clip_higher_loss, dppo_kl_loss, dppo_tv_loss, gspo_loss,
+from flowrl.rl.losses import (policy_loss, cispo_loss, clip_higher_loss, dppo_kl_loss, dppo_tv_loss, gspo_loss,
                               ppo_loss)
 from flowrl.rl.ops.policy_loss import ppo_clip
 from flowrl.runtime.trainer import train
@@ -106,7 +106,7 @@ def test_every_preset_takes_the_option_and_is_unchanged_without_it(make):
     (lambda: RolloutCorrection(is_threshold=0.0), "is_threshold"),
     (lambda: RolloutCorrection(rs_level="token", rs_threshold=-1.0), "rs_threshold"),
     (lambda: RolloutCorrection(rs_level="token", rs_threshold=2.0, rs_threshold_lower=3.0), "rs_threshold_lower"),
-    (lambda: PolicyLoss(ppo_clip, rollout_correction="token"), "rollout_correction"),
+    (lambda: policy_loss(ppo_clip, rollout_correction="token"), "rollout_correction"),
     (lambda: validate(GRPOConfig, {"rollout_correction": {"is_threshold": 0}}, "algo"),
      "algo.rollout_correction.is_threshold"),
     (lambda: validate(GRPOConfig, {"rollout_correction": {"is_level": "tok"}}, "algo"),

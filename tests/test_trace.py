@@ -119,7 +119,7 @@ def test_dppo_divergence_picks_the_loss():
 
     for divergence, objective in (("tv", dppo_tv), ("kl", dppo_kl)):
         graph, order = dppo.trace(INPUTS, ROLE_CLASSES, {"divergence": divergence})
-        assert graph.nodes["actor.update"]["node"].kwargs["loss"].objective.func is objective
+        assert graph.nodes["actor.update"]["node"].kwargs["loss"].term("pg_loss").objective.func is objective
         assert "ref.logprobs" not in order  # no KL by default
     with pytest.raises(ValueError, match="divergence"):
         dppo.make_config({"divergence": "js"})
@@ -183,3 +183,17 @@ def test_bad_call_arguments_fail_at_trace_time():
 
     with pytest.raises(fl.GraphError, match="actor.update: missing a required argument: 'loss'"):
         update_without_loss.trace(INPUTS, ROLE_CLASSES)
+
+
+def test_a_methods_row_multiplier_is_declared_not_read_from_a_keyword_named_n():
+    """The sampler declares that its `n` multiplies rows (memory and streamed requests are sized by it); another
+    method's keyword called n multiplies nothing."""
+    from flowrl.graph.trace import Spec, Tracer
+
+    graph, _ = grpo.trace(INPUTS, ROLE_CLASSES, {"group_size": 3, "kl_coef": 0.0})
+    generate = graph.nodes["rollout.generate"]["node"]
+    assert generate.row_multiplier() == 3 and "n" not in generate.other_kwargs()
+    tracer = Tracer(frozenset({"x"}))
+    spec = Spec(reads=("x",), writes=("y",))
+    tracer.record(tracer.latest, "other", spec, {"n": 5})
+    assert tracer.graph.nodes["other"]["node"].row_multiplier() == 1

@@ -5,8 +5,10 @@ client follows no redirect."""
 import json
 import pickle
 import sys
+import warnings
 
 import pytest
+import torch
 
 from flowrl.config import load_run_config
 from flowrl.data.http_reward import HttpScorer
@@ -17,6 +19,8 @@ from flowrl.runtime.buffering import Pipeline
 from flowrl.runtime.export import export
 from flowrl.runtime.trainer import train
 from reward_servers import scores, serve
+
+pytestmark = pytest.mark.filterwarnings("error::FutureWarning")  # flowrl's deprecations: none from its own code
 
 
 class Payload:
@@ -133,3 +137,22 @@ def test_a_secret_on_the_command_line_stays_out_of_the_wandb_run(tmp_path, monke
     files = [p for p in (tmp_path / "wandb").rglob("*") if p.is_file()]
     assert files and not [p for p in files if b"hunter2" in p.read_bytes()]
     assert any(b"http://***@127.0.0.1:9/s" in p.read_bytes() for p in files)  # the config, masked
+
+
+def test_export_writes_the_current_keys_and_needs_no_environment_module(tmp_path):
+    """A run that named an environment module of its own exports where that module is gone, and export itself
+    raises no deprecation warning (this file turns them into errors): it writes only the current keys."""
+    from flowrl.engines.sharded_checkpoint import read_model
+    from transformers import AutoModelForCausalLM
+
+    env_file = tmp_path / "my_env.py"
+    env_file.write_text("class Env:\n    pass\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the env has no effect on GRPO's graph: said, not our point
+        train(config(tmp_path / "run", "train.steps=1", "train.save_every=1", f"roles.rollout.env={env_file}:Env"),
+              progress=False)
+    env_file.unlink()
+    export(tmp_path / "run", tmp_path / "out")
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
+    saved = read_model(tmp_path / "run" / "checkpoints" / "step_000001" / "actor")
+    assert saved and all(torch.equal(exported[k], v) for k, v in saved.items())

@@ -1,4 +1,5 @@
-"""Objects named by the user as "package.module:attribute" or "path/to/file.py:attribute" (tasks, environments).
+"""Objects named by the user as "package.module:attribute" or "path/to/file.py:attribute" (algorithms, tasks,
+environments, reward scorers, tool-call formats): one resolver for all of them.
 
 A module beside the user (`mytasks:MyTask` run from the folder holding mytasks.py) is found without
 PYTHONPATH=.: the working directory is searched after every installed package, as `python -m` would
@@ -18,13 +19,14 @@ from types import ModuleType
 from typing import Any, Iterable
 
 
-def import_attribute(name: str, where: str, built_in: Iterable[str]) -> Any:
-    """The attribute `name` points at; otherwise one line starting with `where` (e.g. "task.name: ") naming it,
-    and listing the `built_in` names it could have been."""
+def import_attribute(name: str, where: str, built_in: Iterable[str], kind: str = "") -> Any:
+    """The attribute `name` points at; otherwise one line starting with `where` (e.g. "task.name: ") naming it
+    (a `kind` of thing: "scorer"), and listing the `built_in` names it could have been. The one resolver of
+    flowrl for names the user writes: algorithms, tasks, environments, rewards and tool formats."""
     target, sep, attr = name.rpartition(":")
     if not sep or not target or not attr:
-        raise ValueError(f"{where}unknown {name!r}; built in: {sorted(built_in)}, or 'module:attribute' or "
-                         f"'file.py:attribute'")
+        raise ValueError(f"{where}unknown {kind + ' ' if kind else ''}{name!r}; built in: {sorted(built_in)}, or "
+                         f"'module:attribute' or 'file.py:attribute'")
     try:
         module = import_file(target) if target.endswith(".py") else import_module(target)
         return getattr(module, attr)

@@ -11,12 +11,10 @@ is imported by path, no PYTHONPATH needed).
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
 import re
-from pathlib import Path
 from typing import Any, Callable
+
+from flowrl.data.imports import import_attribute
 
 Scorer = Callable[..., float]
 
@@ -91,26 +89,7 @@ def resolve(spec: str) -> Scorer:
 
 
 def _load(spec: str) -> Scorer:
-    target, sep, attr = spec.rpartition(":")
-    if not sep or not target or not attr:
-        raise ValueError(f"data.reward: unknown scorer {spec!r}; built in: {sorted(BUILT_IN)}, "
-                         f"or 'module:function', or 'file.py:function'")
-    try:
-        module = _import_file(target) if target.endswith(".py") else importlib.import_module(target)
-        fn = getattr(module, attr)
-    except (ImportError, AttributeError, OSError, SyntaxError) as err:
-        raise ValueError(f"data.reward: cannot load {spec!r}: {type(err).__name__}: {err}") from None
+    fn = import_attribute(spec, "data.reward: ", BUILT_IN, kind="scorer")
     if not callable(fn):
         raise ValueError(f"data.reward: {spec!r} is a {type(fn).__name__}, not a function")
     return fn
-
-
-def _import_file(path: str) -> Any:
-    file = Path(path).resolve()
-    if not file.is_file():
-        raise ImportError(f"no file {str(file)!r}")
-    name = "flowrl_scorer_" + hashlib.sha1(str(file).encode()).hexdigest()[:12]
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

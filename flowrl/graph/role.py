@@ -129,14 +129,16 @@ def role(name: str | type | None = None, *, trainable: bool = False, exported: b
 
 def graph_method(fn: Callable | None = None, *, reads: Fields = (), writes: Fields = (), kind: str = "map",
                  check: Callable[..., None] | None = None, defer_to: str | None = None,
-                 updates_weights: bool = False) -> Callable:
+                 updates_weights: bool = False, rows_per_input: str | None = None) -> Callable:
     """Mark a role method as a graph node that reads and writes the named batch fields (bare or with arguments).
 
     kind: "map" keeps rows, "rows" changes them, "sync" moves weights. check(**kwargs) validates a call's
-    arguments at trace time. defer_to / updates_weights: see flowrl.graph.trace.Spec.
+    arguments at trace time. rows_per_input: the keyword argument whose value is how many rows each input row
+    becomes (a sampler's `n`), which sizes memory and streamed requests. defer_to / updates_weights: see
+    flowrl.graph.trace.Spec.
     """
     spec = Spec(reads=reads, writes=writes, kind=NodeKind(kind), check=check, defer_to=defer_to,
-                updates_weights=updates_weights)
+                updates_weights=updates_weights, rows_per_input=rows_per_input)
 
     def mark(method: Callable) -> Callable:
         setattr(method, SPEC_ATTR, spec)

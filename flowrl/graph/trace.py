@@ -49,6 +49,7 @@ class Spec:
     check: Callable[..., None] | None = None  # validates the call's kwargs at trace time
     defer_to: str | None = None  # a method of the same role that may compute this node's writes itself (Deferred)
     updates_weights: bool = False  # the role's weights change: roles that follow them need a sync
+    rows_per_input: str | None = None  # the keyword argument that says how many rows each input row becomes
 
     def resolve(self, kwargs: dict[str, Any]) -> tuple[frozenset[str], frozenset[str]]:
         reads = self.reads(**kwargs) if callable(self.reads) else self.reads
@@ -77,6 +78,15 @@ class Node:
     method: str | None = None
     fn: Callable | None = None
     pool: str | None = None
+    rows_per_input: str | None = None  # its Spec's
+
+    def row_multiplier(self) -> int:
+        """How many rows each input row becomes (1 unless the method declares a keyword that says it)."""
+        return self.kwargs.get(self.rows_per_input, 1) if self.rows_per_input else 1
+
+    def other_kwargs(self) -> dict[str, Any]:
+        """The call's keyword arguments but the row multiplier's."""
+        return {k: v for k, v in self.kwargs.items() if k != self.rows_per_input}
 
     def label(self) -> str:
         return self.name if self.pool is None else f"{self.name} @{self.pool}"
@@ -105,7 +115,8 @@ class Tracer:
             raise MissingField(f"{base} reads {missing[0]!r}, which no earlier node writes; "
                                f"available fields: {sorted(batch.fields)}", missing[0])
         name = self._unique(base)
-        node = Node(name=name, kind=spec.kind, reads=reads, writes=writes, kwargs=dict(kwargs), **node_attrs)
+        node = Node(name=name, kind=spec.kind, reads=reads, writes=writes, kwargs=dict(kwargs),
+                    rows_per_input=spec.rows_per_input, **node_attrs)
         self.graph.add_node(name, node=node)
         self._add_edges(name, node, batch.fields)
         self.order.append(name)

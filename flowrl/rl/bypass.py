@@ -23,7 +23,7 @@ from functools import partial
 from typing import Literal
 
 from flowrl.rl.correction import RolloutCorrection
-from flowrl.rl.loss_terms import PolicyLoss
+from flowrl.rl.loss_terms import policy_loss
 from flowrl.rl.ops.policy_gradient import reinforce
 from flowrl.rl.ops.policy_loss import ppo_clip
 
@@ -33,7 +33,7 @@ VERL_DUAL_CLIP = 3.0  # verl's clip_ratio_c default, always on in its vanilla lo
 
 def bypass_loss(loss_type: LossType = "ppo_clip", correction: RolloutCorrection | None = None,
                 clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = VERL_DUAL_CLIP,
-                loss_agg_mode: str = "token-mean", kl_coef: float = 0.0) -> PolicyLoss:
+                loss_agg_mode: str = "token-mean", kl_coef: float = 0.0) -> "Loss":
     """The bypass-mode policy loss; `correction` (default: token TIS at 2.0, verl's rollout_is default
     threshold) is used with bypass=True. ValueError naming loss_type for another value."""
     correction = replace(correction or RolloutCorrection("token", 2.0), bypass=True)
@@ -45,7 +45,7 @@ def bypass_loss(loss_type: LossType = "ppo_clip", correction: RolloutCorrection 
         objective = reinforce
     else:
         raise ValueError(f"loss_type must be 'ppo_clip' or 'reinforce', got {loss_type!r}")
-    return PolicyLoss(objective, loss_agg_mode, kl_coef=kl_coef, rollout_correction=correction)
+    return policy_loss(objective, loss_agg_mode=loss_agg_mode, kl_coef=kl_coef, rollout_correction=correction)
 
 
 __all__ = ["LossType", "bypass_loss"]

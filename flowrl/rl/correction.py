@@ -1,6 +1,6 @@
 """Rollout correction as an option of every policy loss (verl's decoupled rollout correction).
 
-`RolloutCorrection` is what `PolicyLoss(rollout_correction=...)` evaluates per
+`RolloutCorrection` is what `policy_loss(rollout_correction=...)` evaluates per
 micro-batch from the trainer's old logprobs and the sampler's
 `rollout_logprobs` (ops.rollout_correction): truncated IS weights that multiply
 the policy-gradient loss, a rejection mask that drops tokens or whole rows,

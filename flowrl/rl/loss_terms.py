@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Callable, ClassVar, Literal, Protocol
 
 import torch
@@ -259,9 +259,30 @@ class Loss:
     def weight(self, mb: TensorDict) -> float:
         return agg_weight(mb["loss_mask"], self.loss_agg_mode)
 
+    def __add__(self, other: Loss | Term) -> Loss:
+        """This loss with `other`'s terms (a Term, or a Loss aggregated the same way) added, as optax chains
+        transforms: `cfg.loss() + MyTerm(0.1)`. The aggregation and the rollout correction stay this loss's."""
+        if not isinstance(other, Loss):
+            return replace(self, terms=(*self.terms, other))
+        if (other.loss_agg_mode, other.norm_len) != (self.loss_agg_mode, self.norm_len):
+            raise ValueError(f"terms: a loss aggregated {other.loss_agg_mode!r} (norm_len={other.norm_len}) cannot "
+                             f"join one aggregated {self.loss_agg_mode!r} (norm_len={self.norm_len})")
+        if other.rollout_correction not in (None, self.rollout_correction):
+            raise ValueError("rollout_correction: the added loss has a correction of its own; a loss has one")
+        return replace(self, terms=(*self.terms, *other.terms),
+                       rollout_correction=self.rollout_correction or other.rollout_correction)
+
+    def term(self, metric: str) -> Term:
+        """The term that logs `metric` ("pg_loss", "kl_loss", "entropy", "vf_loss", ...)."""
+        found = [term for term in self.terms if term.metric == metric]
+        if not found:
+            raise KeyError(f"no term logs {metric!r}; the terms log {[term.metric for term in self.terms]}")
+        return found[0]
+
 
 class BuiltLoss:
-    """A loss built from terms in `__post_init__` (its `loss` field): the LossFn protocol answered by that Loss."""
+    """A loss built from terms in `__post_init__` (its `loss` field): the LossFn protocol answered by that Loss
+    (flowrl.rl.sft_loss's losses; the policy and value losses are plain Loss objects)."""
 
     loss: Loss
 
@@ -274,10 +295,6 @@ class BuiltLoss:
         return self.loss.needs
 
     @property
-    def needs_entropy(self) -> bool:
-        return "entropy" in self.needs
-
-    @property
     def combine(self) -> Literal["mean", "sum"]:
         return self.loss.combine
 
@@ -288,53 +305,32 @@ class BuiltLoss:
         return self.loss.weight(mb)
 
 
-@dataclass(frozen=True)
-class PolicyLoss(BuiltLoss):
-    """The usual policy loss, agg(objective) + kl_coef * agg(kl(logp, ref)) - entropy_coef * agg(entropy):
-    `loss` is the Loss of a PolicyTerm(objective, weights_in_objective), a KLTerm(kl_coef, kl_kind) when
-    kl_coef > 0 (else "ref_logprobs" is not read) and an EntropyTerm when entropy_coef != 0 (else no
-    entropy is computed). objective: an op of ops.policy_loss, ops.policy_gradient or ops.cov_loss, options
-    bound with functools.partial. rollout_correction: see Loss (None: "rollout_logprobs" is not read;
-    rejected tokens still count in the token and row counts and in weight(mb), docs/algorithms.md). Metrics
-    "pg_loss", "kl_loss", "entropy" (each term before its coefficient), the objective's own and "rollout/*".
-    """
-
-    objective: Objective
-    loss_agg_mode: str = "token-mean"
-    kl_coef: float = 0.0
-    kl_kind: str = "k3"
-    entropy_coef: float = 0.0
-    norm_len: int | None = None
-    rollout_correction: RolloutCorrection | None = None
-    weights_in_objective: bool | None = None
-    loss: Loss = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        check_kl_kind(self.kl_kind)
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
-        if self.kl_coef == 0 and self.kl_kind != "k3":
-            warnings.warn(f"kl_kind={self.kl_kind!r} has no effect with kl_coef=0", stacklevel=3)
-        terms = (PolicyTerm(self.objective, self.weights_in_objective),)
-        terms += (KLTerm(self.kl_coef, self.kl_kind),) if self.kl_coef > 0 else ()
-        terms += (EntropyTerm(self.entropy_coef),) if self.entropy_coef != 0 else ()
-        object.__setattr__(self, "loss", Loss(terms, self.loss_agg_mode, self.norm_len, self.rollout_correction))
+def policy_loss(objective: Objective, *, loss_agg_mode: str = "token-mean", kl_coef: float = 0.0,
+                kl_kind: str = "k3", entropy_coef: float = 0.0, norm_len: int | None = None,
+                rollout_correction: RolloutCorrection | None = None, weights_in_objective: bool | None = None) -> Loss:
+    """The usual policy loss, agg(objective) + kl_coef * agg(kl(logp, ref)) - entropy_coef * agg(entropy): the
+    Loss of a PolicyTerm(objective, weights_in_objective), a KLTerm(kl_coef, kl_kind) when kl_coef > 0 (else
+    "ref_logprobs" is not read) and an EntropyTerm when entropy_coef != 0 (else no entropy is computed).
+    objective: an op of ops.policy_loss, ops.policy_gradient or ops.cov_loss, options bound with
+    functools.partial. rollout_correction: see Loss (None: "rollout_logprobs" is not read; rejected tokens
+    still count in the normaliser and in weight(mb), docs/algorithms.md). Metrics "pg_loss", "kl_loss",
+    "entropy" (each term before its coefficient), the objective's own and "rollout/*"."""
+    check_kl_kind(kl_kind)
+    if kl_coef < 0:
+        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+    if kl_coef == 0 and kl_kind != "k3":
+        warnings.warn(f"kl_kind={kl_kind!r} has no effect with kl_coef=0", stacklevel=2)
+    terms: tuple[Term, ...] = (PolicyTerm(objective, weights_in_objective),)
+    terms += (KLTerm(kl_coef, kl_kind),) if kl_coef > 0 else ()
+    terms += (EntropyTerm(entropy_coef),) if entropy_coef != 0 else ()
+    return Loss(terms, loss_agg_mode, norm_len, rollout_correction)
 
 
-@dataclass(frozen=True)
-class ValueLoss(BuiltLoss):
-    """The critic's clipped value loss (loss_terms.ValueTerm) aggregated with `loss_agg_mode`.
+def value_loss(clip: float = VALUE_CLIP, loss_agg_mode: str = "token-mean", norm_len: int | None = None) -> Loss:
+    """The critic's clipped value loss (ValueTerm) aggregated with `loss_agg_mode`.
 
     mb["values"] are the rollout's (old) values and out["values"] the
     critic's current ones. clip: how far the prediction may move from the old
     value before the clipped term takes over. Metrics "vf_loss", "vf_clipfrac".
     """
-
-    clip: float = VALUE_CLIP
-    loss_agg_mode: str = "token-mean"
-    norm_len: int | None = None
-    loss: Loss = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        term = ValueTerm(self.clip)
-        object.__setattr__(self, "loss", Loss((term,), self.loss_agg_mode, self.norm_len))
+    return Loss((ValueTerm(clip),), loss_agg_mode, norm_len)

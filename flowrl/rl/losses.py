@@ -2,14 +2,16 @@
 
 A preset (`PPOClip`, `ClipHigher`, `GSPOClip`, ...) is a pydantic config of one
 policy objective's options (ops.policy_loss, ops.policy_gradient, ops.cov_loss)
-plus the aggregation and the entropy bonus; `build(cfg, kl_coef=..., ...)`
-composes a `PolicyLoss` (objective term, KL term when kl_coef > 0, entropy term
-when entropy_coef != 0). Named algorithms are presets, not subclasses: GRPO's
-loss is PPOClip with a KL term, DAPO's ClipHigher (PPOClip with clip_high >
-clip_low). An algorithm's config includes its preset as a base class, so each
-default is written once, here; `ppo_loss(...)`, `gspo_loss(...)`, ... build a
+plus the aggregation and the entropy bonus. An algorithm's config includes its
+preset as a base class beside its parts (flowrl.rl.options), so each default is
+written once, here, and `cfg.loss()` is the algorithm's whole policy loss, a
+`Loss` (objective term, the KL term of a KLLoss part when kl_coef > 0, entropy
+term when entropy_coef != 0, the rollout correction of a Sampled part), that
+composes: `cfg.loss() + MyTerm(0.1)`. Named algorithms are presets, not
+subclasses: GRPO's loss is PPOClip with a KL term, DAPO's ClipHigher (PPOClip
+with clip_high > clip_low). `ppo_loss(...)`, `gspo_loss(...)`, ... build a
 preset's loss from keyword options. docs/algorithms.md tabulates every prebuilt
-algorithm's effective loss (tests/test_docs_algorithms.py checks it).
+algorithm's effective loss (tests/test_docs_losses.py checks it).
 """
 
 from __future__ import annotations
@@ -17,15 +19,16 @@ from __future__ import annotations
 from functools import partial
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from flowrl.rl.loss_terms import VALUE_CLIP, Loss, Objective, PolicyLoss, ValueLoss
+from flowrl.rl.loss_terms import VALUE_CLIP, Loss, Objective, policy_loss, value_loss
 from flowrl.rl.ops.aggregate import AggMode
 from flowrl.rl.ops.cov_loss import clip_cov, kl_cov
 from flowrl.rl.ops.policy_gradient import gmpo, gpg, reinforce, sapo
 from flowrl.rl.ops.policy_loss import cispo, dppo_kl, dppo_tv, gspo, ppo_clip
+from flowrl.rl.options import LossPart
 
-__all__ = ["Loss", "PolicyLoss", "ValueLoss", "LossPreset", "PRESETS"]
+__all__ = ["Loss", "LossPreset", "PRESETS", "policy_loss", "value_loss"]
 
 # Options whose bound and description are written once; an algorithm whose default differs states only the value
 # on the type (`dual_clip: DualClip = None`), as flowrl.rl.options does for the shared options.
@@ -35,12 +38,12 @@ RatioCap = Annotated[float, Field(ge=1, description="Truncation of the detached 
 VERL_CLIP_RATIO_C = 3.0  # verl's default dual clip (clip_ratio_c), which its vanilla loss always applies
 
 
-class LossPreset(BaseModel):
-    """A named policy loss's options: `build(cfg, **kw)` binds them to the preset's objective (an op of
-    ops.*) and composes the PolicyLoss; `kw` is PolicyLoss's (kl_coef, kl_kind, norm_len,
-    rollout_correction). An algorithm's config includes its preset as a base class, so the preset's options
-    are the algorithm's `algo.*` keys and each default is written here once. A default that differs from
-    the op's own (its signature's, a bare formula's) is listed in `differs_from_op` with the reason."""
+class LossPreset(LossPart):
+    """A named policy loss's options: `cfg.loss()` binds them to the preset's objective (an op of ops.*) and
+    adds every other part's `loss_options()` (policy_loss's kl_coef, rollout_correction). An algorithm's config
+    includes its preset as a base class, so the preset's options are the algorithm's `algo.*` keys and each
+    default is written here once. A default that differs from the op's own (its signature's, a bare formula's)
+    is listed in `differs_from_op` with the reason."""
 
     model_config = ConfigDict(extra="forbid")
     objective: ClassVar[Objective]
@@ -50,25 +53,35 @@ class LossPreset(BaseModel):
     entropy_coef: float = Field(0.0, description="Entropy bonus weight; 0 computes no entropy.")
 
     @classmethod
+    def preset(cls) -> type[LossPreset]:
+        """The preset class itself: the nearest class of the MRO that declares the objective (an algorithm's
+        config that includes the preset, or a preset that only changes defaults, has the same options)."""
+        return next(base for base in cls.__mro__ if "objective" in vars(base))
+
+    @classmethod
     def objective_options(cls, cfg: LossPreset) -> dict[str, Any]:
         """The op's keyword arguments: by default the preset's own fields, under their names."""
-        return {name: getattr(cfg, name) for name in cls.model_fields if name not in LossPreset.model_fields}
+        return {name: getattr(cfg, name) for name in cls.preset().model_fields if name not in LossPreset.model_fields}
 
     @classmethod
     def bound_objective(cls, cfg: LossPreset) -> Objective:
         options = cls.objective_options(cfg)
         return partial(cls.objective, **options) if options else cls.objective
 
-    @classmethod
-    def build(cls, cfg: LossPreset, **kw: Any) -> PolicyLoss:
-        return PolicyLoss(cls.bound_objective(cfg), loss_agg_mode=cfg.loss_agg_mode, entropy_coef=cfg.entropy_coef,
-                          weights_in_objective=cls.weights_in_objective, **kw)
+    def loss_options(self) -> dict[str, Any]:
+        return {**super().loss_options(), "loss_agg_mode": self.loss_agg_mode, "entropy_coef": self.entropy_coef,
+                "weights_in_objective": self.weights_in_objective}
+
+    def loss(self) -> Loss:
+        """The algorithm's policy loss from every option its config holds."""
+        return policy_loss(self.bound_objective(self), **self.loss_options())
 
     @classmethod
-    def loss(cls, **options: Any) -> PolicyLoss:
-        """The preset's PolicyLoss from keyword options: its own fields, then PolicyLoss's."""
+    def from_options(cls, **options: Any) -> Loss:
+        """The preset's Loss from keyword options: its own fields, then policy_loss's."""
         own = {name: options.pop(name) for name in list(options) if name in cls.model_fields}
-        return cls.build(cls(**own), **options)
+        preset = cls(**own)
+        return policy_loss(cls.bound_objective(preset), **{**preset.loss_options(), **options})
 
 
 class PPOClip(LossPreset):
@@ -87,7 +100,7 @@ class PPOClip(LossPreset):
 
 class DrGRPO(PPOClip):
     """Dr. GRPO (arXiv:2503.20783): GRPO's clip without the per-response length normalisation, each row's
-    token losses summed over a constant length (pass the longest response as PolicyLoss's `norm_len`)."""
+    token losses summed over a constant length (pass the longest response as policy_loss's `norm_len`)."""
 
     loss_agg_mode: LossAggMode = "seq-mean-token-sum-norm"
 
@@ -199,74 +212,73 @@ class KLCov(LossPreset):
         return {"kl_cov_ratio": cfg.kl_cov_ratio, "kl_coef": cfg.cov_kl_coef}
 
 
-class ValueClip(BaseModel):
-    """The critic's clipped value loss (PPO, PF-PPO): `build(cfg)` is its ValueLoss."""
+class ValueClip(LossPart):
+    """The critic's clipped value loss (PPO, PF-PPO): `cfg.value_loss()`."""
 
     model_config = ConfigDict(extra="forbid")
     value_clip: float = Field(VALUE_CLIP, gt=0, description="Value-function clip range.")
 
-    @classmethod
-    def build(cls, cfg: ValueClip) -> ValueLoss:
-        return ValueLoss(clip=cfg.value_clip)
+    def value_loss(self) -> Loss:
+        return value_loss(clip=self.value_clip)
 
 
 PRESETS: tuple[type[LossPreset], ...] = (PPOClip, DrGRPO, ClipHigher, GSPOClip, CISPOClip, TrustRegion, Reinforce,
                                          GPG, SAPOGate, GeometricMean, ClipCov, KLCov)
 
 
-def ppo_loss(**options: Any) -> PolicyLoss:
-    """PPOClip's loss; `options`: its fields (clip, dual_clip, loss_agg_mode, entropy_coef), then PolicyLoss's."""
-    return PPOClip.loss(**options)
+def ppo_loss(**options: Any) -> Loss:
+    """PPOClip's loss; `options`: its fields (clip, dual_clip, loss_agg_mode, entropy_coef), then policy_loss's."""
+    return PPOClip.from_options(**options)
 
 
-def dr_grpo_loss(**options: Any) -> PolicyLoss:
+def dr_grpo_loss(**options: Any) -> Loss:
     """Dr. GRPO's loss: ppo_loss() aggregated "seq-mean-token-sum-norm"; its advantages are GRPO's without the
     std (stages.group_advantage(norm_by_std=False))."""
-    return DrGRPO.loss(**options)
+    return DrGRPO.from_options(**options)
 
 
-def clip_higher_loss(**options: Any) -> PolicyLoss:
+def clip_higher_loss(**options: Any) -> Loss:
     """ClipHigher's (DAPO's) loss; clip_higher_loss(clip_low=0.2, clip_high=0.2) is ppo_loss(), GRPO's."""
-    return ClipHigher.loss(**options)
+    return ClipHigher.from_options(**options)
 
 
-def gspo_loss(**options: Any) -> PolicyLoss:
-    return GSPOClip.loss(**options)
+def gspo_loss(**options: Any) -> Loss:
+    return GSPOClip.from_options(**options)
 
 
-def cispo_loss(**options: Any) -> PolicyLoss:
-    return CISPOClip.loss(**options)
+def cispo_loss(**options: Any) -> Loss:
+    return CISPOClip.from_options(**options)
 
 
-def dppo_tv_loss(**options: Any) -> PolicyLoss:
+def dppo_tv_loss(**options: Any) -> Loss:
     """DPPO-Binary-TV: clip_low / clip_high bound q - p and p - q (not the ratio)."""
-    return TrustRegion.loss(divergence="tv", **options)
+    return TrustRegion.from_options(divergence="tv", **options)
 
 
-def dppo_kl_loss(**options: Any) -> PolicyLoss:
+def dppo_kl_loss(**options: Any) -> Loss:
     """DPPO-Binary-KL: dppo_tv_loss with the binary KL as the divergence."""
-    return TrustRegion.loss(divergence="kl", **options)
+    return TrustRegion.from_options(divergence="kl", **options)
 
 
-def reinforce_loss(**options: Any) -> PolicyLoss:
-    return Reinforce.loss(**options)
+def reinforce_loss(**options: Any) -> Loss:
+    return Reinforce.from_options(**options)
 
 
-def gpg_loss(**options: Any) -> PolicyLoss:
-    return GPG.loss(**options)
+def gpg_loss(**options: Any) -> Loss:
+    return GPG.from_options(**options)
 
 
-def sapo_loss(**options: Any) -> PolicyLoss:
-    return SAPOGate.loss(**options)
+def sapo_loss(**options: Any) -> Loss:
+    return SAPOGate.from_options(**options)
 
 
-def gmpo_loss(**options: Any) -> PolicyLoss:
-    return GeometricMean.loss(**options)
+def gmpo_loss(**options: Any) -> Loss:
+    return GeometricMean.from_options(**options)
 
 
-def clip_cov_loss(**options: Any) -> PolicyLoss:
-    return ClipCov.loss(**options)
+def clip_cov_loss(**options: Any) -> Loss:
+    return ClipCov.from_options(**options)
 
 
-def kl_cov_loss(**options: Any) -> PolicyLoss:
-    return KLCov.loss(**options)
+def kl_cov_loss(**options: Any) -> Loss:
+    return KLCov.from_options(**options)

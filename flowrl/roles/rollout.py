@@ -65,7 +65,8 @@ class Rollout:
     make_streamer: Callable[[RolloutEngine], StreamingEngine] | None = None  # the engine config's `streamer`
     streamer: StreamingEngine | None = None  # `engine` as a StreamingEngine, made on first use
 
-    @graph_method(reads=("prompt_ids", "prompt_mask", "uid"), writes=GENERATED, kind="rows", check=_check_sampling)
+    @graph_method(reads=("prompt_ids", "prompt_mask", "uid"), writes=GENERATED, kind="rows", check=_check_sampling,
+                  rows_per_input="n")
     def generate(self, batch: TensorDict, n: int = 1, **sampling: Any) -> TensorDict:
         """n responses per prompt row (adjacent); each row's `group` is its prompt's uid."""
         _check_sampling(n, **sampling)
@@ -77,7 +78,7 @@ class Rollout:
         return rows
 
     @graph_method(reads=("prompt_ids", "prompt_mask", "uid"), writes=_episode_writes, kind="rows",
-                  check=_check_episode)
+                  check=_check_episode, rows_per_input="n")
     def interact(self, batch: TensorDict, n: int = 1, key: str = "scores", metric: str = "reward",
                  **sampling: Any) -> TensorDict:
         """n episodes per prompt row in roles.rollout.env (flowrl.engines.agent_loop; flowrl.engines.async_agent_loop

@@ -13,37 +13,35 @@ comes from it): a task other than a built-in one is used only when the user name
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
 from flowrl.config import RunConfig, validate
+from flowrl.config.run_config import move_legacy_sections
 from flowrl.data.tasks import BUILT_IN as BUILT_IN_TASKS
 from flowrl.engines import sharded_checkpoint
 from flowrl.engines.configs import ModelSource
 from flowrl.engines.hf_models import MARKER, load_tokenizer
+from flowrl.graph.role import ROLES
 from flowrl.runtime import checkpoint
 from flowrl.runtime.data_tasks import run_task
 from flowrl.runtime.factory import model_path
 
 
-POLICY = "actor"  # the checkpoint's folder of the exported role (flowrl.roles.actor.Actor)
-
-
 def export(source: str | Path, output: str | Path, task: str | None = None) -> Path:
     """Writes the checkpoint's policy (merged if LoRA) and the tokenizer to folder `output`; `task`: the user's
     own task.name, when the run's is not built in."""
-    role = POLICY
     step = _step_folder(Path(source))
     check_output(Path(output), step)
     state = checkpoint.read_state(step)
     if not isinstance(state.get("config"), dict):
         raise ValueError(f"checkpoint {step}: its state.json holds no run config to rebuild the model from")
     cfg = validate(RunConfig, _without_code(state["config"], step, task))
-    if not (step / role / sharded_checkpoint.METADATA).is_file():
-        raise ValueError(f"checkpoint {step} has no sharded state for role {role!r}; it has "
-                         f"{sorted(p.name for p in step.iterdir() if p.is_dir())}")
+    role = _exported_role(step)
+    section = cfg.section(role)
     path = model_path(cfg, run_task(cfg))
-    engine = cfg.actor.build(ModelSource(path, cfg.model.dtype), head="actor", device="cpu")
+    engine = section.engine.build(ModelSource(path, cfg.model.dtype), head=section.HEAD, device="cpu")
     try:
         with checkpoint.verified(step):
             sharded_checkpoint.load(step / role, engine.model, trainable_only=engine.lora)
@@ -75,12 +73,27 @@ def _run_folder(step: Path) -> Path:
     return step.parent.parent if step.parent.name == "checkpoints" else step.parent
 
 
+def _exported_role(step: Path) -> str:
+    """The one role of the checkpoint whose model a run exports (its RoleSpec says `exported`)."""
+    found = [name for name in ROLES.names()
+             if ROLES.get(name).exported and (step / name / sharded_checkpoint.METADATA).is_file()]
+    if len(found) != 1:
+        raise ValueError(f"checkpoint {step} has sharded state for {len(found)} exported roles ({found}), not one; "
+                         f"it has {sorted(p.name for p in step.iterdir() if p.is_dir())}")
+    return found[0]
+
+
 def _without_code(config: dict[str, Any], step: Path, task: str | None) -> dict[str, Any]:
-    """The saved config with every name that would import code dropped (export needs none of them), and the
-    task the user's `task` when it is not a built-in one."""
-    values = json.loads(json.dumps(config))  # a copy
+    """The saved config (its sections moved to the current keys: a run folder's old keys are not the user's to
+    fix) with every name that would import code dropped (export needs none of them: the algorithm, every
+    role's environment, the reward), and the task the user's `task` when it is not a built-in one."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        values = move_legacy_sections(json.loads(json.dumps(config)))  # a copy
     values.pop("algorithm", None)
-    values.setdefault("rollout", {})["env"] = None
+    for section in values.get("roles", {}).values():
+        if isinstance(section, dict) and "env" in section:
+            section["env"] = None
     values.setdefault("data", {})["reward"] = "auto"
     name = values.setdefault("task", {}).get("name", "arithmetic")
     if task is not None:

@@ -21,7 +21,6 @@ from flowrl.engines.tiny_model import build_tiny_model
 from flowrl.errors import MissingField, PlanError
 from flowrl.graph.algorithm import Algorithm
 from flowrl.graph.role import role_spec
-from flowrl.graph.trace import NodeKind
 from flowrl.plan.placement import Placement
 from flowrl.plan.planner import Plan, compile_plan, model_roles
 from flowrl.plan.resources import GIB, ModelShape, Workload, check_fits, describe, estimate, gpu_placement
@@ -98,7 +97,7 @@ def check_memory(cfg: RunConfig, plan: Plan, model_path: Path, gpu_bytes: int | 
 
 def _estimate(cfg: RunConfig, plan: Plan, config: dict, prompt_len: int) -> tuple[ModelShape, Workload, dict]:
     shape = ModelShape.from_config(config, DTYPE_BYTES[cfg.model.dtype])
-    n = max([node.kwargs.get("n", 1) for node in plan.nodes if node.kind is NodeKind.ROWS] or [1])
+    n = max([node.row_multiplier() for node in plan.nodes] or [1])
     work = Workload(rows=cfg.train.batch_size * n, micro_batch_size=cfg.train.micro_batch_size,
                     seq_len=prompt_len + cfg.rollout.max_new_tokens,
                     gradient_checkpointing=cfg.model.gradient_checkpointing)

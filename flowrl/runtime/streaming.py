@@ -168,7 +168,7 @@ class Streamer:
 
     def _sampling(self) -> tuple[int, dict[str, Any]]:
         """The traced generate call's n and its other sampling arguments."""
-        return self.generate.kwargs.get("n", 1), {k: v for k, v in self.generate.kwargs.items() if k != "n"}
+        return self.generate.row_multiplier(), self.generate.other_kwargs()
 
     def _requeue(self) -> None:
         """A resumed run: the checkpoint's drawn but untrained prompts start again, each as its draw's row, and

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import random
@@ -17,6 +16,7 @@ import transformers
 from tqdm import tqdm
 
 from flowrl.config import RunConfig, refuse_contradictions, used_sections, warn_no_effect
+from flowrl.data.imports import import_attribute
 from flowrl.data.prompts import PromptStream
 from flowrl.data.redact import redact
 from flowrl.data.tasks import Task, check_task
@@ -38,16 +38,14 @@ SHOWN = {"reward/mean": "reward", "eval/reward/mean": "eval", "actor/pg_loss": "
 
 
 def resolve_algorithm(name: str) -> Algorithm:
-    """A registered name ("grpo", see flowrl.graph.algorithm.ALGORITHMS) or "package.module:attribute"."""
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        algo = getattr(importlib.import_module(module), attr)
-    else:
-        import flowrl.algorithms  # noqa: F401 (the prebuilt ones register themselves in ALGORITHMS)
+    """A registered name ("grpo", see flowrl.graph.algorithm.ALGORITHMS), "package.module:attribute" (a module
+    in the working folder is found too) or "path/to/file.py:attribute" (flowrl.data.imports)."""
+    import flowrl.algorithms  # noqa: F401 (the prebuilt ones register themselves in ALGORITHMS)
 
-        if name not in ALGORITHMS:
-            raise ValueError(f"algorithm: unknown {name!r}; built in: {ALGORITHMS.names()} (or 'module:attribute')")
+    if name in ALGORITHMS:
         algo = ALGORITHMS.get(name)
+    else:
+        algo = import_attribute(name, "algorithm: ", ALGORITHMS.names())
     if not isinstance(algo, Algorithm):
         raise ValueError(f"algorithm: {name!r} is a {type(algo).__name__}, not an @flowrl.graph.algorithm")
     return algo
