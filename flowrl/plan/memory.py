@@ -92,7 +92,7 @@ def fit(cand: Candidate, shape: ModelShape, work: Work, roles: Roles, cluster: C
             refused = (f"vLLM would not start: gpu_memory_utilization={cand.gpu_memory_utilization:g} of the card "
                        f"is not free beside the train engines' {train['resident'] / GIB:.1f} GiB")
         return Fit({"global": OVERHEAD + peak}, refused, kv_tokens)
-    return Fit({"train": OVERHEAD + max(train.values()), "rollout": OVERHEAD + rollout_generating}, refused,
+    return Fit({"train": OVERHEAD + max(train.values()), "gen": OVERHEAD + rollout_generating}, refused,
                kv_tokens)
 
 
