@@ -1,6 +1,6 @@
 """Issue 43's bars on one GPU: the planner's layout against a small hand grid, same card, same run.
 
-For each Qwen2.5 shape (random bf16 weights, benchmarks/common.qwen_model; the 7B untied as published): asks
+For each Qwen2.5 shape (random bf16 weights, benchmarks/common.qwen_model, tied embeddings): asks
 `flowrl plan grpo --cluster found --write` for the chosen layout, then runs `flowrl train` with it and with each
 hand-grid variant for `--steps` steps, each in its own process; reads each run's metrics.jsonl (timing_s/step
 after the first step) and its peak memory (torch.cuda.max_memory_allocated, logged by the engines as
