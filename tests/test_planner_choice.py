@@ -173,3 +173,35 @@ def test_flowrl_plan_cluster_writes_a_config_train_takes(tmp_path):
 def _nodes(algo, cfg=None):
     placement = fl.Placement(pools=[fl.Pool(name="t", roles=["actor", "ref"]), fl.Pool(name="g", roles=["rollout"])])
     return graph_nodes(fl.compile_plan(algo, placement, INPUTS, ROLE_CLASSES, cfg))
+
+
+CASES = [(algo, name, spec) for algo in ("grpo", "ppo", "grpo_async") for name in ("0.5B", "7B", "32B")
+         for spec in ("1xH100-80G", "8xH100-80G", "2x8xH200-141G")] + \
+        [("grpo", "moe", spec) for spec in ("8xH100-80G", "8x8xH100-80G")]
+
+
+@pytest.mark.parametrize("algo,name,spec", CASES)
+def test_every_chosen_layout_builds_and_fits(algo, name, spec):
+    """29 graph x model x cluster cases: the choice fits the card or is refused naming options, and its pools
+    pass the per-rank batch split every pool's ranks build with (Pool.share, the factory's build-time check)."""
+    from flowrl.algorithms import ppo
+
+    graphs = {"grpo": (grpo, None), "ppo": (ppo, None), "grpo_async": (grpo_async, {"max_staleness": 1})}
+    algorithm, cfg = graphs[algo]
+    trained = ["actor", "critic"] if algorithm is ppo else ["actor"]
+    placement = fl.Placement(pools=[fl.Pool(name="t", roles=[*trained, "ref"]), fl.Pool(name="g", roles=["rollout"])])
+    nodes, depth = graph_nodes(fl.compile_plan(algorithm, placement, INPUTS, ROLE_CLASSES, cfg))
+    roles = Roles(trained=len(trained), frozen=1, rollout=True, compile=True)
+    cluster, s = ClusterConfig.parse(spec), moe() if name == "moe" else shape(name)
+    try:
+        best = PlannerConfig().build().choose(nodes, depth, s, WORK, roles, cluster, Space(), BATCH,
+                                              CostModel(cluster.kind)).best
+    except fl.PlanError as err:
+        assert "it would fit with" in str(err) and name != "0.5B"
+        return
+    assert best.fit.refused is None and max(best.fit.peak.values()) <= 0.95 * cluster.gpu_bytes
+    assert best.seconds > 0 and best.cand.train_gpus + best.cand.rollout_gpus == cluster.gpus
+    for world in {best.cand.train_gpus, best.cand.rollout_pool}:
+        pool = fl.Pool(name="p", roles=["actor"], world_size=world)
+        for field, total in {**BATCH, "micro_batch_size": best.cand.micro_batch_size}.items():
+            pool.share(total, f"train.{field}")  # raises where a rank's share is not whole
