@@ -46,6 +46,14 @@ def _parser() -> argparse.ArgumentParser:
                                                   "rest for training (default: every role on every GPU)")
     plan.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU (with --gpus)")
     plan.add_argument("--prompt-len", type=int, default=256, help="prompt tokens assumed for the estimate")
+    plan.add_argument("--gpus-per-node", type=int, default=8, help="GPUs a node has (with --gpus)")
+    plan.add_argument("--cluster", help="let the planner choose the layout for this cluster: NODESxGPUSxKIND, "
+                      "e.g. 1xH100-80G or 2x8xH100-80G; 'found': the GPUs torch or the Ray cluster sees")
+    plan.add_argument("--explain", action="store_true", help="with --cluster: table the candidates")
+    plan.add_argument("--write", help="with --cluster: write the chosen layout as a run config file (JSON) that "
+                      "flowrl train --config takes")
+    plan.add_argument("--allow-lora", action="store_true", help="with --cluster: the planner may train LoRA "
+                      "adapters (changes the math)")
     sub.add_parser("algorithms", help="list the registered algorithms (the prebuilt graphs), one line each")
     show = sub.add_parser("config", help="print every config field with its default and description, and each "
                                          "registered engine's own options")
@@ -179,11 +187,16 @@ def run(args: argparse.Namespace) -> int:
         check_plan_args(args)
         algo = trainer.resolve_algorithm(cfg.algorithm)
         task = trainer.run_task(cfg)
+        if args.cluster is not None:
+            from flowrl.runtime.auto_plan import print_choice
+
+            print(print_choice(cfg, algo, task, args))
+            return 0
         if args.gpus is not None:
             from flowrl.runtime.planning import plan_on_gpus
 
             print(plan_on_gpus(cfg, algo, task, args.gpus, args.nodes, args.split, args.gpu_memory_gib,
-                               args.prompt_len))
+                               args.prompt_len, args.gpus_per_node))
             return 0
         plan = trainer.make_plan(cfg, algo, task)
         print({"text": plan.describe, "mermaid": plan.mermaid, "dot": plan.dot}[args.format]())

@@ -44,21 +44,32 @@ class ModelShape:
     num_heads: int = 0  # the rest: for LoRA's adapter sizes
     intermediate_size: int = 0
     tied_embeddings: bool = True
+    active_params: int = 0  # parameters one token computes with (a mixture of experts: its top-k); 0: all
+    num_experts: int = 0  # routed experts of a mixture-of-experts layer; 0: a dense model
 
     @classmethod
     def from_config(cls, config: dict, dtype_bytes: int) -> "ModelShape":
-        """From a Hugging Face config.json's fields (a decoder-only transformer with tied or untied lm_head)."""
+        """From a Hugging Face config.json's fields (a decoder-only transformer with tied or untied lm_head;
+        Qwen2 q/k/v biases, Qwen3 q/k norms, and mixture-of-experts layers from the expert fields:
+        num_experts or num_local_experts, num_experts_per_tok, moe_intermediate_size, a shared expert,
+        decoder_sparse_step and mlp_only_layers)."""
         hidden, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
         heads = config["num_attention_heads"]
         kv_heads = config.get("num_key_value_heads") or heads
         head_dim = config.get("head_dim") or hidden // heads
-        inter = config.get("intermediate_size", 4 * hidden)
-        bias = config.get("attention_bias", config.get("model_type") == "qwen2")  # Qwen2 has q, k, v biases
+        inter = config.get("intermediate_size") or 4 * hidden
+        model_type = str(config.get("model_type", ""))
+        bias = config.get("attention_bias")
+        bias = model_type.startswith("qwen2") if bias is None else bias  # Qwen2 has q, k, v biases
         attention = hidden * head_dim * (heads * 2 + kv_heads * 2) + bias * head_dim * (heads + 2 * kv_heads)
-        per_layer = attention + 3 * hidden * inter + 2 * hidden
-        embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", True) else 2)
-        return cls(layers * per_layer + embeddings + hidden, layers, hidden, kv_heads, head_dim, vocab, dtype_bytes,
-                   heads, inter, config.get("tie_word_embeddings", True))
+        attention += 2 * head_dim * model_type.startswith("qwen3")  # Qwen3's q and k RMSNorms
+        dense, (sparse, active, experts) = 3 * hidden * inter, _moe_mlp(config, hidden, inter)
+        num_sparse = _sparse_layers(config, layers) if experts else 0
+        tied = config.get("tie_word_embeddings", True)
+        embeddings = vocab * hidden * (1 if tied else 2)
+        base = layers * (attention + 2 * hidden) + (layers - num_sparse) * dense + embeddings + hidden
+        return cls(base + num_sparse * sparse, layers, hidden, kv_heads, head_dim, vocab, dtype_bytes, heads, inter,
+                   tied, base + num_sparse * active, experts)
 
     @property
     def weight_bytes(self) -> int:
@@ -66,6 +77,10 @@ class ModelShape:
 
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+
+    def compute_params(self) -> int:
+        """Parameters each token computes with: all of a dense model, the routed top-k of a mixture of experts."""
+        return self.active_params or self.num_params
 
     def layer_params(self) -> int:
         return (self.num_params - self.embedding_params()) // self.num_layers
@@ -121,6 +136,26 @@ def frozen(shape: ModelShape, load: RankLoad, holds_weights: bool = True) -> dic
     """A no-grad engine: its weights sharded (none when it reads another engine's module), one forward pass."""
     return {"weights": shape.weight_bytes // load.ranks if holds_weights else 0,
             "activations": load.tokens * shape.num_layers * shape.hidden_size * FORWARD_BYTES}
+
+
+def _moe_mlp(config: dict, hidden: int, inter: int) -> tuple[int, int, int]:
+    """(parameters, parameters one token uses, routed experts) of one mixture-of-experts MLP; (0, 0, 0) dense."""
+    experts = config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts") or 0
+    if not experts:
+        return 0, 0, 0
+    expert = 3 * hidden * (config.get("moe_intermediate_size") or inter)
+    top_k = config.get("num_experts_per_tok") or 1
+    shared = config.get("shared_expert_intermediate_size") or 0  # Qwen2-MoE: one shared expert and its gate
+    shared = 3 * hidden * shared + hidden if shared else 0
+    shared += 3 * hidden * (config.get("moe_intermediate_size") or inter) * (config.get("n_shared_experts") or 0)
+    router = hidden * experts
+    return experts * expert + router + shared, top_k * expert + router + shared, experts
+
+
+def _sparse_layers(config: dict, layers: int) -> int:
+    """Decoder layers with a mixture-of-experts MLP (Qwen-MoE's decoder_sparse_step and mlp_only_layers)."""
+    step, dense = config.get("decoder_sparse_step") or 1, set(config.get("mlp_only_layers") or ())
+    return sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
 
 
 def kv_cache(shape: ModelShape, load: RankLoad) -> int:

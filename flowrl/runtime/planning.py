@@ -30,16 +30,19 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 def plan_on_gpus(cfg: RunConfig, algo: Algorithm, task: Any, gpus: int, nodes: int = 1, split: float | None = None,
-                 gpu_gib: float = 80.0, prompt_len: int = 256) -> str:
+                 gpu_gib: float = 80.0, prompt_len: int = 256, gpus_per_node: int | None = None) -> str:
     """The plan on `gpus` GPUs (pools, memory per GPU, graph); a PlanError when an estimate does not fit."""
     inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
     classes = cfg.role_classes(algo.roles)
     roles = model_roles(algo, inputs, classes, None)
     followers = tuple(r for r in roles if role_spec(r, classes.get(r)).weights_from)
+    if gpus_per_node is not None and gpus > 0 and nodes > 0 and gpus % nodes == 0 and gpus // nodes > gpus_per_node:
+        raise PlanError(f"placement: --gpus {gpus} on --nodes {nodes} is {gpus // nodes} GPUs a node, but a node "
+                        f"has {gpus_per_node} (--gpus-per-node); use --nodes {-(-gpus // gpus_per_node)}")
     placement = gpu_placement(roles, followers, gpus, nodes, split)
     cfg = cfg.model_copy(update={"placement": placement, "train": cfg.train.model_copy(update={"device": "cuda"})})
     plan = make_plan(cfg, algo, task)
-    shape, work, per_gpu = _estimate(cfg, plan, _model_config(cfg, task), prompt_len)
+    shape, work, per_gpu = _estimate(cfg, plan, model_config(cfg, task), prompt_len)
     check_fits(plan, per_gpu, int(gpu_gib * GIB))
     pools = {pool.name: pool for pool in plan.pools.values()}
     header = (f"{gpus} GPUs on {nodes} node(s), {gpu_gib:g} GiB each; model {shape.num_params / 1e6:.1f}M "
@@ -110,7 +113,7 @@ def _engines(cfg: RunConfig, plan: Plan) -> dict[str, EngineConfig]:
     return {role: section.engine for role, section in sections.items() if isinstance(section, EngineRoleConfig)}
 
 
-def _model_config(cfg: RunConfig, task: Any) -> dict:
+def model_config(cfg: RunConfig, task: Any) -> dict:
     if cfg.model.path is not None:
         return json.loads((Path(cfg.model.path) / "config.json").read_text())
     transformers.utils.logging.disable_progress_bar()

@@ -1,0 +1,88 @@
+"""The cost model: seconds of each kind of node on a candidate layout, from constants measured per device kind.
+
+DEVICES is the table the project ships: one row per GPU kind, each figure from a run on that card
+(docs/benchmarks.md, shared PERF_NOTES):
+- memory: usable bytes of one card as torch reports them (H100 80GB: 79.2 GiB; H200: 140.4 GiB);
+- train_mfu: model-FLOPs utilisation of a compiled update at large micro-batches (41.1% and 38.8% measured on
+  an H200 for the 0.5B shape); `half_mfu_tokens`: tokens per rank per micro-batch at which it is halved;
+- decode step overheads: hf_static's captured decode loop runs 512 rows x 256 tokens at 108.5k tok/s on the
+  0.5B shape (4.7 ms a step, of which the weights' and KV cache's reads are under 1 ms); vLLM with CUDA graphs
+  took 10.6 s a step where hf_static took 9.2 s (1.5B, 1024 long-tailed tokens) and 24.9 s eager;
+- weight sync: 0.14-0.21 s a sync of the 0.5B shape (about 1 GB) into an in-process vLLM; sleep level 1 frees
+  42 GiB in 0.9 s and wakes in 0.09 s; PCIe, NVLink and InfiniBand bandwidths as usually reached.
+An H100 row shares the H200's compute figures (same SM count and clocks) with its own memory and bandwidth.
+
+`CostModel.refine` scales each kind of node by what a run's own first steps measured (`timing_s/<node>`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    memory_gib: float  # usable memory of one card
+    peak_tflops: float  # dense bf16 tensor-core peak
+    hbm_gbs: float  # memory bandwidth, GB/s
+    train_mfu: float = 0.40
+    half_mfu_tokens: int = 1024  # tokens per rank and micro-batch at which the MFU is halved
+    prefill_mfu: float = 0.35
+    hf_static_step_s: float = 0.0040  # per decode step, beyond the reads (the captured loop's sampling etc.)
+    vllm_step_s: float = 0.0060  # the same for vLLM with CUDA graphs
+    vllm_eager_step_s: float = 0.0200  # and for eager vLLM
+    sync_gbs: float = 6.0  # an in-process weight sync into vLLM (bucketed), GB/s
+    sync_fixed_s: float = 0.05
+    pcie_gbs: float = 25.0  # host <-> device copies (offload, sleep level 1)
+    nvlink_gbs: float = 300.0  # a collective's bandwidth inside a node
+    network_gbs: float = 25.0  # across nodes (InfiniBand, one NIC a GPU)
+    cpu_adam_gparams_s: float = 1.0  # AdamW on the CPU (FSDP2 offload), billions of parameters a second
+    driver_row_s: float = 2e-5  # a driver node (score, advantages) per row
+    step_fixed_s: float = 0.05  # a step's own overhead (batching, metrics)
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * GIB)
+
+
+DEVICES: dict[str, DeviceKind] = {
+    "H100-80G": DeviceKind(memory_gib=79.2, peak_tflops=989.0, hbm_gbs=3350.0),
+    "H200-141G": DeviceKind(memory_gib=140.4, peak_tflops=989.0, hbm_gbs=4800.0, pcie_gbs=50.0),
+    "A100-80G": DeviceKind(memory_gib=79.2, peak_tflops=312.0, hbm_gbs=2039.0, nvlink_gbs=200.0,
+                           hf_static_step_s=0.006, vllm_step_s=0.008, vllm_eager_step_s=0.025),
+    "A100-40G": DeviceKind(memory_gib=39.4, peak_tflops=312.0, hbm_gbs=1555.0, nvlink_gbs=200.0,
+                           hf_static_step_s=0.006, vllm_step_s=0.008, vllm_eager_step_s=0.025),
+    "L40S-48G": DeviceKind(memory_gib=44.4, peak_tflops=362.0, hbm_gbs=864.0, nvlink_gbs=25.0,
+                           hf_static_step_s=0.006, vllm_step_s=0.008, vllm_eager_step_s=0.025),
+}
+
+CATEGORIES = ("generate", "forward", "update", "sync", "driver")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Node costs on one device kind; `scale` multiplies a category's prediction (refined from a run)."""
+
+    device: DeviceKind
+    scale: tuple[tuple[str, float], ...] = ()
+
+    def scaled(self, category: str, seconds: float) -> float:
+        return seconds * dict(self.scale).get(category, 1.0)
+
+    def refine(self, predicted: dict[str, float], measured: list[dict[str, float]],
+               categories: dict[str, str]) -> "CostModel":
+        """Each category scaled by the median over a run's steps (its first left out, it compiles) of measured
+        over predicted seconds of its nodes (`timing_s/<node>`); `categories` maps node names to categories."""
+        steps = measured[1:] or measured
+        ratios: dict[str, list[float]] = {}
+        for name, category in categories.items():
+            seen = [row[f"timing_s/{name}"] for row in steps if f"timing_s/{name}" in row]
+            if seen and predicted.get(name, 0) > 0:
+                ratios.setdefault(category, []).append(statistics.median(seen) / predicted[name])
+        scale = dict(self.scale)
+        for category, values in ratios.items():
+            scale[category] = scale.get(category, 1.0) * statistics.median(values)
+        return replace(self, scale=tuple(sorted(scale.items())))

@@ -1,0 +1,137 @@
+"""The memory model of a candidate: bytes per GPU in each phase of a step, and what the engines refuse at build.
+
+Train pool, per GPU (the train engines' own estimates, flowrl.engines.hf_configs.HFTrainConfig.estimate_memory,
+sharded over the pool by FSDP2):
+- resident between passes: each trained role's weights and AdamW moments (not with offload_optimizer: they
+  wait on the CPU), each frozen role's weights (none where a LoRA actor lends its base);
+- an update: resident + the role's gradients, one micro-batch's activations (checkpointed: the layers' inputs)
+  and its logits; with offload_optimizer the optimizer step then holds weights, gradients and the moments;
+- the rollout on the same pool: hf_static keeps its own copy of the weights (none on one GPU: it generates
+  with the actor's module) and its static KV cache of its rows at full length, through every phase, plus the
+  sampling logits while it generates; vLLM pre-allocates `gpu_memory_utilization` of the card (weights, its
+  profile run's activations, CUDA graphs, the rest KV cache) and holds it all the time at sleep level 0; at
+  level 1 or 2 it frees it outside generation (1: weights to CPU memory, 2: dropped and resent by the sync).
+  vLLM refuses to start unless that share is free when it starts (the train engine is resident then) and
+  unless its share holds the weights, the profile and at least one sequence of KV cache.
+A rollout pool of its own holds one engine's share alone. Each GPU also carries OVERHEAD (CUDA context, NCCL,
+allocator fragmentation). Refusals are the engines' own build-time checks, in one line each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flowrl.engines.hf_configs import HFTrainConfig
+from flowrl.engines.memory import GIB, ModelShape, RankLoad, kv_cache
+from flowrl.plan.candidates import Candidate, Work
+from flowrl.plan.cluster import ClusterConfig
+
+OVERHEAD = int(2.0 * GIB)  # per GPU: CUDA context, NCCL buffers, the allocator's fragmentation
+VLLM_ASLEEP = int(1.0 * GIB)  # what a sleeping vLLM keeps on the GPU (CUDA graphs, its context)
+VLLM_GRAPHS = int(0.5 * GIB)  # CUDA graphs vLLM captures
+VLLM_PROFILE_TOKENS = 8192  # vLLM's profile run: max_num_batched_tokens tokens at once
+
+
+@dataclass(frozen=True)
+class Roles:
+    """What a plan asks of its pools: trained roles, frozen roles, whether one follows weights (a rollout)."""
+
+    trained: int = 1
+    frozen: int = 0
+    frozen_lent: bool = False  # the frozen role reads its base's module under LoRA (a reference policy)
+    rollout: bool = True
+    compile: bool = False
+
+
+@dataclass(frozen=True)
+class Fit:
+    peak: dict[str, int]  # pool -> bytes per GPU at its highest phase
+    refused: str | None = None  # an engine's build-time refusal, one line
+    kv_tokens: int = 0  # KV cache tokens one rollout replica holds
+
+    def fits(self, gpu_bytes: int) -> bool:
+        return self.refused is None and max(self.peak.values()) <= gpu_bytes
+
+
+def refusal(cand: Candidate, shape: ModelShape, work: Work, cluster: ClusterConfig, batch: dict[str, int]
+            ) -> str | None:
+    """The first build-time check an engine would fail for this layout, as the one line it prints; else None."""
+    k, pool = cand.tensor_parallel, cand.rollout_pool
+    if pool % k:
+        return f"roles.rollout.tensor_parallel_size={k} does not divide the rollout pool's {pool} GPUs"
+    if k > cluster.gpus_per_node:
+        return f"roles.rollout.tensor_parallel_size={k} spans nodes of {cluster.gpus_per_node} GPUs"
+    if shape.num_heads % k or (shape.num_kv_heads % k and k % shape.num_kv_heads):
+        return (f"roles.rollout.tensor_parallel_size={k} does not divide the model's {shape.num_heads} attention "
+                f"heads and {shape.num_kv_heads} KV heads")
+    if work.stream and cand.engine == "vllm" and k > 1:
+        return f"roles.rollout.tensor_parallel_size={k}: streamed rollouts need one vLLM engine per rank"
+    if cand.offload_params and cand.train_gpus == 1:
+        return "roles.actor.offload_params needs FSDP2, over 2 or more ranks"
+    for world in {cand.train_gpus, cand.rollout_pool}:
+        for name, total in batch.items():
+            if total % world:
+                return f"train.{name}={total} must be divisible by the world_size {world} of a pool"
+    return None
+
+
+def fit(cand: Candidate, shape: ModelShape, work: Work, roles: Roles, cluster: ClusterConfig,
+        batch: dict[str, int]) -> Fit:
+    """Per-GPU peaks of the candidate's pools, or the refusal an engine would raise at build."""
+    refused = refusal(cand, shape, work, cluster, batch)
+    train = train_phases(cand, shape, work, roles)
+    card = cluster.gpu_bytes
+    if not roles.rollout:
+        return Fit({"train": OVERHEAD + max(train.values())}, refused)
+    rollout_held, rollout_generating, kv_tokens, vllm_refusal = rollout_bytes(cand, shape, work, card)
+    refused = refused or vllm_refusal
+    if cand.colocated:
+        idle = VLLM_ASLEEP if cand.engine == "vllm" and cand.sleep_level else rollout_held
+        peak = max(train["resident"] + rollout_generating, max(train.values()) + idle)
+        if cand.engine == "vllm" and train["resident"] + rollout_generating + OVERHEAD > card and refused is None:
+            refused = (f"vLLM would not start: gpu_memory_utilization={cand.gpu_memory_utilization:g} of the card "
+                       f"is not free beside the train engines' {train['resident'] / GIB:.1f} GiB")
+        return Fit({"global": OVERHEAD + peak}, refused, kv_tokens)
+    return Fit({"train": OVERHEAD + max(train.values()), "gen": OVERHEAD + rollout_generating}, refused,
+               kv_tokens)
+
+
+def train_phases(cand: Candidate, shape: ModelShape, work: Work, roles: Roles) -> dict[str, int]:
+    """Bytes per GPU of the train pool: resident, during an update, during an offloaded optimizer step."""
+    world = cand.train_gpus
+    load = RankLoad(world, rows=-(-work.rows // world), seq_len=work.seq_len,
+                    tokens=-(-cand.micro_batch_size // world) * work.seq_len,
+                    gradient_checkpointing=cand.gradient_checkpointing)
+    engine = HFTrainConfig.model_validate({"offload_params": cand.offload_params, "lora_rank": cand.lora_rank,
+                                           "compile": roles.compile})
+    parts = engine.estimate_memory(shape, load)
+    frozen = engine.estimate_memory(shape, load, trainable=False, base_lent=roles.frozen_lent)
+    moments = 0 if cand.offload_optimizer else parts["optimizer"]
+    resident = roles.trained * (parts["weights"] + moments) + roles.frozen * frozen["weights"]
+    phases = {"resident": resident,
+              "update": resident + parts["gradients"] + parts["activations"] + parts["logits"],
+              "forward": resident + frozen["activations"] + parts["logits"]}
+    if cand.offload_optimizer:
+        phases["optimizer step"] = resident + parts["gradients"] + parts["optimizer"]
+    return phases
+
+
+def rollout_bytes(cand: Candidate, shape: ModelShape, work: Work, card: int) -> tuple[int, int, int, str | None]:
+    """(held between generations, held while generating, KV tokens of one replica, a vLLM refusal)."""
+    rows = -(-work.rows // cand.replicas)
+    kv_token = kv_cache(shape, RankLoad(1, rows=1, seq_len=1, tokens=1))
+    if cand.engine != "vllm":
+        shared = cand.colocated and cand.train_gpus == 1
+        held = (0 if shared else shape.weight_bytes) + rows * work.seq_len * kv_token
+        return held, held + 2 * rows * shape.vocab_size * 4, rows * work.seq_len, None
+    k = cand.tensor_parallel
+    reserve = int(cand.gpu_memory_utilization * card)
+    profile = VLLM_PROFILE_TOKENS * (34 * shape.hidden_size + 2 * 4 * shape.vocab_size // k)
+    free = reserve - shape.weight_bytes // k - profile - VLLM_GRAPHS
+    kv_tokens = max(0, free) * k // kv_token
+    if kv_tokens < work.seq_len:
+        return reserve, reserve, kv_tokens, (
+            f"vLLM would find no room for one {work.seq_len}-token sequence's KV cache in "
+            f"gpu_memory_utilization={cand.gpu_memory_utilization:g} of {card / GIB:.0f} GiB at "
+            f"tensor_parallel_size={k} (weights {shape.weight_bytes / k / GIB:.1f} GiB a GPU)")
+    return reserve, reserve, kv_tokens, None

@@ -1,0 +1,128 @@
+"""`flowrl plan ALGO --cluster 2x8xH100-80G [--explain] [--write FILE]`: the planner chooses the layout.
+
+Traces the algorithm onto a split placement (so the graph shows which nodes may overlap), reads the model's
+shape from its config.json and the step's load from the run config, and asks flowrl.plan.choose for the
+fastest layout that fits. The choice is written as a run config file (the user's values with the chosen
+placement and engine options) that `flowrl train --config FILE` takes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from flowrl.config import RunConfig
+from flowrl.engines.memory import GIB, ModelShape
+from flowrl.graph.algorithm import Algorithm
+from flowrl.graph.role import role_spec
+from flowrl.graph.trace import NodeKind
+from flowrl.plan.candidates import Candidate, Space, Work
+from flowrl.plan.choose import Choice, PlannerConfig
+from flowrl.plan.cluster import ClusterConfig
+from flowrl.plan.costs import CostModel
+from flowrl.plan.memory import Roles
+from flowrl.plan.placement import Placement, Pool
+from flowrl.plan.planner import model_roles
+from flowrl.plan.simulate import graph_nodes
+from flowrl.runtime.planning import DTYPE_BYTES, make_plan, model_config
+
+MEAN_SHARE = 0.5  # expected mean response length as a share of max_new_tokens (long-tailed work)
+
+
+def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, prompt_len: int = 256,
+           planner: PlannerConfig | None = None) -> tuple[Choice, dict[str, Any]]:
+    """The planner's choice on `cluster` and the run config values that carry it out."""
+    inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
+    classes = cfg.role_classes(algo.roles)
+    roles = model_roles(algo, inputs, classes, None)
+    followers = [r for r in roles if role_spec(r, classes.get(r)).weights_from]
+    others = [r for r in roles if r not in followers]
+    pools = [Pool(name="train", roles=others, device="cuda")] + \
+        ([Pool(name="generate", roles=followers, device="cuda")] if followers else [])
+    plan = make_plan(cfg.model_copy(update={"placement": Placement(pools=pools)}), algo, task)
+    nodes, depth = graph_nodes(plan)
+    shape = ModelShape.from_config(model_config(cfg, task), DTYPE_BYTES[cfg.model.dtype])
+    n = max([node.kwargs.get("n", 1) for node in plan.nodes if node.kind is NodeKind.ROWS] or [1])
+    rows, new = cfg.train.batch_size * n, cfg.rollout.max_new_tokens
+    stream = any(node.kwargs.get("stream") for node in plan.nodes if node.kind is NodeKind.BUFFER)
+    work = Work(rows=rows, prompt_len=cfg.data.max_prompt_length or prompt_len, response_len=new,
+                mean_response_len=new * MEAN_SHARE, mini_batch_size=cfg.train.mini_batch_size,
+                epochs=cfg.train.epochs, stream=stream)
+    trained = [r for r in plan.pools if plan.specs[r].trainable]
+    frozen = [r for r in plan.pools if r not in trained and r not in followers]
+    lora = getattr(cfg.section(trained[0]).engine, "lora_rank", 0) if trained else 0
+    actor = cfg.section(trained[0]).engine if trained else None
+    summary = Roles(trained=len(trained), frozen=len(frozen), frozen_lent=bool(lora), rollout=bool(followers),
+                    compile=bool(getattr(actor, "compile", False)))
+    batch = {"mini_batch_size": cfg.train.mini_batch_size,
+             "forward_micro_batch_size": cfg.train.forward_micro_batch_size or cfg.train.micro_batch_size}
+    space = Space(lora_ranks=(lora,), gradient_checkpointing=(True,) if cfg.model.gradient_checkpointing
+                  else (False, True))
+    choice = (planner or PlannerConfig()).build().choose(nodes, depth, shape, work, summary, cluster, space, batch,
+                                                         CostModel(cluster.kind))
+    return choice, overrides(choice.best.cand, others, followers, trained, choice)
+
+
+def overrides(cand: Candidate, others: list[str], followers: list[str], trained: list[str],
+              choice: Choice) -> dict[str, Any]:
+    """Run config values (dotted keys) for the chosen candidate."""
+    pools = [{"name": "global", "roles": others + followers, "world_size": cand.train_gpus, "device": "cuda"}] \
+        if cand.colocated else [{"name": "train", "roles": others, "world_size": cand.train_gpus, "device": "cuda"},
+                                {"name": "generate", "roles": followers, "world_size": cand.rollout_gpus,
+                                 "device": "cuda"}]
+    out: dict[str, Any] = {"placement": {"pools": pools}, "train.device": "cuda",
+                           "train.micro_batch_size": cand.micro_batch_size,
+                           "model.gradient_checkpointing": cand.gradient_checkpointing}
+    for role in trained:
+        out[f"roles.{role}.offload_optimizer"] = cand.offload_optimizer
+        out[f"roles.{role}.offload_params"] = cand.offload_params
+    for role in followers:
+        out[f"roles.{role}.engine"] = cand.engine
+        if cand.engine == "vllm":
+            out.update({f"roles.{role}.tensor_parallel_size": cand.tensor_parallel,
+                        f"roles.{role}.gpu_memory_utilization": cand.gpu_memory_utilization,
+                        f"roles.{role}.enforce_eager": False,
+                        f"roles.{role}.free_cache_engine": cand.sleep_level if cand.colocated else 0})
+    out["plan.predicted"] = {"step_s": round(choice.best.seconds, 3),
+                             "peak_gib": round(max(choice.best.fit.peak.values()) / GIB, 2)}
+    return out
+
+
+def write(values: dict[str, Any], raw: dict[str, Any], path: Path) -> None:
+    """The user's raw config values with the chosen ones, nested, as JSON (refuses to overwrite a file)."""
+    nested = json.loads(json.dumps(raw))
+    for key, value in values.items():
+        if key == "plan.predicted":
+            continue
+        parts, at = key.split("."), nested
+        for part in parts[:-1]:
+            at = at.setdefault(part, {})
+        at[parts[-1]] = value
+    if path.exists():
+        raise ValueError(f"--write {path}: the file exists; give a new path")
+    path.write_text(json.dumps(nested, indent=2) + "\n")
+
+
+def print_choice(cfg: RunConfig, algo: Algorithm, task: Any, args: Any) -> str:
+    """`flowrl plan --cluster`: the chosen layout (with --explain, the candidates), written with --write."""
+    from flowrl.config.loading import read_config_file
+    from flowrl.plan.cluster import detect
+
+    cluster = detect(cfg.train.executor == "ray") if args.cluster == "found" else ClusterConfig.parse(args.cluster)
+    choice, values = choose(cfg, algo, task, cluster, args.prompt_len, PlannerConfig(allow_lora=args.allow_lora))
+    lines = [choice.explain() if args.explain else f"chosen on {cluster.describe()}: {choice.best.cand.label()}",
+             f"predicted {choice.best.seconds:.2f} s/step, peak {max(choice.best.fit.peak.values()) / GIB:.1f} "
+             f"GiB per GPU", "run config values: " + ", ".join(f"{k}={v}" for k, v in values.items()
+                                                                if k not in ("placement", "plan.predicted"))]
+    if args.write:
+        raw = read_config_file(args.config) if args.config else {}
+        for item in args.set:
+            key, _, value = item.partition("=")
+            parts, at = key.split("."), raw
+            for part in parts[:-1]:
+                at = at.setdefault(part, {})
+            at[parts[-1]] = value
+        write(values, raw, Path(args.write))
+        lines.append(f"wrote {args.write}: flowrl train {algo.name} --config {args.write}")
+    return "\n".join(lines)
