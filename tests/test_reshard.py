@@ -119,3 +119,49 @@ def test_colocated_reshard_equals_the_gather_path(world, tmp_path):
             assert r["moved"].received < r["kept"] and r["moved"].peak_bucket <= 2 * BUCKET, r
             if r["tp"] > 1:  # a tensor rank keeps 1/tp of most entries: it receives well under the gather
                 assert r["moved"].received < 0.75 * r["gathered"][1], r
+
+
+def _split_rank(rank, out, tp, stall):
+    """Train ranks 0, 1 (FSDP2's torch.chunk rows of the model) and rollout ranks 2, 3 in one gloo group; with
+    `stall`, train rank 1 never takes part."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank, world_size=4,
+                            timeout=__import__("datetime").timedelta(seconds=60))
+    model = _model()
+    full = {name: t.detach() for name, t in model.state_dict().items()}
+    shards = {name: t.chunk(2)[rank] for name, t in full.items()} if rank < 2 else {}
+    layout = Layout(tp, 2 // tp, HEADS, KV_HEADS)
+    plans, moved = plan(_entries(model), layout, [0, 1], [2, 3]), Moved()
+    if stall and rank == 1:
+        time.sleep(12)
+        return
+    start = time.perf_counter()
+    try:
+        kept = list(reshard(dist.group.WORLD, rank, plans, shards, device=torch.device("cpu"), bucket_bytes=BUCKET,
+                            timeout_s=3 if stall else 60, moved=moved))
+        result = dict(equal=rank < 2 or _compare(full, kept, layout, rank - 2), moved=moved,
+                      planned=sync_bytes(plans, rank), kept=sum(k.tensor.numel() * 4 for k in kept))
+    except WeightSyncTimeout as err:
+        result = dict(error=str(err), seconds=time.perf_counter() - start)
+    torch.save(result, out / f"rank{rank}.pt")
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_split_pools_each_rollout_rank_receives_its_shard_only(tp, tmp_path):
+    """2 train ranks -> 2 rollout ranks (tp 2, or 2 replicas): bit-equal to vLLM reading the whole tensors, and
+    a rollout rank receives exactly what it keeps (today: the whole model from train rank 0)."""
+    mp.start_processes(_split_rank, args=(tmp_path, tp, False), nprocs=4, start_method=START_METHOD)
+    whole = sum(t.numel() * 4 for t in _model().state_dict().values())
+    for rank in range(4):
+        r = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert r["equal"] and (r["moved"].sent, r["moved"].received) == r["planned"], r
+        if rank >= 2:
+            assert r["moved"].received == r["kept"] and r["kept"] <= (whole if tp == 1 else 0.6 * whole), r
+
+
+def test_a_train_rank_that_stalls_is_a_named_error_within_the_deadline(tmp_path):
+    mp.start_processes(_split_rank, args=(tmp_path, 2, True), nprocs=4, start_method=START_METHOD)
+    for rank in (2, 3):  # the rollout ranks wait on train rank 1's pieces
+        r = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert "the receive from rank 1 got no answer within 3 s (sync.timeout_s)" in r["error"], r
+        assert r["seconds"] < 10, r
