@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from flowrl.data.scoring_pool import call_with_deadline
+from flowrl.engines.reshard_plan import check_layout
 
 if TYPE_CHECKING:
     from flowrl.engines.vllm_rollout import VLLMRolloutEngine
@@ -113,7 +114,8 @@ def _tensor_parallel_ranks(size: int) -> int:
     if size == 1:
         return 1
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    if world != size:
+    check_layout(world, size)  # one line for a layout that does not divide, before vLLM starts
+    if world != size:  # data-parallel replicas of a TP engine: planned (reshard_plan.Layout), not yet wired
         raise ValueError(f"roles.rollout.tensor_parallel_size={size} needs torchrun with exactly {size} ranks, "
                          f"got world size {world}")
     return size

@@ -15,6 +15,7 @@ driver calls every rank of a pool.
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import time
@@ -60,6 +61,9 @@ class PoolWorker:
         if shipped is not None:
             factory = factory.relocated({path: folder.local() for path, folder in shipped.items()})
         if world_size > 1:
+            host, port = address.removeprefix("tcp://").rsplit(":", 1)  # what vLLM's external launcher reads
+            os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world_size), MASTER_ADDR=host,
+                              MASTER_PORT=port)
             if device == "cuda":
                 torch.cuda.set_device(0)  # Ray makes this worker's one GPU the only visible device
             dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=address, rank=rank,
