@@ -6,12 +6,14 @@ refusal."""
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 from flowrl import cli
 from flowrl.config import load_run_config
 from flowrl.config.verl_args import from_verl, parse_value
+from flowrl.config.verl_keys import TABLE, table_markdown
 from flowrl.graph.algorithm import ALGORITHMS
 
 AR = "actor_rollout_ref"
@@ -234,3 +236,11 @@ def test_a_verl_config_file_is_the_same_as_its_keys(tmp_path, data):
                                         ("['a.parquet', 'b.parquet']", ["a.parquet", "b.parquet"]), ("null", None)])
 def test_hydra_values_parse_as_verl_reads_them(raw, value):
     assert parse_value(raw) == value
+
+
+def test_the_docs_table_is_the_mapping():
+    """docs/verl.md's table is flowrl.config.verl_keys.TABLE as table_markdown() writes it: regenerate the page's
+    table from it when a key changes."""
+    page = (Path(__file__).parent.parent / "docs" / "verl.md").read_text()
+    assert page.endswith(table_markdown()), "docs/verl.md: its table is not verl_keys.table_markdown()'s"
+    assert all(f"| `{entry.key}` |" in page for entry in TABLE)
