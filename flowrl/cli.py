@@ -80,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--output", required=True, help="the Hugging Face folder to write")
     export.add_argument("--task", help="your own task.name (module:attribute) when the run's is not built in: "
                                        "export imports no code named in a run folder")
+    plot = sub.add_parser("plot", help="a PNG of runs' metrics.jsonl (reward, eval accuracy, KL, response length, "
+                                       "entropy, step time by node), several runs on shared axes")
+    plot.add_argument("runs", nargs="+", metavar="RUN", help="a run's train.output_dir, or its metrics.jsonl")
+    plot.add_argument("--output", default="metrics.png", help="the PNG to write (beside it, the plotted series "
+                                                              "as .json)")
     trust = sub.add_parser("trust", help="sign a run folder's checkpoints with your key (flowrl.runtime.signing): "
                                          "only signed ones resume or export")
     trust.add_argument("folder", help="a step folder, a checkpoints folder or a run's output_dir")
@@ -203,6 +208,11 @@ def run(args: argparse.Namespace) -> int:
         from flowrl.runtime.export import export
 
         print(f"exported {export(args.checkpoint, args.output, task=args.task)}")
+        return 0
+    if args.command == "plot":
+        from flowrl.runtime.plotting import plot_runs
+
+        print(f"plotted {len(args.runs)} run(s) -> {plot_runs(args.runs, args.output)}")
         return 0
     if args.command == "trust":
         from flowrl.runtime.checkpoint import trust
