@@ -148,11 +148,36 @@ def config_from_args(args: argparse.Namespace) -> Any:
     if args.output_dir:
         overrides.append(f"train.output_dir={args.output_dir}")
     try:
-        return load_run_config(args.config, overrides)
+        cfg = load_run_config(args.config, overrides)
     except ValueError as err:
         from flowrl.config.verl_args import verl_hint
 
         raise ValueError(verl_hint(args.set, lambda word: refused(args.config, word)) or str(err)) from None
+    if not any(o.startswith("train.output_dir=") for o in overrides) and not set_in_file(args.config):
+        cfg.train.output_dir = default_output_dir(cfg.algorithm)
+    return cfg
+
+
+def set_in_file(config: str | None) -> bool:
+    from flowrl.config import read_config_file
+
+    return bool(config) and "output_dir" in (read_config_file(config).get("train") or {})
+
+
+def default_output_dir(algorithm: str) -> str:
+    """`flowrl train` without train.output_dir: a folder of its own, runs/<algorithm>-<start time>, as verl's
+    experiment folders; the ranks of one torchrun job agree on it (their launcher's start time)."""
+    import time
+
+    name = algorithm.rsplit(":", 1)[-1].rsplit("/", 1)[-1].removesuffix(".py")
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:  # every rank is a child of the same torchrun agent: its start time
+        import psutil
+    except ImportError:
+        return f"runs/{name}-torchrun-{os.getppid()}"
+    started = psutil.Process(os.getppid()).create_time()
+    return f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(started))}"
 
 
 def refused(config: str | None, word: str) -> bool:
