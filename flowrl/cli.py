@@ -26,8 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (("train", "train with an algorithm"), ("plan", "print the compiled plan, load nothing")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("algorithm", nargs="?", default="grpo",
-                       help="a built-in name (grpo, ppo, dppo, ...) or module:attribute")
+        p.add_argument("algorithm", nargs="?", help="a built-in name (grpo, ppo, dppo, ...) or module:attribute "
+                                                    "(default grpo; with --verl: verl's algorithm keys)")
         p.add_argument("--config", help="a JSON, YAML or TOML file of RunConfig values")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override one value, e.g. --set train.steps=20 --set algo.group_size=4; a bare "
@@ -35,6 +35,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--steps", type=int, help="shorthand for --set train.steps=N")
         p.add_argument("--output-dir", help="shorthand for --set train.output_dir=DIR")
         p.add_argument("--no-progress", action="store_true", help="no progress bar or per-step lines")
+        p.add_argument("--verl", action="store_true", help="the bare KEY=VALUE words are verl's hydra keys "
+                       "(algorithm.adv_estimator=grpo data.train_batch_size=... actor_rollout_ref....), mapped "
+                       "onto flowrl's (docs/verl.md); --set still takes flowrl's keys")
+        p.add_argument("--verl-config", metavar="FILE.yaml", help="verl's config tree (as --verl's keys; a word wins)")
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the full traceback of an error")
     plan = sub.choices["plan"]
@@ -84,6 +88,11 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--output", required=True, help="the Hugging Face folder to write")
     export.add_argument("--task", help="your own task.name (module:attribute) when the run's is not built in: "
                                        "export imports no code named in a run folder")
+    plot = sub.add_parser("plot", help="a PNG of runs' metrics.jsonl (reward, eval accuracy, KL, response length, "
+                                       "entropy, step time by node), several runs on shared axes")
+    plot.add_argument("runs", nargs="+", metavar="RUN", help="a run's train.output_dir, or its metrics.jsonl")
+    plot.add_argument("--output", default="metrics.png", help="the PNG to write (beside it, the plotted series "
+                                                              "as .json)")
     trust = sub.add_parser("trust", help="sign a run folder's checkpoints with your key (flowrl.runtime.signing): "
                                          "only signed ones resume or export")
     trust.add_argument("folder", help="a step folder, a checkpoints folder or a run's output_dir")
@@ -141,12 +150,69 @@ def print_config(algorithm: str | None) -> None:
 def config_from_args(args: argparse.Namespace) -> Any:
     from flowrl.config import load_run_config
 
-    overrides = [f"algorithm={args.algorithm}", *args.set]
+    overrides = [*verl_overrides(args), *args.set]
     if args.steps is not None:
         overrides.append(f"train.steps={args.steps}")
     if args.output_dir:
         overrides.append(f"train.output_dir={args.output_dir}")
-    return load_run_config(args.config, overrides)
+    try:
+        cfg = load_run_config(args.config, overrides)
+    except ValueError as err:
+        from flowrl.config.verl_args import verl_hint
+
+        raise ValueError(verl_hint(args.set, lambda word: refused(args.config, word)) or str(err)) from None
+    if not any(o.startswith("train.output_dir=") for o in overrides) and not set_in_file(args.config):
+        cfg.train.output_dir = default_output_dir(cfg.algorithm)
+    return cfg
+
+
+def set_in_file(config: str | None) -> bool:
+    from flowrl.config import read_config_file
+
+    return bool(config) and "output_dir" in (read_config_file(config).get("train") or {})
+
+
+def default_output_dir(algorithm: str) -> str:
+    """`flowrl train` without train.output_dir: a folder of its own, runs/<algorithm>-<start time>, as verl's
+    experiment folders; the ranks of one torchrun job agree on it (their launcher's start time)."""
+    import time
+
+    name = algorithm.rsplit(":", 1)[-1].rsplit("/", 1)[-1].removesuffix(".py")
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:  # every rank is a child of the same torchrun agent: its start time
+        import psutil
+    except ImportError:
+        return f"runs/{name}-torchrun-{os.getppid()}"
+    started = psutil.Process(os.getppid()).create_time()
+    return f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(started))}"
+
+
+def refused(config: str | None, word: str) -> bool:
+    from flowrl.config import load_run_config
+
+    try:
+        load_run_config(config, [word])
+    except ValueError:
+        return True
+    return False
+
+
+def verl_overrides(args: argparse.Namespace) -> list[str]:
+    """`algorithm=NAME` and, with --verl or --verl-config, the verl keys' flowrl overrides: each key flowrl
+    cannot honour named on stderr, the command it runs as on stdout."""
+    if not (args.verl or args.verl_config):
+        return [f"algorithm={args.algorithm}"]
+    from flowrl.config.verl_args import from_verl
+
+    mapped = from_verl(args.verl_words, args.verl_config)
+    if args.algorithm not in (None, mapped.algorithm):
+        raise ValueError(f"{args.algorithm}: with --verl the algorithm comes from verl's keys, here {mapped.algorithm}")
+    if os.environ.get("RANK", "0") == "0":
+        for note in mapped.notes:
+            print(f"flowrl: verl: {note}", file=sys.stderr)
+        print(f"flowrl: running as: {mapped.command()}{''.join(f' --set {w}' for w in args.set)}", flush=True)
+    return [f"algorithm={mapped.algorithm}", *mapped.words()]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -176,12 +242,17 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"exported {export(args.checkpoint, args.output, task=args.task)}")
         return 0
+    if args.command == "plot":
+        from flowrl.runtime.plotting import plot_runs
+
+        print(f"plotted {len(args.runs)} run(s) -> {plot_runs(args.runs, args.output)}")
+        return 0
     if args.command == "trust":
         from flowrl.runtime.checkpoint import trust
 
         print(f"signed {', '.join(str(p) for p in trust(args.folder))}")
         return 0
-    trainer.resolve_algorithm(args.algorithm)  # imports it first: the roles it registers may be placed
+    trainer.resolve_algorithm(args.algorithm or "grpo")  # imports it first: the roles it registers may be placed
     cfg = config_from_args(args)
     if args.command == "plan":
         check_plan_args(args)
@@ -221,10 +292,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
     if args.command in ("train", "plan"):
-        if "=" in args.algorithm:  # `flowrl train train.steps=3`: no algorithm named, the default one
-            extra, args.algorithm = [args.algorithm, *extra], "grpo"
+        if args.algorithm and "=" in args.algorithm:  # `flowrl train train.steps=3`: no algorithm named
+            extra, args.algorithm = [args.algorithm, *extra], None
         bare = [word for word in extra if "=" in word and not word.startswith("-")]
-        args.set, extra = [*args.set, *bare], [word for word in extra if word not in bare]
+        extra = [word for word in extra if word not in bare]
+        args.verl_words, verl = (bare, []) if args.verl or args.verl_config else ([], bare)
+        args.set = [*args.set, *verl]
+        if not (args.verl or args.verl_config):
+            args.algorithm = args.algorithm or "grpo"
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args

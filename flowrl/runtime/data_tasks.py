@@ -57,6 +57,9 @@ def fit_prompts(cfg: RunConfig, tokenizer: Any, task: Any, context: int | None =
     """Apply data.max_prompt_length to a DatasetTask's rows (and its validation rows) with the run's tokenizer;
     without it, refuse rows none of which fits the model's `context` (max_position_embeddings) with the response."""
     limit = cfg.data.max_prompt_length
+    if context is not None and cfg.rollout.max_new_tokens >= context:
+        raise ValueError(f"roles.rollout.max_new_tokens={cfg.rollout.max_new_tokens} leaves no room for a prompt in "
+                         f"the model's context of {context} tokens (max_position_embeddings); set it below {context}")
     if not isinstance(task, DatasetTask):
         return
     if limit is None:

@@ -119,6 +119,7 @@ class RayExecutorConfig(ExecutorConfig):
 
     def cluster_gpus(self) -> int:
         """The Ray cluster's GPUs; none is a one-line error."""
+        need_ray()
         from flowrl.runtime.ray_executor import init_ray  # first: it imports Ray for a local cluster at 127.0.0.1
 
         import ray
@@ -137,6 +138,7 @@ class RayExecutorConfig(ExecutorConfig):
 
     def build(self, plan: Plan, factory: RoleFactory, world: int, evaluation: Plan | None) -> Executor:
         buffering.refuse_stream(plan)  # before Ray is imported or a cluster starts
+        need_ray()
         from flowrl.runtime.ray_executor import RayExecutor, init_ray  # ray is optional: imported only when asked
 
         init_ray()
@@ -144,6 +146,14 @@ class RayExecutorConfig(ExecutorConfig):
                            node_timeout_s=self.node_timeout_s, ship_files=self.ship_files,
                            placement_timeout_s=self.placement_timeout_s, cpu_threads=self.cpu_threads,
                            sync=self.sync, gc_freeze=self.gc_freeze)
+
+
+def need_ray() -> None:
+    """train.executor=ray without Ray installed: one line naming the extra, not a ModuleNotFoundError."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ValueError("train.executor=ray needs Ray: install the checkout's ray extra, pip install -e '.[ray]'")
 
 
 EXECUTORS = ExecutorConfig.registry
