@@ -7,7 +7,8 @@
 # RESULT lines in $OUT/runs_STAGE.jsonl.
 #   A (c1)  flowrl's and verl's wheels into /tmp/site and /tmp/vsite, imports and a Ray start checked; flowrl
 #           (`train.device=cuda` alone), Qwen2.5-0.5B shape 64x8, 256 new tokens, fixed then variable (cold start)
-#   B (c2)  vllm's first half kept; flowrl, Qwen2.5-1.5B shape 16x8, 1024 new tokens, variable
+#   B (c2)  vllm's first half kept
+#   F       flowrl, Qwen2.5-1.5B shape 16x8, 1024 new tokens, variable
 #   C (c3)  vllm installed; verl, 64x8, 256, fixed (cold start)
 #   D       verl, 64x8, 256, variable
 #   E       verl, 1.5B shape 16x8, 1024, variable
@@ -56,6 +57,8 @@ ray.init(num_cpus=4, include_dashboard=False); print('ray', ray.cluster_resource
   ;;
 B)
   cp "$ROOT/.verlcarry/c2/vllm.00" /tmp/vc/ || exit 4
+  ;;
+F)
   run flowrl_big 300 $B --systems flowrl $BIG
   ;;
 C)
