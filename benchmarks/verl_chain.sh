@@ -6,11 +6,11 @@
 # device's copy of the project). Each run's output and verl's own log come back in $OUT/logs_STAGE.tgz, the
 # RESULT lines in $OUT/runs_STAGE.jsonl.
 #   A (c1)  flowrl's and verl's wheels into /tmp/site and /tmp/vsite, imports and a Ray start checked; flowrl
-#           (`train.device=cuda` alone), Qwen2.5-0.5B shape 64x8, 256 new tokens, fixed then variable (cold start)
+#           (`train.device=cuda` alone), Qwen2.5-0.5B shape 64x8, 256 new tokens, fixed (cold start)
 #   B (c2)  vllm's first half kept
 #   F       flowrl, Qwen2.5-1.5B shape 16x8, 1024 new tokens, variable
 #   C (c3)  vllm installed; verl, 64x8, 256, fixed (cold start)
-#   D       verl, 64x8, 256, variable
+#   D       flowrl then verl, 64x8, 256, variable
 #   E       verl, 1.5B shape 16x8, 1024, variable
 set -u
 STAGE=$1
@@ -53,7 +53,6 @@ print('vsite', verl.__version__, ray.__version__, tensordict.__version__, transf
 ray.init(num_cpus=4, include_dashboard=False); print('ray', ray.cluster_resources()); ray.shutdown()" 2>&1 \
     | grep -vi warn | tail -5
   run flowrl_fixed 240 $B --systems flowrl
-  run flowrl_variable 200 $B --systems flowrl --lengths variable
   ;;
 B)
   cp "$ROOT/.verlcarry/c2/vllm.00" /tmp/vc/ || exit 4
@@ -70,7 +69,8 @@ C)
   run verl_fixed 560 $B $V --verl-deadline 520
   ;;
 D)
-  run verl_variable 560 $B $V --lengths variable --verl-deadline 520
+  run flowrl_variable 150 $B --systems flowrl --lengths variable
+  run verl_variable 420 $B $V --lengths variable --verl-deadline 390
   ;;
 E)
   run verl_big 560 $B $V $BIG --verl-deadline 520
