@@ -66,7 +66,7 @@ C)
     "$ROOT/.verlcarry/c3/SHA256SUMS") && python3 -m pip install -q --no-index --no-deps --no-compile \
     --target /tmp/site "/tmp/vc/$W" "$ROOT"/.verlcarry/c3/vwheels/*.whl || exit 4
   python3 -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
-  run verl_fixed 560 $B $V --verl-deadline 520
+  run verl_fixed 500 $B $V --verl-deadline 450
   ;;
 D)
   run flowrl_variable 150 $B --systems flowrl --lengths variable
