@@ -40,7 +40,7 @@ def report(results: dict) -> dict:
             report_flowrl(r)
     ok = {n: r["s_per_step"] for n, r in results.items() if r.get("s_per_step")}
     ratios = {f"{other}/{mine}": ok[other] / ok[mine] for mine in ok if mine.startswith("flowrl")
-              for other in ("trl", "trl_vllm", "plain") if other in ok}
+              for other in ("trl", "trl_vllm", "plain", "verl") if other in ok}
     for key, ratio in ratios.items():
         print(f"GRPO step {key}: {ratio:.2f}x")
     return ratios

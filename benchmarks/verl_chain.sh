@@ -1,0 +1,78 @@
+#!/bin/bash
+# The device runs of issue 46 (flowrl beside verl), one stage per device call, each call within 30 s of the last
+# (the machine keeps /tmp only while warm): `bash .verlcarry/bench/verl_chain.sh STAGE` from the project root,
+# carry [".verlcarry/cN", ".verlcarry/bench"] (cN: benchmarks/verl_carry.sh's carries; bench: this script and
+# grpo_vs_verl.py, verl_system.py, verl_reward.py, bench_report.py of the commit the figures name, laid over the
+# device's copy of the project). Each run's output and verl's own log come back in $OUT/logs_STAGE.tgz, the
+# RESULT lines in $OUT/runs_STAGE.jsonl.
+#   A (c1)  flowrl's and verl's wheels into /tmp/site and /tmp/vsite, imports and a Ray start checked; flowrl
+#           (`train.device=cuda` alone), Qwen2.5-0.5B shape 64x8, 256 new tokens, fixed (cold start)
+#   B (c2)  vllm's first half kept
+#   F       flowrl, Qwen2.5-1.5B shape 16x8, 1024 new tokens, variable
+#   C (c3)  vllm installed; verl, 64x8, 256, fixed (cold start)
+#   D       flowrl then verl, 64x8, 256, variable
+#   E       verl, 1.5B shape 16x8, 1024, variable
+set -u
+STAGE=$1
+ROOT=$(pwd)
+W=vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl
+export PYTHONPATH=/tmp/site:/tmp/bt PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
+  HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false VERL_SITE=/tmp/vsite \
+  TORCHINDUCTOR_CACHE_DIR=/tmp/cc/inductor TRITON_CACHE_DIR=/tmp/cc/triton
+mkdir -p /tmp/vc /tmp/runs
+rm -rf /tmp/bt && mkdir /tmp/bt && tar -C "$ROOT" --exclude=./.verlcarry --exclude=./.vllmcarry --exclude=./.git \
+  -cf - . | tar -C /tmp/bt -xf - && cp "$ROOT"/.verlcarry/bench/*.py /tmp/bt/benchmarks/ \
+  && ln -sfn ../algorithms /tmp/bt/flowrl/algorithms || exit 3
+cd /tmp/bt  # flowrl.algorithms is pyproject's mapping of algorithms/: a link stands in for the install
+B="python3 benchmarks/grpo_vs_verl.py --device cuda --steps 3 --jsonl $OUT/runs_$STAGE.jsonl"
+V="--systems verl --verl-fallback trainer.use_v1=False"
+BIG="--shape qwen1.5b --prompts 16 --new-tokens 1024 --lengths variable"
+
+run() {  # NAME SECONDS COMMAND...: output in /tmp/runs/NAME.log (verl's own in NAME.verl.log), logs packed
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name $(date +%T)"
+  timeout "$limit" "$@" --verl-log "/tmp/runs/$name.verl.log" >"/tmp/runs/$name.log" 2>&1
+  echo "rc=$? $(date +%T)"
+  grep -E "^RESULT|GRPO step|FAILED|rror|flowrl step|verl:|s/step" "/tmp/runs/$name.log" | cut -c1-900 | tail -14
+  [ -f "/tmp/runs/$name.verl.log" ] && grep -E "Error|error|Traceback|step:[0-9]" "/tmp/runs/$name.verl.log" \
+    | grep -v Warning | cut -c1-400 | tail -12
+  tar -czf "$OUT/logs_$STAGE.tgz" -C /tmp/runs . 2>/dev/null
+}
+
+case $STAGE in
+A)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$ROOT"/.verlcarry/c1/site/*.whl \
+    && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite \
+      "$ROOT"/.verlcarry/c1/vsite/*.whl || exit 4
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  PYTHONPATH=/tmp/vsite:/tmp/site timeout 90 python3 -c "
+import ray, verl, hydra, omegaconf, tensordict, transformers, transfer_queue, torch
+import verl.workers.engine_workers, verl.experimental.agent_loop, verl.trainer.ppo.v1
+print('vsite', verl.__version__, ray.__version__, tensordict.__version__, transformers.__version__, torch.__version__)
+ray.init(num_cpus=4, include_dashboard=False); print('ray', ray.cluster_resources()); ray.shutdown()" 2>&1 \
+    | grep -vi warn | tail -5
+  run flowrl_fixed 240 $B --systems flowrl
+  ;;
+B)
+  cp "$ROOT/.verlcarry/c2/vllm.00" /tmp/vc/ || exit 4
+  ;;
+F)
+  run flowrl_big 300 $B --systems flowrl $BIG
+  ;;
+C)
+  test -f /tmp/vc/vllm.00 || exit 3
+  cat /tmp/vc/vllm.00 "$ROOT/.verlcarry/c3/vllm.01" >"/tmp/vc/$W" && (cd /tmp/vc && sha256sum -c --quiet \
+    "$ROOT/.verlcarry/c3/SHA256SUMS") && python3 -m pip install -q --no-index --no-deps --no-compile \
+    --target /tmp/site "/tmp/vc/$W" "$ROOT"/.verlcarry/c3/vwheels/*.whl || exit 4
+  python3 -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
+  run verl_fixed 500 $B $V --verl-deadline 450
+  ;;
+D)
+  run flowrl_variable 150 $B --systems flowrl --lengths variable
+  run verl_variable 420 $B $V --lengths variable --verl-deadline 390
+  ;;
+E)
+  run verl_big 560 $B $V $BIG --verl-deadline 520
+  ;;
+esac
