@@ -177,7 +177,9 @@ class Rollout:
         with calling(info):
             params, rows, seed = self._start(batch, n, sampling)
         prompts = [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(rows["prompt_ids"], rows["prompt_mask"])]
-        return rows, [Request(prompt, params, seed=(seed + r) % (2**31)) for r, prompt in enumerate(prompts)]
+        groups = rows["uid"].tolist()  # a group's samples share a replica's prefix cache (Request.key)
+        return rows, [Request(prompt, params, seed=(seed + r) % (2**31), key=f"group-{group}")
+                      for r, (prompt, group) in enumerate(zip(prompts, groups))]
 
     def streamed(self, rows: TensorDict, samples: list[Sample]) -> TensorDict:
         """`rows` (from `requests`) with their finished samples: the fields `generate` writes, `policy_version_min`
