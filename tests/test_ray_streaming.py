@@ -39,8 +39,8 @@ def executor(placement, **specs):
     return RayExecutor(plan, dataclasses.replace(factory, specs=fake_specs(**specs)))
 
 
-def run(steps, **specs):
-    ex = executor(SPLIT, **specs)
+def run(steps, placement=SPLIT, **specs):
+    ex = executor(placement, **specs)
     prompts = PromptStream(ParityTask(), FakeTokenizer(), batch_size=2, seed=1)
     try:
         return [ex.run_step(step, prompts) for step in range(steps)]
@@ -68,11 +68,21 @@ def test_streaming_beside_the_consumers_is_refused_in_one_line():
                                            r"on a pool of its own \(split placement; or train.executor=local\): pool "
                                            r"'all' also hosts actor$"):
         executor(shared)
-    wide = fl.Placement(pools=[fl.Pool(name="train", roles=["actor"]),
-                               fl.Pool(name="gen", roles=["rollout"], world_size=2)])
-    with pytest.raises(fl.PlanError, match=r"^grpo_async: fl.buffer\(stream=True\) on the Ray executor streams from "
-                                           r"one rank: pool 'gen' has world_size 2$"):
-        executor(wide)
+
+
+WIDE = fl.Placement(pools=[fl.Pool(name="train", roles=["actor"]), fl.Pool(name="gen", roles=["rollout"],
+                                                                           world_size=2)])
+
+
+def test_two_rollout_replicas_stream_the_rows_one_replica_does():
+    """Each rank of the rollout pool is a replica (flowrl.runtime.spread_runner); a group is seeded by its draw and
+    row alone, so on a deterministic engine the trained rows equal one replica's."""
+    streamer = {"make_streamer": lambda engine: FakeStreamer(engine)}
+    one, two = run(2, **{"rollout": streamer}), run(2, placement=WIDE, rollout=streamer)
+    for (a, _), (b, logged) in zip(one, two):
+        for key in ("group", "response_ids", "rollout_logprobs", "policy_version_min"):
+            assert a[key].tolist() == b[key].tolist(), key
+        assert logged["buffer/dropped"] == 0
 
 
 def test_partial_samples_more_than_k_versions_behind_are_dropped_as_on_the_local_executor():

@@ -37,6 +37,7 @@ class Request:
     params: SamplingParams
     seed: int | None = None
     id: str = field(default_factory=lambda: f"r{next(_ids)}")
+    key: str | None = None  # affinity: requests of one key (a prompt group, an episode) go to one replica
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field, SerializeAsAny, field_validator, model_serializer, model_validator
 
 from flowrl.data.envs import EnvSpec, load_env
+from flowrl.roles.agents import AgentSpec
 from flowrl.engines.configs import EngineConfig, Head, RolloutEngineConfig, TrainEngineConfig
 from flowrl.graph.role_config import RoleConfig
 
@@ -154,6 +155,22 @@ class RolloutConfig(GeneratorConfig):
                                     "train.batch_size finished groups, and of a pause; async_episodes: deadline of "
                                     "one turn's sample (past it the run fails in one line).")
 
+    agent: str | None = Field(None, description="The agent program `rollout.agents` runs per episode, as "
+                              "'module:function' or 'file.py:function' (flowrl.engines.service.agents): called "
+                              "with the episode's OpenAI base_url, it returns the episode's reward.")
+    agent_command: list[str] | None = Field(None, description="Or a program started per episode with "
+                                            "FLOWRL_BASE_URL, FLOWRL_API_KEY, FLOWRL_PROMPT and FLOWRL_META set; "
+                                            "the last line it prints is the reward.")
+    agent_timeout_s: float = Field(300.0, gt=0, description="Deadline of one agent episode: past it the episode "
+                                   "ends with reward 0 (agent/timed_out), its later calls are refused.")
+    agent_workers: int = Field(8, ge=1, description="Agent episodes played at once.")
+    endpoint_host: str = Field("127.0.0.1", description="Where the rollout's OpenAI-compatible endpoint listens; "
+                               "any host but loopback needs endpoint_token.")
+    endpoint_port: int = Field(0, ge=0, le=65535, description="Its port (0: any free one).")
+    endpoint_token: str | None = Field(None, description="A bearer token every call to the endpoint must carry.")
+    chat_template: str | None = Field(None, description="A Jinja chat template for the endpoint's chat "
+                                      "completions (None: the tokenizer's own).")
+
     @field_validator("env")
     @classmethod
     def _loadable(cls, env: str | None) -> str | None:
@@ -168,15 +185,25 @@ class RolloutConfig(GeneratorConfig):
         return EnvSpec(self.env, dict(self.env_options), self.max_turns, self.max_total_tokens, self.env_workers,
                        self.env_step_timeout_s, self.async_episodes)
 
+    def agent_spec(self) -> AgentSpec | None:
+        """Who plays `rollout.agents` episodes and the endpoint they call; None without an agent."""
+        if self.agent is None and not self.agent_command:
+            return None
+        if self.agent is not None and self.agent_command:
+            raise ValueError("roles.rollout.agent and roles.rollout.agent_command: set one of them")
+        return AgentSpec(self.agent, tuple(self.agent_command or ()), self.agent_timeout_s, self.agent_workers,
+                         self.max_total_tokens, self.endpoint_host, self.endpoint_port, self.endpoint_token,
+                         self.chat_template)
+
     def build(self, cls: type, ctx: Any) -> Any:
         source = ctx.roles.get("actor")
         share = source.engine if source is not None and ctx.name in ctx.shared else None
         engine = self.engine.build(ctx.model, tokenizer=ctx.tokenizer, device=ctx.device, share=share)
         sync = engine.weight_sync(source.engine) if source is not None else None
-        env = self.env_spec()
+        env, agent = self.env_spec(), self.agent_spec()
         return cls(engine=engine, params=self.engine.sampling(), source=source, weight_sync=sync, seed=ctx.seed,
-                   env=env, tokenizer=ctx.tokenizer if env else None,
-                   meta_keys=tuple(ctx.task.meta_keys) if env and ctx.task is not None else (),
+                   env=env, tokenizer=ctx.tokenizer if env or agent else None, agent=agent,
+                   meta_keys=tuple(ctx.task.meta_keys) if (env or agent) and ctx.task is not None else (),
                    pad_id=ctx.tokenizer.pad_token_id,
                    max_in_flight=self.max_in_flight, partial=self.partial, stream_timeout_s=self.stream_timeout_s,
                    make_streamer=self.engine.streamer)

@@ -22,6 +22,7 @@ from flowrl.engines.streaming import Request, Sample, StreamingEngine
 from flowrl.errors import GraphError
 from flowrl.graph.context import CallInfo, calling, current_call
 from flowrl.graph.role import graph_method, role
+from flowrl.roles.agents import AGENT_FIELDS, AgentService, AgentSpec, agent_rows
 from flowrl.roles.configs import RolloutConfig
 
 GENERATED = ("response_ids", "response_mask", "loss_mask", "rollout_logprobs", "finish_reason", "policy_version",
@@ -40,6 +41,10 @@ def _check_sampling(n: int = 1, **sampling: Any) -> None:
 
 def _episode_writes(key: str = "scores", **_: Any) -> tuple[str, ...]:
     return (*GENERATED, key, *EPISODE)
+
+
+def _agent_writes(key: str = "scores", **_: Any) -> tuple[str, ...]:
+    return (*GENERATED, key, *AGENT_FIELDS)
 
 
 def _check_episode(n: int = 1, key: str = "scores", metric: str = "reward", **sampling: Any) -> None:
@@ -64,6 +69,8 @@ class Rollout:
     stream_timeout_s: float = 600.0  # roles.rollout.stream_timeout_s
     make_streamer: Callable[[RolloutEngine], StreamingEngine] | None = None  # the engine config's `streamer`
     streamer: StreamingEngine | None = None  # `engine` as a StreamingEngine, made on first use
+    agent: AgentSpec | None = None  # rollout.agents' agent program and endpoint (roles.rollout.agent, ...)
+    service: AgentService | None = None  # the endpoint, started on the first rollout.agents call
 
     @graph_method(reads=("prompt_ids", "prompt_mask", "uid"), writes=GENERATED, kind="rows", check=_check_sampling,
                   rows_per_input="n")
@@ -114,6 +121,38 @@ class Rollout:
         metrics.log("timing_s/env", stats["timing_s/env"])
         return rows
 
+    @graph_method(reads=("prompt_ids", "prompt_mask", "uid"), writes=_agent_writes, kind="rows",
+                  check=_check_episode)
+    def agents(self, batch: TensorDict, n: int = 1, key: str = "scores", metric: str = "reward",
+               **sampling: Any) -> TensorDict:
+        """n episodes per prompt row played by roles.rollout.agent (a program) through the rollout's
+        OpenAI-compatible endpoint (flowrl.roles.agents); each row holds exactly the tokens sampled, and `key`
+        the agent's reward; max_new_tokens bounds each call, roles.rollout.max_total_tokens the episode."""
+        if self.agent is None:
+            raise ValueError("rollout.agents plays episodes of an agent program: set roles.rollout.agent "
+                             "('module:function') or roles.rollout.agent_command")
+        params, rows, seed = self._start(batch, n, sampling)
+        engine = self.streaming_engine()
+        if engine.version != self.synced_version:
+            engine.resume(self.synced_version)
+        if self.service is None:
+            self.service = AgentService(self.agent, engine, self.tokenizer, params, seed)
+        self.service.endpoint.seed = seed
+        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(rows["prompt_ids"], rows["prompt_mask"])]
+        metas = [dict(zip(self.meta_keys, values)) for values in zip(*(column(rows, k) for k in self.meta_keys))]
+        call = current_call()
+        tokens, outcomes = self.service.play(prompts, metas or [{}] * len(prompts), params,
+                                             tag=f"s{call.step}c{call.call}")
+        rows = agent_rows(rows, tokens, outcomes, self.pad_id, key)
+        for name, value in sampling_columns(params, rows.batch_size[0]).items():
+            rows[name] = value.to(rows.device)
+        versions = rows["token_versions"].masked_fill(rows["token_versions"] < 0, self.synced_version)
+        rows["policy_version"] = versions.min(-1).values
+        rows["group"] = rows["uid"].clone()
+        metrics.log(f"{metric}/mean", rows[key].mean())
+        metrics.log("response_length/mean", response_lengths(rows).float().mean())
+        return rows
+
     def _start(self, batch: TensorDict, n: int, sampling: dict[str, Any]) -> tuple[SamplingParams, TensorDict, int]:
         """The call's sampling, its rows (each prompt n times) and its seed."""
         params = SamplingParams(**{**self.params.__dict__, **sampling})
@@ -139,7 +178,9 @@ class Rollout:
         with calling(info):
             params, rows, seed = self._start(batch, n, sampling)
         prompts = [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(rows["prompt_ids"], rows["prompt_mask"])]
-        return rows, [Request(prompt, params, seed=(seed + r) % (2**31)) for r, prompt in enumerate(prompts)]
+        groups = rows["uid"].tolist()  # a group's samples share a replica's prefix cache (Request.key)
+        return rows, [Request(prompt, params, seed=(seed + r) % (2**31), key=f"group-{group}")
+                      for r, (prompt, group) in enumerate(zip(prompts, groups))]
 
     def streamed(self, rows: TensorDict, samples: list[Sample]) -> TensorDict:
         """`rows` (from `requests`) with their finished samples: the fields `generate` writes, `policy_version_min`
@@ -180,6 +221,8 @@ class Rollout:
     def close(self) -> None:
         """The run is over: release the streamer made from the engine, if any, and the engine
         (flowrl.graph.role.close_role)."""
+        if self.service is not None:
+            self.service.close()
         if self.streamer is not None:
             self.streamer.close()
         self.engine.close()

@@ -221,7 +221,7 @@ def make(plan: Plan, nodes: list[Node], versions: Callable[[], dict[str, int]], 
 
 def refuse_stream(plan: Plan, s: Split | None = None) -> None:
     """What the Ray executor calls before it starts anything: it streams a buffer only from a streamed role
-    alone on a pool of one rank (flowrl.runtime.ray_streaming); anything else is one line."""
+    alone on a pool, each rank a replica (flowrl.runtime.ray_streaming); anything else is one line."""
     s = split(plan, scheduled(plan)) if s is None else s
     if s is None or not s.stream or not s.producers:
         return
@@ -233,8 +233,6 @@ def refuse_stream(plan: Plan, s: Split | None = None) -> None:
     if shared:
         raise PlanError(f"{where} needs {role} on a pool of its own (split placement; or train.executor=local): "
                         f"pool {pool.name!r} also hosts {', '.join(shared)}")
-    if pool.world_size != 1:
-        raise PlanError(f"{where} streams from one rank: pool {pool.name!r} has world_size {pool.world_size}")
 
 
 def checkpointed(engines: dict[str, Any], pipeline: Any | None) -> dict[str, Any]:

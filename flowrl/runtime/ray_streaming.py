@@ -1,7 +1,8 @@
 """Streamed rollouts on the Ray executor: generation runs on the rollout's pool while the actor trains.
 
-`fl.buffer(batch, max_staleness=k, stream=True)` with the streamed role (rollout.generate) alone on a pool of
-one rank (split placement; anything else is one line: flowrl.runtime.buffering.refuse_stream). The driver runs
+`fl.buffer(batch, max_staleness=k, stream=True)` with the streamed role (rollout.generate) alone on a pool
+(split placement; anything else is one line: flowrl.runtime.buffering.refuse_stream); each rank of that pool is
+one replica, and a pool of several spreads the groups over them (flowrl.runtime.spread_runner). The driver runs
 the local executor's Streamer (flowrl.runtime.streaming: the draws, the scoring of each group as it arrives, the
 take of the `batch_size` earliest drawn ready groups, the per-sample staleness drop, the consumers) over a
 `RemoteRunner`: the StreamRunner (flowrl.runtime.stream_runner: the StreamingEngine and its asyncio loop) lives in
@@ -30,6 +31,7 @@ from flowrl.graph.trace import Node
 from flowrl.plan.planner import Plan
 from flowrl.roles.rollout import Rollout
 from flowrl.runtime import buffering, streaming
+from flowrl.runtime.spread_runner import SpreadRunner
 from flowrl.runtime.stream_runner import Group
 
 START_TIMEOUT_S = 600.0  # the first call makes the streaming engine in the worker (a vLLM engine may load)
@@ -48,8 +50,11 @@ def make(plan: Plan, nodes: list[Node], workers_of: Callable[[str], list[Any]],
     if getattr(plan.specs[first.role].cls, first.method) is not Rollout.generate:
         raise PlanError(f"{plan.algorithm}: fl.buffer(stream=True) streams rollout.generate, which must be the "
                         f"first node before it; got {first.name}")
-    (worker,) = workers_of(first.role)
-    return streaming.Streamer(s, lambda: RemoteRunner(worker, first.role), first, versions, overlap=True)
+    workers = workers_of(first.role)
+    if len(workers) == 1:
+        return streaming.Streamer(s, lambda: RemoteRunner(workers[0], first.role), first, versions, overlap=True)
+    return streaming.Streamer(s, lambda: SpreadRunner([RemoteRunner(w, first.role) for w in workers]), first,
+                              versions, overlap=True)
 
 
 class RemoteRunner:
