@@ -63,12 +63,12 @@ class Workload:
         return sum(draws) / self.steps
 
     def flowrl_engine(self) -> str:
-        from flowrl.engines.hf_configs import CUDA_DEFAULTS
+        from flowrl.config import PRESETS
 
         engines = [s.split("=", 1)[1] for s in self.flowrl_sets if s.startswith("roles.rollout.engine=")]
-        # unset: train.device=cuda picks hf_static (CUDA_DEFAULTS); the H200 grid of 2026-12-04 left it unset, so
+        # unset: train.device=cuda picks hf_static (the preset cuda); the H200 grid of 2026-12-04 left it unset, so
         # its variable-length flowrl rows ran without the drawn lengths (every response to the cap)
-        return engines[-1] if engines else (CUDA_DEFAULTS["roles.rollout.engine"] if self.device == "cuda" else "")
+        return engines[-1] if engines else (PRESETS["cuda"]["roles.rollout.engine"] if self.device == "cuda" else "")
 
 
 class BenchTask:

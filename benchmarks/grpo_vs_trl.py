@@ -54,7 +54,7 @@ SMALL_RUN = dict(prompts=4, group=2, new_tokens=8, micro=4)
 SYSTEMS = ("flowrl", "trl", "trl_vllm", "plain")
 FAST_SETS = ("roles.rollout.engine=hf_static", "roles.actor.compile=true", "train.forward_micro_batch_size=128")
 """The flowrl options of the H200 runs (docs/benchmarks.md); `train.device=cuda` alone picks them
-(flowrl.engines.hf_configs.CUDA_DEFAULTS, tests/test_cuda_defaults.py)."""
+(the preset cuda, flowrl.config.presets, tests/test_cuda_defaults.py)."""
 
 RUNNERS = {"flowrl": run_flowrl, "trl": run_trl, "trl_vllm": run_trl_vllm, "plain": run_plain}
 

@@ -135,12 +135,12 @@ def engine_lines() -> list[str]:
 
 
 def print_config(algorithm: str | None) -> None:
-    from flowrl.config import RunConfig, config_lines, section_lines
+    from flowrl.config import RunConfig, config_lines, preset_lines, section_lines
     from flowrl.runtime.trainer import resolve_algorithm
 
     algo = resolve_algorithm(algorithm) if algorithm else None
     roles = algo.roles if algo else ("actor", "critic", "rollout")  # an algorithm's: only the roles it has
-    for line in [*config_lines(RunConfig), *section_lines(RunConfig(), roles), *engine_lines()]:
+    for line in [*config_lines(RunConfig), *section_lines(RunConfig(), roles), *engine_lines(), *preset_lines()]:
         print(line)
     if algo:
         for line in config_lines(algo.config_cls, "algo."):

@@ -27,3 +27,19 @@ def test_what_a_cuda_run_sets_wins():
     assert (cfg.rollout.engine, cfg.actor.compile, cfg.train.forward_micro_batch_size) == ("vllm", False, 32)
     hf_only = load_run_config(None, ["train.device=cuda", "roles.rollout.micro_batch_size=64"])  # a key of the hf engine
     assert (hf_only.rollout.engine, hf_only.rollout.micro_batch_size, hf_only.actor.compile) == ("hf", 64, True)
+
+
+def test_the_cuda_preset_is_named_printed_by_flowrl_config_and_is_what_cuda_applies(capsys):
+    from flowrl.cli import print_config
+    from flowrl.config import PRESETS
+
+    print_config(None)
+    printed = capsys.readouterr().out
+    for key, value in PRESETS["cuda"].items():
+        assert f"{key} = {value!r}" in printed
+    alone = load_run_config(None, ["train.device=cuda"]).model_dump()
+    applied = {"roles.rollout.engine": alone["roles"]["rollout"]["engine"],
+               "roles.actor.compile": alone["roles"]["actor"]["compile"],
+               "train.forward_micro_batch_size": alone["train"]["forward_micro_batch_size"]}
+    assert applied == PRESETS["cuda"] == {"roles.rollout.engine": "hf_static", "roles.actor.compile": True,
+                                          "train.forward_micro_batch_size": 128}

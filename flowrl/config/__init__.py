@@ -10,8 +10,9 @@ from flowrl.config.run_config import LEGACY_JUDGE, LEGACY_SECTIONS, RunConfig, m
 from flowrl.config.loading import format_error, load_run_config, non_finite, read_config_file, set_dotted, validate
 from flowrl.config.checks import VLLM_LORA_RANKS, refuse_contradictions, used_sections, warn_no_effect
 from flowrl.config.listing import config_lines, section_lines
+from flowrl.config.presets import PRESETS, apply_cuda, preset_lines
 
 __all__ = ["DataConfig", "ModelConfig", "Section", "TaskConfig", "TrainConfig", "LEGACY_JUDGE", "LEGACY_SECTIONS",
            "RunConfig", "move_legacy_sections", "format_error", "load_run_config", "non_finite", "read_config_file",
            "set_dotted", "validate", "VLLM_LORA_RANKS", "refuse_contradictions", "used_sections", "warn_no_effect",
-           "config_lines", "section_lines"]
+           "config_lines", "section_lines", "PRESETS", "apply_cuda", "preset_lines"]

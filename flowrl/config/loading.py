@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from flowrl.graph.role import ROLES
 from flowrl.graph.role_config import SectionError
+from flowrl.config.presets import apply_cuda
 from flowrl.config.run_config import RunConfig, move_legacy_sections
 
 
@@ -78,10 +79,8 @@ def load_run_config(path: str | None = None, overrides: list[str] = ()) -> RunCo
         if not sep:
             raise ValueError(f"--set {item!r}: expected key=value")
         set_dotted(values, key.strip(), raw.strip())
-    from flowrl.engines.hf_configs import device_defaults  # torch and transformers: imported when needed
-
     values = move_legacy_sections(values)
-    device_defaults(values, frozenset(ROLES.get("rollout").config.model_fields) - {"engine"})
+    apply_cuda(values, frozenset(ROLES.get("rollout").config.model_fields) - {"engine"})
     return validate(RunConfig, values)
 
 

@@ -74,7 +74,7 @@ class TrainConfig(Section):
     resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir if there is one.")
     device: Literal["cpu", "cuda"] = Field("cpu", description="Device of the local pools; cuda also picks the "
                                            "fast engines' options the run leaves unset "
-                                           "(flowrl.engines.hf_configs.CUDA_DEFAULTS).")
+                                           "(the preset `cuda`: flowrl.config.presets, printed by `flowrl config`).")
     gc_freeze: bool = Field(True, description="After the first step, collect garbage once and freeze what is "
                             "left (gc.freeze; in each Ray worker too), so later collections skip the run's "
                             "long-lived objects (models, compiled graphs, vLLM's engine), as vLLM does after its "

@@ -23,27 +23,6 @@ from flowrl.engines.lr_schedules import check_schedule
 from flowrl.engines.protocols import TrainEngine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-CUDA_DEFAULTS = {"roles.rollout.engine": "hf_static", "roles.actor.compile": True,
-                 "train.forward_micro_batch_size": 128}
-"""What `train.device=cuda` changes from the CPU defaults where the run sets nothing else: the configuration
-of docs/benchmarks.md's H200 runs (the static-cache rollout with its captured decode loop, compiled train
-passes, 128-row no-grad forward passes). flowrl.config.load_run_config applies it."""
-
-
-def device_defaults(values: dict[str, Any], rollout_options: frozenset[str] = frozenset()) -> None:
-    """Fills CUDA_DEFAULTS into a run's raw config values (role sections under `roles`) when train.device is
-    cuda, leaving every key the run set, and leaving a section alone whose engine, or one of whose keys, is not
-    the default's; `rollout_options`: the rollout section's keys that are the role's own, not its engine's."""
-    if values.get("train", {}).get("device") != "cuda":
-        return
-    roles = values.setdefault("roles", {})
-    rollout, actor = roles.get("rollout", {}), roles.get("actor", {})
-    static_keys = set(HFStaticRolloutConfig.model_fields) | rollout_options
-    if isinstance(rollout, dict) and "engine" not in rollout and set(rollout) <= static_keys:  # (not a binding)
-        roles["rollout"] = {**rollout, "engine": CUDA_DEFAULTS["roles.rollout.engine"]}  # micro_batch_size: hf's own
-    if isinstance(actor, dict) and actor.get("engine", "hf") == "hf":
-        roles["actor"] = {"compile": CUDA_DEFAULTS["roles.actor.compile"], **actor}
-    values["train"].setdefault("forward_micro_batch_size", CUDA_DEFAULTS["train.forward_micro_batch_size"])
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any, Iterator
+from typing import Any
 
 from flowrl.runtime import ray_loopback
 
@@ -51,16 +51,17 @@ from flowrl.plan.placement import DRIVER
 from flowrl.runtime import buffering, ray_cluster, ray_streaming, streaming
 from flowrl.plan.planner import Plan
 from flowrl.runtime.distributed import average
+from flowrl.runtime.executor import Executor, VersionBook
 from flowrl.runtime.ray_nodes import (NodeTimeout, WorkerDied, _cause, _checked_nodes, _freeze_heaps, _Launched,
-                                      _merge, _split, _Versions)
+                                      _merge, _split)
 from flowrl.runtime.ray_pools import PoolEngine, _start_pool, _write_folder
 from flowrl.runtime.ray_pools import CONNECT_TIMEOUT_S, _check_listening, init_ray  # noqa: F401 (re-exported)
-from flowrl.runtime.scheduling import call_node, executor_step, ready
+from flowrl.runtime.scheduling import call_node, ready
 
 _EMPTY = TensorDict({}, batch_size=[0])
 
 
-class RayExecutor:
+class RayExecutor(Executor):
     def __init__(self, plan: Plan, factory: Any, extra_driver_roles: tuple[str, ...] = (),
                  node_timeout_s: float | None = None, ship_files: bool = False,
                  placement_timeout_s: float = 60.0, cpu_threads: int = 0, sync: TransportConfig | None = None,
@@ -73,19 +74,18 @@ class RayExecutor:
         `sync`: how weights move between split pools (a flowrl.engines.transports.TransportConfig; None: its
         defaults); `gc_freeze`: after the first step, each worker freezes its heap (train.gc_freeze,
         flowrl.runtime.gc_heap; the workers end with the executor, so nothing thaws)."""
-        self.plan, self.node_timeout_s, self.ship_files = plan, node_timeout_s, ship_files
-        self.gc_freeze = gc_freeze
+        nodes, _, spread = _checked_nodes(plan)
+        super().__init__(plan, nodes, spread, gc_freeze, None)
+        self.node_timeout_s, self.ship_files = node_timeout_s, ship_files
         self.sync = sync if sync is not None else TransportConfig.model_validate({})
         self._sync_groups: set[str] = set()
         self._check_transport()
-        self.nodes, self.fill_at, self.spread = _checked_nodes(plan)
         buffering.refuse_stream(plan)  # before any worker starts
         pools = {pool.name: pool for pool in plan.pools.values()}
         ray_cluster.check_cluster(list(pools.values()))
         self.driver_roles = factory.build(tuple(dict.fromkeys((*plan.driver_roles(), *extra_driver_roles))))
         self.groups = ray_cluster.place(list(pools.values()), placement_timeout_s)
         self.workers: dict[str, list[Any]] = {}
-        self.stream: streaming.Streamer | None = None
         try:
             shipped = ray_cluster.ship(factory.folders()) if ship_files else None
             setups = []
@@ -98,17 +98,14 @@ class RayExecutor:
         except BaseException:
             self.close()
             raise
-        self._versions = _Versions({r: 0 for r in plan.versioned()})
         self.pipeline = buffering.make(plan, self.nodes, lambda: self.versions, overlap=True, spread=self.spread)
         self.stream = ray_streaming.make(plan, self.nodes, self._workers_of, lambda: self.versions)
 
-    def run_step(self, step: int, prompts: Iterator[TensorDict]) -> tuple[TensorDict, dict[str, float]]:
-        """One training step over prompt batches drawn from `prompts`; returns the batch and metrics. With a
-        buffer (k >= 1) and the producers on pools of their own, step t+k's producers run in a thread beside
-        step t's consumers (flowrl.runtime.buffering); a streamed buffer samples on the rollout's pool while the
-        consumers run (flowrl.runtime.ray_streaming)."""
-        return executor_step(self, step, prompts,
-                             lambda: _freeze_heaps([w for workers in self.workers.values() for w in workers]))
+    def freeze_heap(self) -> None:
+        """Each worker's heap. (A step with a buffer (k >= 1) and the producers on pools of their own runs step
+        t+k's producers in a thread beside step t's consumers (flowrl.runtime.buffering); a streamed buffer
+        samples on the rollout's pool while the consumers run (flowrl.runtime.ray_streaming).)"""
+        _freeze_heaps([w for workers in self.workers.values() for w in workers])
 
     def for_plan(self, plan: Plan) -> "RayExecutor":
         """A view running `plan` (e.g. the evaluation) on these workers; its pools must be among them."""
@@ -119,7 +116,7 @@ class RayExecutor:
                                 f"which these workers do not host")
         view = copy.copy(self)
         view.plan, view.gc_freeze = plan, False  # the executor's own first step freezes (an evaluation runs first)
-        view.nodes, view.fill_at, view.spread = _checked_nodes(plan)
+        view.nodes, view.fill_at, view.spread = _checked_nodes(plan)  # view.book: this executor's
         view.pipeline = buffering.make(plan, view.nodes, lambda: view.versions, overlap=True, spread=view.spread)
         view.stream = ray_streaming.make(plan, view.nodes, view._workers_of, lambda: view.versions)
         return view
@@ -131,16 +128,10 @@ class RayExecutor:
                                        if r in self.plan.pools else self.driver_roles[r].engine
                                        for r in self.plan.trainable()}, self.pipeline or self.stream)
 
-    @property
-    def versions(self) -> dict[str, int]:
-        return dict(self._versions.updates)
-
-    @versions.setter
-    def versions(self, versions: dict[str, int]) -> None:
+    def set_role_versions(self, versions: dict[str, int]) -> None:
         """Set on resume (one past the saved counts), so the first step syncs the followers to the loaded weights."""
-        for role in self.plan.versioned():
-            self._versions.updates[role] = versions.get(role, 0)
-            ray.get([w.set_version.remote(role, self._versions.updates[role]) for w in self._workers_of(role)])
+        for role, version in versions.items():
+            ray.get([w.set_version.remote(role, version) for w in self._workers_of(role)])
 
     def save_pretrained(self, role: str, path: str, tokenizer: Any = None) -> None:
         """The role's model as a Hugging Face folder (every rank gathers; rank 0 writes)."""
@@ -169,7 +160,7 @@ class RayExecutor:
     def _workers_of(self, role: str) -> list[Any]:
         return self.workers[self.plan.pools[role].name]
 
-    def _run(self, nodes: list[Node], batch: TensorDict, calls: StepCalls) -> TensorDict:
+    def run_nodes(self, nodes: list[Node], batch: TensorDict, calls: StepCalls) -> TensorDict:
         """Start every node whose predecessors are done, remote ones first; wait only when none can start."""
         todo, inflight, done, segment = list(nodes), [], set(), {node.name for node in nodes}
         while todo or inflight:
@@ -205,8 +196,7 @@ class RayExecutor:
         shards = [_EMPTY] * len(workers) if node.kind is NodeKind.SYNC else _split(batch, node, len(workers))
         keep = None if node.kind is NodeKind.ROWS else tuple(sorted(node.writes))
         calls_ = [w.call.remote(node, ray.put(shard), info, keep) for w, shard in zip(workers, shards)]
-        if self.plan.specs[node.role].methods()[node.method].updates_weights:
-            self._versions.updates[node.role] += 1
+        self.book.counted(node, self.plan)
         return _Launched(node, [b for b, _ in calls_], [m for _, m in calls_], start)
 
     def _split_source(self, role: str) -> str | None:
@@ -220,15 +210,15 @@ class RayExecutor:
         """Split pools: the source's weights streamed over a collective (flowrl.engines.weight_transport) from its
         rank 0 into every rank of the follower, only when the source was updated since the last sync."""
         source = self._split_source(node.role)
-        version = self._versions.updates[source]
-        if self._versions.synced.get(node.role) == version:
+        version = self.book.updates[source]
+        if self.book.synced.get(node.role) == version:
             return _Launched(node, [], [], start)
         key = f"{source}->{node.role}"
         if key not in self._sync_groups:
             self._open_sync(key, source, node.role)
         sent = [w.send_weights.remote(source, key) for w in self._workers_of(source)]  # every rank gathers
         loaded = [w.receive_weights.remote(node.role, key, version) for w in self._workers_of(node.role)]
-        self._versions.synced[node.role] = version
+        self.book.synced[node.role] = version
         return _Launched(node, loaded, sent, start)
 
     def _open_sync(self, key: str, source: str, follower: str) -> None:

@@ -2,8 +2,7 @@
 
 - `_checked_nodes`: the plan's nodes in schedule order and how a fill deals out its rows.
 - `_split` deals a node's rows evenly over its pool's ranks; `_merge` puts their results back into the batch.
-- `_Launched` is a node in flight (its result and metrics refs, one per rank); `_Versions` counts the updates
-  of each versioned role and the version each follower last loaded.
+- `_Launched` is a node in flight (its result and metrics refs, one per rank).
 - `NodeTimeout` and `WorkerDied` are the errors a node ends with; `_cause` is a Ray task's own message.
 - `_freeze_heaps`: the workers freeze their heaps after the first step (train.gc_freeze).
 """
@@ -11,7 +10,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -22,14 +21,6 @@ from flowrl.data.batch import concat
 from flowrl.graph.trace import Node, NodeKind
 from flowrl.plan.planner import Plan
 from flowrl.runtime.scheduling import Spread, fill_index, scheduled
-
-
-@dataclass
-class _Versions:
-    """Updates dispatched per versioned role, and the source version each following role last loaded."""
-
-    updates: dict[str, int] = field(default_factory=dict)
-    synced: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """What both executors share: running one node in-process, the plan's schedule, dynamic sampling (fill), one
-step through an executor's stream, pipeline or plain nodes (`executor_step`).
+step's nodes with fill (`run_step`; the executors' base, flowrl.runtime.executor.Executor, runs it).
 
 A fill node splits the step: the nodes before it are re-run on fresh prompts
 until enough groups survive (counted over all ranks), then the rest runs once
@@ -113,24 +113,6 @@ def run_step(step: int, nodes: list[Node], fill_at: int | None, run: Callable[[l
         batch = run_with_fill(nodes, fill_at, lambda todo, b: run(todo, b, calls), prompts, spread)
         metrics.log("timing_s/step", time.perf_counter() - start)
     return batch, logged
-
-
-def executor_step(executor: Any, step: int, prompts: Iterator[TensorDict],
-                  freeze: Callable[[], None]) -> tuple[TensorDict, dict[str, float]]:
-    """One step of an executor (flowrl.runtime.executor.LocalExecutor, ray_executor.RayExecutor): through its
-    stream, else its pipeline, else its plain nodes, each with its `_run`. After the first step with
-    `executor.gc_freeze` set, `freeze()` once: that step made what lives as long as the run (compiles;
-    flowrl.runtime.gc_heap)."""
-    if executor.stream is not None:
-        out = executor.stream.step(step, prompts, executor._run)
-    elif executor.pipeline is not None:
-        out = executor.pipeline.step(step, prompts, executor._run)
-    else:
-        out = run_step(step, executor.nodes, executor.fill_at, executor._run, prompts, executor.spread)
-    if executor.gc_freeze:
-        executor.gc_freeze = False
-        freeze()
-    return out
 
 
 def run_with_fill(nodes: list[Node], fill_at: int | None, run: RunNodes, prompts: Iterator[TensorDict],
