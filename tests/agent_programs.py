@@ -9,8 +9,8 @@ import urllib.request
 from pydantic import ConfigDict
 
 import flowrl as fl
-from flowrl.rl import losses, stages
-from flowrl.rl.options import GroupSampling, KLLoss
+from flowrl.rl import stages
+from flowrl.rl.options import KLLossCoef
 
 
 
@@ -64,16 +64,17 @@ def process_main():
     print(json.dumps({"reward": float(len(reply["token_ids"]))}))
 
 
-class AgentGRPOConfig(losses.PPOClip, GroupSampling, KLLoss):
+class AgentGRPOConfig(fl.GRPOConfig):
     model_config = ConfigDict(extra="forbid")
+    kl_coef: KLLossCoef = 0.0
 
 
 @fl.algorithm(config=AgentGRPOConfig)
 def grpo_agent(batch, actor, rollout, ref, cfg):
     batch = rollout.agents(batch, n=cfg.group_size)  # the agent's rewards land in `scores`
     batch = actor.logprobs(batch)
-    loss = losses.PPOClip.build(cfg, kl_coef=cfg.kl_coef, rollout_correction=cfg.rollout_correction.build())
-    if cfg.kl_coef > 0:
+    loss = cfg.loss()
+    if "ref_logprobs" in loss.reads:
         batch = ref.logprobs(batch)
     batch = stages.group_advantage(batch)
     return actor.update(batch, loss=loss)
