@@ -111,7 +111,7 @@ def test_a_lora_run_trains_resumes_and_exports(tmp_path):
     assert model_keys and all(".lora_" in k for k in model_keys)
     rows = train(load_run_config(None, [*sets, "train.steps=3"]), progress=False)  # resumes from step 2
     assert [r["step"] for r in rows] == [3]
-    assert main(["export", str(tmp_path), "--output", str(tmp_path / "exported")]) == 0
-    final, exported = (AutoModelForCausalLM.from_pretrained(tmp_path / name).state_dict()
-                       for name in ("final", "exported"))
+    assert main(["export", str(tmp_path), "--output", str(tmp_path.parent / f"{tmp_path.name}-exported")]) == 0
+    final, exported = (AutoModelForCausalLM.from_pretrained(folder).state_dict()
+                       for folder in (tmp_path / "final", tmp_path.parent / f"{tmp_path.name}-exported"))
     assert final.keys() == exported.keys() and all(torch.equal(final[k], exported[k]) for k in final)

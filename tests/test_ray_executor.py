@@ -257,7 +257,7 @@ def test_split_pools_stream_the_weights_in_buckets_without_a_state_dict(tmp_path
         sync = next(node for node in executor.nodes if node.name == "rollout.sync_weights")
         for _ in range(2):  # the first sync also pages in the rollout's copy (mapped from the checkpoint)
             ray.get([w.__ray_call__.remote(hm.shift_actor, 0.01) for w in train_ranks])
-            executor._versions.updates["actor"] += 1
+            executor.book.updates["actor"] += 1
             starts = ray.get([w.__ray_call__.remote(hm.start_measuring) for w in everyone])
             executor._get([executor._launch_sync(sync, 0.0)])
             streamed = ray.get([w.__ray_call__.remote(hm.measured, s) for w, s in zip(everyone, starts)])
