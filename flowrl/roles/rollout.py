@@ -96,10 +96,9 @@ class Rollout:
             raise ValueError("rollout.interact plays episodes in an environment: set roles.rollout.env (e.g. "
                              "calculator)")
         params, rows, seed = self._start(batch, n, sampling)
-        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(rows["prompt_ids"], rows["prompt_mask"])]
-        metas = [dict(zip(self.meta_keys, values)) for values in zip(*(column(rows, k) for k in self.meta_keys))]
+        prompts, metas = self._episode_inputs(rows)
         envs = [self.env.make(self.tokenizer) for _ in prompts]
-        for env, prompt, meta in zip(envs, prompts, metas or [{}] * len(prompts)):
+        for env, prompt, meta in zip(envs, prompts, metas):
             env.reset(prompt, meta)
         limits = dict(max_turns=self.env.max_turns, max_total_tokens=self.env.max_total_tokens,
                       pad_id=self.tokenizer.pad_token_id, seed=seed, step_timeout_s=self.env.step_timeout_s)
@@ -138,10 +137,9 @@ class Rollout:
         if self.service is None:
             self.service = AgentService(self.agent, engine, self.tokenizer, params, seed)
         self.service.endpoint.seed = seed
-        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(rows["prompt_ids"], rows["prompt_mask"])]
-        metas = [dict(zip(self.meta_keys, values)) for values in zip(*(column(rows, k) for k in self.meta_keys))]
+        prompts, metas = self._episode_inputs(rows)
         call = current_call()
-        tokens, outcomes = self.service.play(prompts, metas or [{}] * len(prompts), params,
+        tokens, outcomes = self.service.play(prompts, metas, params,
                                              tag=f"s{call.step}c{call.call}")
         rows = agent_rows(rows, tokens, outcomes, self.pad_id, key)
         for name, value in sampling_columns(params, rows.batch_size[0]).items():
@@ -152,6 +150,12 @@ class Rollout:
         metrics.log(f"{metric}/mean", rows[key].mean())
         metrics.log("response_length/mean", response_lengths(rows).float().mean())
         return rows
+
+    def _episode_inputs(self, rows: TensorDict) -> tuple[list[list[int]], list[dict[str, Any]]]:
+        """Each row's unpadded prompt ids and the task's metadata for it (empty dicts without meta keys)."""
+        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(rows["prompt_ids"], rows["prompt_mask"])]
+        metas = [dict(zip(self.meta_keys, values)) for values in zip(*(column(rows, k) for k in self.meta_keys))]
+        return prompts, metas or [{} for _ in prompts]
 
     def _start(self, batch: TensorDict, n: int, sampling: dict[str, Any]) -> tuple[SamplingParams, TensorDict, int]:
         """The call's sampling, its rows (each prompt n times) and its seed."""
