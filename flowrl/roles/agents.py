@@ -22,7 +22,6 @@ from flowrl.data.batch import left_pad, right_pad
 from flowrl.data.imports import import_attribute
 from flowrl.engines.protocols import FinishReason, SamplingParams
 from flowrl.engines.service import agents
-from flowrl.engines.service.endpoint import Endpoint
 from flowrl.engines.service.episodes import EpisodeTokens, episode_tokens
 from flowrl.engines.streaming import StreamingEngine
 
@@ -57,6 +56,8 @@ class AgentService:
     """The endpoint of one rollout role and the episodes it plays (see the module docstring)."""
 
     def __init__(self, spec: AgentSpec, engine: StreamingEngine, tokenizer: Any, params: SamplingParams, seed: int):
+        from flowrl.engines.service.endpoint import Endpoint  # FastAPI and uvicorn: the `serve` extra, only here
+
         self.spec, self.tokenizer = spec, tokenizer
         self.endpoint = Endpoint(engine, tokenizer, params, host=spec.host, port=spec.port, token=spec.token,
                                  chat_template=spec.chat_template, seed=seed)
