@@ -57,7 +57,7 @@ def sampled_eval(k: int, episodes: bool = False) -> Algorithm:
 
 def plays_episodes(plan: Plan) -> bool:
     """The training graph rolls out multi-turn episodes (rollout.interact): evaluate it the same way."""
-    return any(node.method == "interact" and node.role == "rollout" for node in plan.nodes)
+    return any(node.method == "interact" for node in plan.nodes)
 
 
 def eval_plan(train: Plan, task: Any, role_classes: dict[str, type] | None = None,

@@ -22,6 +22,7 @@ from flowrl.data.redact import redact
 from flowrl.data.tasks import Task, check_task
 from flowrl.engines.hf_models import load_tokenizer
 from flowrl.graph.algorithm import ALGORITHMS, Algorithm
+from flowrl.roles.configs import RolloutConfig
 from flowrl.runtime.data_tasks import eval_task, fit_prompts, run_task
 from flowrl.runtime import checkpoint, distributed, dumps, profiling, resume, threads
 from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan, plays_episodes
@@ -91,8 +92,10 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     warn_no_effect(cfg, used_sections(plan.specs))
     runner.warn_no_effect(cfg)
     refuse_contradictions(cfg)
-    if getattr(cfg.section("rollout"), "env", None) is not None and not plays_episodes(plan):
-        warnings.warn(f"roles.rollout.env has no effect: algorithm {algo.name!r} never calls rollout.interact",
+    envs = [name for name, spec in plan.specs.items()
+            if isinstance(section := cfg.section(name, spec), RolloutConfig) and section.env is not None]
+    if envs and not plays_episodes(plan):
+        warnings.warn(f"roles.{envs[0]}.env has no effect: algorithm {algo.name!r} never calls {envs[0]}.interact",
                       stacklevel=2)
     found = resume.find(cfg)  # before any model is built: a refused resume changes nothing on disk
     _check_writable(Path(cfg.train.output_dir))
