@@ -28,7 +28,7 @@ from pathlib import Path
 from flowrl.config import load_run_config
 from flowrl.runtime.trainer import train
 
-RAY = ["train.executor=ray", 'placement={"pools": [{"name": "train", "roles": ["actor", "ref"]}, '
+RAY = ["executor.name=ray", 'placement={"pools": [{"name": "train", "roles": ["actor", "ref"]}, '
                              '{"name": "gen", "roles": ["rollout"]}]}']
 
 
@@ -39,7 +39,7 @@ def run(k: int, stream: bool, args: argparse.Namespace, folder: Path) -> dict[st
                                  f"roles.rollout.max_new_tokens={args.max_new_tokens}",
                                  f"roles.rollout.max_in_flight={args.max_in_flight}",
                                  f"roles.rollout.partial={str(args.partial).lower()}",
-                                 "train.eval_every=0", "train.export=false", "train.save_every=0",
+                                 "eval.every=0", "checkpoint.export=false", "checkpoint.every=0",
                                  *(RAY if args.ray else [])])
     rows = train(cfg, progress=False)
     timed = rows[1:] or rows

@@ -95,7 +95,7 @@ def run_config(s: dict, args: argparse.Namespace, model: str, out: str):
             f"train.device={args.device}", f"train.steps={args.steps}", f"train.batch_size={args.prompts}",
             f"algo.group_size={args.group}", f"train.mini_batch_size={rows}", f"train.micro_batch_size={args.micro}",
             "roles.actor.lr=1e-6", f"roles.rollout.max_new_tokens={args.new_tokens}", "roles.actor.compile=false",
-            "train.eval_every=0", "train.save_every=0", "train.export=false", "train.resume=false",
+            "eval.every=0", "checkpoint.every=0", "checkpoint.export=false", "checkpoint.resume=false",
             f"train.output_dir={out}"]
     if s["algorithm"] == "grpo_async":
         sets += [f"algo.max_staleness={s['k']}", f"algo.stream={str(s['stream']).lower()}",

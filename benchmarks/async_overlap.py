@@ -23,9 +23,10 @@ import ray
 
 import flowrl as fl
 from flowrl.algorithms import grpo_async
-from flowrl.config import RunConfig
+from flowrl.config import ExecutorSection, RunConfig
 from flowrl.data import PromptStream
 from flowrl.runtime.factory import make_factory
+from flowrl.runtime.executors import RayExecutorConfig
 from flowrl.runtime.ray_executor import RayExecutor
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
@@ -55,7 +56,8 @@ def main() -> None:
     plan = fl.compile_plan(grpo_async, SPLIT, INPUTS, ROLE_CLASSES, cfg)
     factory = make_factory(RunConfig(), plan, ParityTask(), Path("unused"))
     specs = fake_specs(generate_s=args.generate_s, update_s=args.update_s)
-    executor = RayExecutor(plan, dataclasses.replace(factory, specs=specs))
+    options = ExecutorSection(name="ray", ship_files=False, gc_freeze=False)
+    executor = RayExecutor(plan, dataclasses.replace(factory, specs=specs), RayExecutorConfig(device="cpu", options=options))
     try:  # one set of workers: the k = 0 plan runs as a view on them
         synchronous = executor.for_plan(fl.compile_plan(grpo_async, SPLIT, INPUTS, ROLE_CLASSES,
                                                         {**cfg, "max_staleness": 0}))

@@ -58,8 +58,8 @@ LAST = 10
 
 def run(setting: str, seed: int, steps: int, folder: Path) -> list[dict[str, float]]:
     """The per-step metrics of one training run."""
-    overrides = [f"train.output_dir={folder}", f"train.seed={seed}", f"train.steps={steps}", "train.eval_every=0",
-                 "train.export=false", "train.save_every=0", *SETTINGS[setting]]
+    overrides = [f"train.output_dir={folder}", f"train.seed={seed}", f"train.steps={steps}", "eval.every=0",
+                 "checkpoint.export=false", "checkpoint.every=0", *SETTINGS[setting]]
     return train(load_run_config(None, overrides), progress=False)
 
 

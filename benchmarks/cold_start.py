@@ -6,7 +6,7 @@ then starts `python -m flowrl train` on it in a child process with empty torch.c
 (TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR in a new temporary folder: nothing compiled by an earlier
 run is reused) and follows the child's output_dir/metrics.jsonl. Each row it finds is printed at once as a
 JSON line with the seconds since the child started (`since_start_s`) and the row's timings; row "step" 0 is
-the evaluation before the first step (train.eval_every > 0). The last line is the summary
+the evaluation before the first step (eval.every > 0). The last line is the summary
 (`first_step_s`: start to the first finished step). The defaults are the measured H200 run: the static-cache
 engine (roles.rollout.engine=hf_static, compiled on CUDA), compiled train passes (roles.actor.compile) and a
 200-prompt greedy evaluation at step 0; --set adds or overrides any value.
@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2, help="train.steps")
     p.add_argument("--prompts", type=int, default=64, help="train.batch_size (prompts a step; 8 samples each)")
     p.add_argument("--new-tokens", type=int, default=256, help="roles.rollout.max_new_tokens")
-    p.add_argument("--eval-prompts", type=int, default=200, help="train.eval_prompts (0: no evaluation)")
+    p.add_argument("--eval-prompts", type=int, default=200, help="eval.prompts (0: no evaluation)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more flowrl config values")
     p.add_argument("--child-log", help="keep the child's output here (TORCH_LOGS=recompiles in the environment "
                                        "adds each recompile's reason)")
@@ -53,13 +53,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def flowrl_sets(args: argparse.Namespace, model: str, out: str) -> list[str]:
-    evaluation = [f"train.eval_every={args.steps}", f"train.eval_prompts={args.eval_prompts}"] \
-        if args.eval_prompts else ["train.eval_every=0"]
+    evaluation = [f"eval.every={args.steps}", f"eval.prompts={args.eval_prompts}"] \
+        if args.eval_prompts else ["eval.every=0"]
     return [f"model.path={model}", f"model.dtype={'bfloat16' if args.device == 'cuda' else 'float32'}",
             f"train.device={args.device}", f"train.steps={args.steps}", f"train.batch_size={args.prompts}",
             "algo.group_size=8", f"roles.rollout.max_new_tokens={args.new_tokens}",
             "roles.rollout.engine=hf_static", "roles.actor.compile=true", f"train.output_dir={out}",
-            "train.save_every=0", "train.export=false", "train.resume=false", "train.loggers=console,jsonl",
+            "checkpoint.every=0", "checkpoint.export=false", "checkpoint.resume=false", "train.loggers=console,jsonl",
             *evaluation, *args.set]
 
 

@@ -12,14 +12,14 @@
 #           load_weights, and by reload_weights after a warm-up reload (vllm_sync_paths.py); flowrl's vLLM
 #           engine on the fixed workload, its generate under the profilers (--profile generate: why it is
 #           slower inside a GRPO step than alone)
-#   3 (d1)  wheels; hf_static on the variable workload, 64x8, with train.gc_freeze (the default since stage 2
+#   3 (d1)  wheels; hf_static on the variable workload, 64x8, with executor.gc_freeze (the default since stage 2
 #           found generate's device busy 0.93 s of 7.13 s: Python's collector walking the trainer's heap)
-#   4 (d2)  vllm installed; flowrl's vLLM engine, fixed workload, 4 timed steps: with train.gc_freeze (generate
+#   4 (d2)  vllm installed; flowrl's vLLM engine, fixed workload, 4 timed steps: with executor.gc_freeze (generate
 #           under the profilers) and without it
 #   5 (d1)  wheels, and vllm.00 for stage 6
 #   6 (d2)  vllm installed; flowrl's vLLM engine with the sync's parts logged (timing_s/sync_wake, _wait,
 #           _reload, _reset_cache: where the first sync's extra time goes), fixed and variable workloads
-# For the seventh session (the sixth's fixes, train.gc_freeze and the preloaded reload module, against the
+# For the seventh session (the sixth's fixes, executor.gc_freeze and the preloaded reload module, against the
 # peers in one lease):
 #   7 (d1)  wheels; 64x8, 256: flowrl (hf_static) and TRL without vLLM, variable and fixed
 #   8 (d2)  vllm installed; flowrl's vLLM engine, fixed (its first weight sync: timing_s/sync_reload against
@@ -98,7 +98,7 @@ case $STAGE in
   install_vllm || exit 4
   run vllm_fixed_frozen 230 $B --steps 4 --profile generate --label vllm_l1_frozen \
     --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
-  run vllm_fixed_unfrozen 200 $B --steps 4 --label vllm_l1_unfrozen --flowrl-set train.gc_freeze=false \
+  run vllm_fixed_unfrozen 200 $B --steps 4 --label vllm_l1_unfrozen --flowrl-set executor.gc_freeze=false \
     --flowrl-set roles.rollout.free_cache_engine=1 $VLLM
   ;;
 5)

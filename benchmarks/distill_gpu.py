@@ -57,7 +57,7 @@ def run_options(args: argparse.Namespace, student: Path) -> list[str]:
             f"algo.kind={args.kind}", f"algo.policy_gradient={str(args.policy_gradient).lower()}",
             f"train.steps={args.steps}", f"train.batch_size={args.batch_size}",
             f"train.mini_batch_size={args.batch_size}", f"train.micro_batch_size={args.micro_batch_size}",
-            f"roles.actor.lr={args.lr}", "train.eval_every=0", "train.save_every=0", "train.export=false",
+            f"roles.actor.lr={args.lr}", "eval.every=0", "checkpoint.every=0", "checkpoint.export=false",
             "train.loggers=console,jsonl", f"train.output_dir={args.output}", f"train.seed={args.seed}", *args.set]
 
 

@@ -20,7 +20,7 @@ SPLIT = '{"pools": [{"name": "train", "roles": ["actor", "ref"], "device": "%s"}
 
 def seconds_per_step(device: str, placement: str | None, size: list[str]) -> float:
     with tempfile.TemporaryDirectory() as out:
-        overrides = [f"train.output_dir={out}", f"train.device={device}", "train.steps=6", "train.save_every=0",
+        overrides = [f"train.output_dir={out}", f"train.device={device}", "train.steps=6", "checkpoint.every=0",
                      "roles.rollout.max_new_tokens=16", "task.max_operand=9", *size]
         if placement:
             overrides.append(f"placement={placement}")

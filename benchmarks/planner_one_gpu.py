@@ -37,8 +37,8 @@ SHAPES = {
                intermediate_size=18944, vocab_size=152064),
 }
 WORKLOAD = ["train.device=cuda", "model.dtype=bfloat16", "train.batch_size=16", "algo.group_size=8",
-            "roles.rollout.max_new_tokens=1024", "data.max_prompt_length=256", "train.eval_every=0",
-            "train.save_every=0", "train.export=false"]
+            "roles.rollout.max_new_tokens=1024", "data.max_prompt_length=256", "eval.every=0",
+            "checkpoint.every=0", "checkpoint.export=false"]
 GRID = {  # the hand grid: what a user would try
     "hf_static": [],
     "vllm graphs 0.5 sleep1": ["roles.rollout.engine=vllm", "roles.rollout.enforce_eager=false",

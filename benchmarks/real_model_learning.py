@@ -68,8 +68,8 @@ def run_options(args: argparse.Namespace) -> list[str]:
             f"train.batch_size={args.batch_size}", f"algo.group_size={args.group_size}",
             f"train.mini_batch_size={args.mini_batch_size}", f"train.micro_batch_size={args.micro_batch_size}",
             f"roles.actor.lr={args.lr}", f"roles.actor.warmup_steps={args.warmup_steps}",
-            f"train.eval_every={args.eval_every}", f"train.eval_prompts={args.eval_prompts}",
-            f"train.save_every={args.steps}", "train.export=true", "train.loggers=console,jsonl",
+            f"eval.every={args.eval_every}", f"eval.prompts={args.eval_prompts}",
+            f"checkpoint.every={args.steps}", "checkpoint.export=true", "train.loggers=console,jsonl",
             f"train.output_dir={args.output}", f"train.seed={args.seed}", *args.set]
 
 

@@ -26,9 +26,10 @@ import ray
 
 import flowrl as fl
 from flowrl.algorithms import grpo_async
-from flowrl.config import RunConfig
+from flowrl.config import ExecutorSection, RunConfig
 from flowrl.data import PromptStream
 from flowrl.runtime.factory import make_factory
+from flowrl.runtime.executors import RayExecutorConfig
 from flowrl.runtime.ray_executor import RayExecutor
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
@@ -61,7 +62,8 @@ def steps_per_second(replicas: int, steps: int, median_s: float) -> float:
                            {"group_size": 4, "max_staleness": 1, "kl_coef": 0.0, "stream": True})
     factory = make_factory(RunConfig(), plan, ParityTask(), Path("unused"))
     specs = fake_specs(rollout={"make_streamer": long_tail(median_s)})
-    executor = RayExecutor(plan, dataclasses.replace(factory, specs=specs))
+    options = ExecutorSection(name="ray", ship_files=False, gc_freeze=False)
+    executor = RayExecutor(plan, dataclasses.replace(factory, specs=specs), RayExecutorConfig(device="cpu", options=options))
     stream = PromptStream(ParityTask(), FakeTokenizer(), batch_size=4, seed=0)
     try:
         times = [executor.run_step(step, stream)[1]["timing_s/step"] for step in range(steps)]

@@ -39,10 +39,11 @@ def run(shape: str, bucket_mb: int, repeats: int, systems: list[str]) -> list[di
     import ray
 
     import host_memory as hm
-    from flowrl.config import load_run_config
+    from flowrl.config import ExecutorSection, load_run_config
     from flowrl.data.arithmetic import ArithmeticTask
     from flowrl.graph.algorithm import ALGORITHMS
     from flowrl.runtime.factory import make_factory
+    from flowrl.runtime.executors import RayExecutorConfig
     from flowrl.runtime.ray_executor import RayExecutor
     from flowrl.runtime.trainer import make_plan
 
@@ -51,11 +52,12 @@ def run(shape: str, bucket_mb: int, repeats: int, systems: list[str]) -> list[di
     placement = ('placement={"pools": [{"name": "train", "roles": ["actor"], "world_size": 2}, '
                  '{"name": "gen", "roles": ["rollout"]}]}')
     cfg = load_run_config(None, [f"train.output_dir={folder}/run", f"model.path={path}", "model.dtype=bfloat16",
-                                 f"sync.bucket_mb={bucket_mb}", "train.executor=ray", "algo.kl_coef=0.0",
+                                 f"sync.bucket_mb={bucket_mb}", "executor.name=ray", "algo.kl_coef=0.0",
                                  placement])
     task = ArithmeticTask(4)
     plan = make_plan(cfg, ALGORITHMS.get("grpo"), task)
-    executor = RayExecutor(plan, make_factory(cfg, plan, task, Path(path)), sync=cfg.sync)
+    executor = RayExecutor(plan, make_factory(cfg, plan, task, Path(path)), RayExecutorConfig(
+        device="cpu", options=ExecutorSection(name="ray", ship_files=False, gc_freeze=False), sync=cfg.sync))
     rows = []
     try:
         train_ranks, (gen,) = executor.workers["train"], executor.workers["gen"]

@@ -113,7 +113,7 @@ def test_grpo_trains_on_agent_episodes(tmp_path):
     cfg = load_run_config(None, [f"train.output_dir={tmp_path}", "algorithm=agent_programs:grpo_agent",
                                  "roles.rollout.agent=agent_programs:two_calls", "roles.rollout.max_new_tokens=3",
                                  "roles.rollout.max_total_tokens=16", "train.steps=2", "train.batch_size=2",
-                                 "algo.group_size=2", "train.save_every=0", "train.export=false"])
+                                 "algo.group_size=2", "checkpoint.every=0", "checkpoint.export=false"])
     history = train(cfg, progress=False)
     assert len(history) == 2 and all(row["agent/calls/mean"] == 2 for row in history)
     assert all(torch.isfinite(torch.tensor(row["loss"])) for row in history if "loss" in row)

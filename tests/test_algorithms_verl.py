@@ -104,13 +104,13 @@ def config(tmp_path, *overrides):
 
 @pytest.mark.parametrize("algorithm", NEW)
 def test_each_new_algorithm_trains_on_the_real_engines(tmp_path, algorithm):
-    history = train(config(tmp_path, f"algorithm={algorithm}", "train.steps=2", "train.save_every=0"), progress=False)
+    history = train(config(tmp_path, f"algorithm={algorithm}", "train.steps=2", "checkpoint.every=0"), progress=False)
     assert len(history) == 2
     assert math.isfinite(history[-1]["actor/pg_loss"]) and math.isfinite(history[-1]["actor/grad_norm"])
 
 
 def test_adaptive_kl_coefficient_survives_a_resume(tmp_path):
-    run = ["algorithm=ppo", "algo.kl_ctrl=adaptive", "algo.horizon=16", "train.steps=4", "train.save_every=2"]
+    run = ["algorithm=ppo", "algo.kl_ctrl=adaptive", "algo.horizon=16", "train.steps=4", "checkpoint.every=2"]
     straight = train(config(tmp_path / "a", *run), progress=False)
     coefs = [row["kl_ctrl/coef"] for row in straight]
     assert coefs[0] == 0.001 and len(set(coefs)) == 4  # it moves every step (8 rows / horizon 16, clipped error)

@@ -116,7 +116,7 @@ def test_a_buffer_after_fill_or_twice_or_with_a_bad_k_is_refused():
 
 def config(tmp_path, *overrides):
     return load_run_config(None, [f"train.output_dir={tmp_path}", "train.batch_size=4", "algo.group_size=4",
-                                  "train.eval_every=0", "train.export=false", *overrides])
+                                  "eval.every=0", "checkpoint.export=false", *overrides])
 
 
 def test_on_the_real_engines_k0_equals_grpo_and_k1_resumes_exactly(tmp_path):
@@ -125,7 +125,7 @@ def test_on_the_real_engines_k0_equals_grpo_and_k1_resumes_exactly(tmp_path):
                         "algo.rollout_correction.is_level=off"), progress=False)
     assert [untimed(r) for r in zero] == [untimed(r) for r in plain]
 
-    async_ = ["algorithm=grpo_async", "train.steps=4", "train.save_every=2"]
+    async_ = ["algorithm=grpo_async", "train.steps=4", "checkpoint.every=2"]
     straight = train(config(tmp_path / "a", *async_), progress=False)
     assert [r["buffer/staleness/max"] for r in straight] == [0, 1, 1, 1]
     assert all(r["actor/rollout/is_weight_mean"] > 0 for r in straight)  # the sampler's logprobs weight the loss

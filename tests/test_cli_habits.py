@@ -101,10 +101,10 @@ def test_wandb_goes_online_when_wandb_mode_says_so(tmp_path, monkeypatch):
 def test_node_timeout_under_the_local_executor_warns():
     from flowrl.runtime.executors import executor_config
 
-    local = load_run_config(None, ["train.node_timeout_s=30"])
-    with pytest.warns(UserWarning, match="train.node_timeout_s has no effect: train.executor is not 'ray'"):
+    local = load_run_config(None, ["executor.node_timeout_s=30"])
+    with pytest.warns(UserWarning, match="executor.node_timeout_s has no effect: executor.name is not 'ray'"):
         executor_config(local).warn_no_effect(local)
-    ray = load_run_config(None, ["train.node_timeout_s=30", "train.executor=ray"])
+    ray = load_run_config(None, ["executor.node_timeout_s=30", "executor.name=ray"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_no_effect(ray, ("actor", "rollout"))
@@ -152,7 +152,7 @@ def test_flowrls_own_warnings_print_as_one_line_others_as_python_shows_them(monk
     monkeypatch.setenv("RANK", "1")  # torchrun's other ranks: rank 0 says it
     assert cli.format_warning(*own) == ""
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # restored after the test
-    assert cli.main(["plan", "train.ship_files=false"]) == 0  # main installs it
+    assert cli.main(["plan", "executor.ship_files=false"]) == 0  # main installs it
     assert warnings.formatwarning is cli.format_warning
 
 

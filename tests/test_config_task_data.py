@@ -95,8 +95,8 @@ def test_chat_template_wraps_prompts(tiny_model_path):
 def test_executor_is_validated_and_ray_stays_optional():
     from flowrl.runtime.executors import executor_config
 
-    with pytest.raises(ValueError, match=r"train\.executor: unknown 'dask'; registered: \[.*'local', 'ray'"):
-        executor_config(load_run_config(None, ["train.executor=dask"]))
+    with pytest.raises(ValueError, match=r"executor\.name: unknown 'dask'; registered: \[.*'local', 'ray'"):
+        executor_config(load_run_config(None, ["executor.name=dask"]))
     code = "import sys, flowrl.runtime.trainer, flowrl.cli; assert 'ray' not in sys.modules, 'ray imported'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -20,12 +20,12 @@ from flowrl.runtime import checkpoint
 from flowrl.runtime.shutdown import Stopped
 from flowrl.runtime.trainer import train
 
-FAST = ["--no-progress", "--set", "train.eval_every=0", "--set", "train.export=false", "--set", "train.batch_size=8"]
+FAST = ["--no-progress", "--set", "eval.every=0", "--set", "checkpoint.export=false", "--set", "train.batch_size=8"]
 TESTS = str(Path(__file__).parent)
 
 
 def config(path, *overrides):
-    return load_run_config(None, [f"train.output_dir={path}", "train.eval_every=0", "train.export=false",
+    return load_run_config(None, [f"train.output_dir={path}", "eval.every=0", "checkpoint.export=false",
                                   "train.batch_size=8", *overrides])
 
 
@@ -80,7 +80,7 @@ def test_resuming_after_turning_lora_on_is_one_line_naming_the_checkpoint(tmp_pa
 
 
 def test_a_second_run_on_a_folder_in_use_is_refused_and_sigterm_saves_a_checkpoint_at_the_next_step(tmp_path):
-    run = start(tmp_path, "train.steps=500", "train.save_every=0")
+    run = start(tmp_path, "train.steps=500", "checkpoint.every=0")
     wait_for(tmp_path / "metrics.jsonl")  # step 1 is done
     with pytest.raises(ValueError, match=rf"train.output_dir '{tmp_path}' is in use by another run \(pid "
                                          rf"{run.pid} on host .*\); wait for it to end or use another output_dir"):
@@ -105,7 +105,7 @@ def test_sigint_stops_at_the_end_of_the_step_with_a_checkpoint(tmp_path):
 
     before = signal.getsignal(signal.SIGINT)  # Python's default_int_handler, or SIG_IGN under `cmd &` in a script
     with pytest.raises(Stopped, match=r"stopped by SIGINT after step 2; checkpoint .*step_000002") as stopped:
-        train(config(tmp_path, "train.steps=6", "train.save_every=0"), progress=False, on_step=interrupt)
+        train(config(tmp_path, "train.steps=6", "checkpoint.every=0"), progress=False, on_step=interrupt)
     assert stopped.value.exit_code == 130
     assert checkpoint.latest(tmp_path / "checkpoints").name == "step_000002"
     assert signal.getsignal(signal.SIGINT) is before  # the handlers are given back
@@ -113,7 +113,7 @@ def test_sigint_stops_at_the_end_of_the_step_with_a_checkpoint(tmp_path):
 
 def test_no_safe_point_within_the_shutdown_timeout_exits_with_a_line_and_the_last_checkpoint_intact(tmp_path):
     train(config(tmp_path, "train.steps=1", "task.name=broken_tasks:SlowReward"), progress=False)
-    run = start(tmp_path, "train.steps=3", "train.shutdown_timeout_s=1", reward_s="60")
+    run = start(tmp_path, "train.steps=3", "checkpoint.shutdown_timeout_s=1", reward_s="60")
     said = []
     for line in run.stderr:  # the run is in step 2 once it says it resumed; its scoring takes a minute
         said.append(line)
@@ -124,7 +124,7 @@ def test_no_safe_point_within_the_shutdown_timeout_exits_with_a_line_and_the_las
     began = time.monotonic()
     _, err = run.communicate(timeout=60)
     assert time.monotonic() - began < 20 and run.returncode == 128 + signal.SIGTERM, said + [err]
-    assert err.strip().splitlines()[-1] == ("flowrl: SIGTERM: no safe point within train.shutdown_timeout_s=1; "
+    assert err.strip().splitlines()[-1] == ("flowrl: SIGTERM: no safe point within checkpoint.shutdown_timeout_s=1; "
                                             "exiting without a new checkpoint (the last one is intact; rerun the "
                                             "same command to resume from it)")
     assert checkpoint.latest(tmp_path / "checkpoints").name == "step_000001"
@@ -144,7 +144,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_last_checkpoint_sur
     if not _can_mount_tmpfs(disk):
         pytest.skip("no unprivileged mount namespace here (unshare -rm)")
     train_args = " ".join([sys.executable, "-m", "flowrl", "train", "grpo", *FAST, "--set", "train.steps=3",
-                           "--set", "train.save_every=1", "--output-dir", f"{disk}/run"])
+                           "--set", "checkpoint.every=1", "--output-dir", f"{disk}/run"])
     check = f"{sys.executable} -c 'from flowrl.runtime import checkpoint; print(checkpoint.latest(\"{disk}/run/checkpoints\").name)'"
     script = f"mount -t tmpfs -o size=3m tmpfs {disk} && {train_args}; echo rc=$?; ls -a {disk}/run/checkpoints; {check}"
     done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=600,

@@ -112,11 +112,11 @@ def test_training_on_a_data_set_with_validation_rows(tmp_path):
     train_rows.append(row(99, prompt="1+1+1+1+1+1+1+1+1+1=", truth="10"))  # 20 tokens: dropped
     val_rows = [row(i, prompt=f"{i}+1=", truth=str(i + 1)) for i in range(3)]
     cfg = load_run_config(None, [f"train.output_dir={tmp_path / 'out'}", "train.steps=2", "train.batch_size=4",
-                                 "train.eval_every=1", "algo.group_size=2", "roles.rollout.max_new_tokens=3",
+                                 "eval.every=1", "algo.group_size=2", "roles.rollout.max_new_tokens=3",
                                  f"data.train_files={write_jsonl(tmp_path / 't.jsonl', train_rows)}",
                                  f"data.val_files={write_jsonl(tmp_path / 'v.jsonl', val_rows)}",
                                  "data.reward=exact_match", "data.max_prompt_length=8", "data.reward_workers=2",
-                                 "train.eval_samples=3"])
+                                 "eval.samples=3"])
     history = train(cfg, progress=False)
     assert [r["step"] for r in history] == [1, 2]
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in history)
@@ -159,8 +159,8 @@ def test_a_resumed_data_set_run_continues_at_the_same_rows(tmp_path):
     path = write_jsonl(tmp_path / "t.jsonl", rows)
 
     def cfg(out):
-        return load_run_config(None, [f"train.output_dir={out}", "train.steps=4", "train.save_every=2",
-                                      "train.batch_size=4", "train.eval_every=0", "algo.group_size=2",
+        return load_run_config(None, [f"train.output_dir={out}", "train.steps=4", "checkpoint.every=2",
+                                      "train.batch_size=4", "eval.every=0", "algo.group_size=2",
                                       "roles.rollout.max_new_tokens=2", f"data.train_files={path}",
                                       "data.reward=exact_match", "data.reward_workers=0",
                                       "roles.actor.lr_schedule=linear", "roles.actor.lr_decay_steps=8"])

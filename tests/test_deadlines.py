@@ -30,7 +30,7 @@ from reward_servers import serve
 
 
 def config(path, *overrides):
-    return load_run_config(None, [f"train.output_dir={path}", "train.eval_every=0", "train.export=false",
+    return load_run_config(None, [f"train.output_dir={path}", "eval.every=0", "checkpoint.export=false",
                                   "train.batch_size=4", *overrides])
 
 
@@ -129,7 +129,7 @@ def test_a_torchrun_master_nobody_listens_on_is_named_within_the_rendezvous_time
         monkeypatch.setenv(key, value)
     began = time.monotonic()
     with pytest.raises(TimeoutError, match=rf"the torchrun master 127.0.0.1:{port} \(MASTER_ADDR:MASTER_PORT\) did "
-                                           rf"not answer within train.rendezvous_timeout_s=1"):
+                                           rf"not answer within executor.rendezvous_timeout_s=1"):
         distributed.check_rendezvous(1.0)
     assert time.monotonic() - began < 3
 

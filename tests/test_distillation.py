@@ -119,7 +119,7 @@ def peaked_teacher(tmp_path):
 def test_the_students_kl_to_its_teacher_falls_on_cpu(tmp_path, kind, policy_gradient):
     cfg = load_run_config(None, [f"train.output_dir={tmp_path / 'run'}", "algorithm=distill", "train.steps=10",
                                  "train.batch_size=16", "train.mini_batch_size=16", "train.micro_batch_size=16",
-                                 "train.save_every=0", "train.export=false",
+                                 "checkpoint.every=0", "checkpoint.export=false",
                                  f"roles.teacher.model={peaked_teacher(tmp_path)}", "roles.actor.lr=1e-2",
                                  f"algo.kind={kind}", f"algo.policy_gradient={policy_gradient}"])
     history = train(cfg, progress=False)

@@ -86,7 +86,7 @@ def test_the_docs_grpo_with_a_rank_advantage_runs_from_its_file(tmp_path, monkey
     assert repr(graph.nodes["actor.update"]["node"].kwargs["loss"]) == repr(
         expected.nodes["actor.update"]["node"].kwargs["loss"])  # GRPO's loss, its 0.001 k3 KL included
     history = train(load_run_config(None, [f"train.output_dir={tmp_path / 'run'}", "algorithm=./my_algos.py:grpo_rank",
-                                           "train.steps=2", "train.save_every=0"]), progress=False)
+                                           "train.steps=2", "checkpoint.every=0"]), progress=False)
     assert len(history) == 2 and math.isfinite(history[-1]["actor/kl_loss"])
 
 
@@ -102,6 +102,6 @@ def test_the_docs_ppo_with_an_extra_term_runs_and_logs_the_term(tmp_path, monkey
     assert repr(loss.terms[:-1]) == repr(ppo_loss.terms) and loss.loss_agg_mode == ppo_loss.loss_agg_mode
     assert [term.metric for term in loss.terms] == ["pg_loss", "pull_loss"]
     history = train(load_run_config(None, [f"train.output_dir={tmp_path / 'run'}", "algorithm=my_algos:ppo_pull",
-                                           "train.steps=2", "train.save_every=0"]), progress=False)
+                                           "train.steps=2", "checkpoint.every=0"]), progress=False)
     assert len(history) == 2
     assert all(math.isfinite(row["actor/pull_loss"]) and math.isfinite(row["critic/vf_loss"]) for row in history)

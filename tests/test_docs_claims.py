@@ -29,8 +29,8 @@ def test_the_quick_starts_reward_figures_are_what_its_50_steps_give(tmp_path):
     the training rewards as they are and cost time)."""
     said = one(r"`done: (\d+) steps, reward/mean ([0-9.]+) -> ([0-9.]+)`", README)
     steps, first, last = int(said[1]), float(said[2]), float(said[3])
-    cfg = load_run_config(None, [f"train.output_dir={tmp_path}", "train.eval_every=0", "train.save_every=0",
-                                 "train.export=false"])
+    cfg = load_run_config(None, [f"train.output_dir={tmp_path}", "eval.every=0", "checkpoint.every=0",
+                                 "checkpoint.export=false"])
     assert cfg.train.steps == steps  # `flowrl train grpo` as the README runs it: the default steps
     rewards = [row["reward/mean"] for row in train(cfg, progress=False)]
     assert len(rewards) == steps
@@ -119,10 +119,10 @@ def test_the_tool_sandboxs_defaults_on_the_multiturn_page_are_the_codes():
 
 
 def test_defaults_quoted_in_the_docs_are_the_codes():
-    from flowrl.config import TrainConfig
+    from flowrl.config import ExecutorSection
 
-    said = one(r"`train.placement_timeout_s` \(([0-9.]+) s;", (DOCS / "cluster.md").read_text())[1]
-    assert float(said) == TrainConfig().placement_timeout_s
+    said = one(r"`executor.placement_timeout_s` \(([0-9.]+) s;", (DOCS / "cluster.md").read_text())[1]
+    assert float(said) == ExecutorSection().placement_timeout_s
     said = one(r"\(`--gpu-memory-gib`, default ([0-9.]+)\)", (DOCS / "concepts.md").read_text())[1]
     assert float(said) == cli.parse(["plan"]).gpu_memory_gib
     said = one(r"with\s+`algo.max_staleness` \(default (\d+)\)", (DOCS / "async.md").read_text())[1]

@@ -1,4 +1,4 @@
-"""Generation dumps (train.dump_rollouts_every, train.dump_eval) and profiling (train.profile_steps) in short
+"""Generation dumps (debug.dump_rollouts_every, debug.dump_eval) and profiling (debug.profile_steps) in short
 GRPO runs on the tiny model, on CPU."""
 
 import csv
@@ -17,12 +17,12 @@ from flowrl.runtime.trainer import train
 datasets = pytest.importorskip("datasets", reason="reading the dumps back needs datasets: pip install -e '.[data]'")
 
 GRPO = ["train.batch_size=2", "algo.group_size=2", "algo.kl_coef=0", "roles.rollout.max_new_tokens=4",
-        "train.export=false"]
+        "checkpoint.export=false"]
 
 
 def test_rollout_and_eval_dumps_hold_each_rows_fields_and_read_back_with_datasets(tmp_path):
-    cfg = load_run_config(None, GRPO + ["train.steps=2", "train.dump_rollouts_every=1", "train.dump_eval=true",
-                                        "train.eval_every=2", "train.eval_prompts=3", f"train.output_dir={tmp_path}"])
+    cfg = load_run_config(None, GRPO + ["train.steps=2", "debug.dump_rollouts_every=1", "debug.dump_eval=true",
+                                        "eval.every=2", "eval.prompts=3", f"train.output_dir={tmp_path}"])
     history = train(cfg, progress=False)
     for step, logged in enumerate(history, start=1):
         rows = datasets.Dataset.from_json(str(tmp_path / "rollouts" / f"step_{step:06d}.jsonl"))
@@ -62,7 +62,7 @@ def test_node_table_by_hand():
 
 
 def test_profile_steps_write_a_chrome_trace_and_a_node_time_table(tmp_path):
-    cfg = load_run_config(None, GRPO + ["train.steps=3", "train.profile_steps=[2, 3]", "train.eval_every=0",
+    cfg = load_run_config(None, GRPO + ["train.steps=3", "debug.profile_steps=[2, 3]", "eval.every=0",
                                         f"train.output_dir={tmp_path}"])
     history = train(cfg, progress=False)
     trace = json.loads((tmp_path / "profile" / "trace.json").read_text())
@@ -82,5 +82,5 @@ def test_profile_steps_write_a_chrome_trace_and_a_node_time_table(tmp_path):
 
 @pytest.mark.parametrize("steps", ["[3, 2]", "[0, 1]", "[1]"])
 def test_a_bad_profile_range_is_named(steps):
-    with pytest.raises(ValueError, match="train.profile_steps: .*1 <= first <= last"):
-        load_run_config(None, [f"train.profile_steps={steps}"])
+    with pytest.raises(ValueError, match="debug.profile_steps: .*1 <= first <= last"):
+        load_run_config(None, [f"debug.profile_steps={steps}"])

@@ -58,7 +58,7 @@ def test_sampler_logprobs_equal_the_trainers(gqa_model_path, temperature, top_k,
 
 def test_grpo_trains_with_the_static_engine(tmp_path):
     cfg = load_run_config(None, [f"train.output_dir={tmp_path}", "roles.rollout.engine=hf_static", "train.steps=30",
-                                 "train.eval_every=0", "train.export=false"])
+                                 "eval.every=0", "checkpoint.export=false"])
     rows = train(cfg, progress=False)
     first, last = sum(r["reward/mean"] for r in rows[:5]) / 5, sum(r["reward/mean"] for r in rows[-5:]) / 5
     assert last > first + 0.1, (first, last)

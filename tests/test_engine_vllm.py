@@ -24,7 +24,7 @@ from flowrl.runtime.trainer import train  # noqa: E402
 from crash import train_until_crash  # noqa: E402
 
 BLOCK = 32  # tokens per KV block: the long prompts below span two
-SMALL = ["roles.rollout.engine=vllm", "model.tiny_hidden_size=128", "roles.rollout.kv_cache_gb=0.25", "train.export=false"]
+SMALL = ["roles.rollout.engine=vllm", "model.tiny_hidden_size=128", "roles.rollout.kv_cache_gb=0.25", "checkpoint.export=false"]
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +178,7 @@ def test_bad_setups_are_one_line(tiny_model_path, tmp_path):
 
 def test_grpo_reward_rises_with_vllm(tmp_path):
     rows = train(load_run_config(None, [f"train.output_dir={tmp_path}", *SMALL, "train.steps=30",
-                                        "train.eval_every=0"]), progress=False)
+                                        "eval.every=0"]), progress=False)
     first, last = sum(r["reward/mean"] for r in rows[:5]) / 5, sum(r["reward/mean"] for r in rows[-5:]) / 5
     assert last > first + 0.1, (first, last)
     assert all(r["timing_s/sync"] > 0 for r in rows[1:])  # the actor changed before each later step's rollout
@@ -192,7 +192,7 @@ def test_grpo_reward_rises_with_vllm(tmp_path):
 def test_resume_after_a_crash_reproduces_the_run(tmp_path):
     def config(run):
         return load_run_config(None, [f"train.output_dir={tmp_path / run}", *SMALL, "train.steps=4",
-                                      "train.save_every=2", "train.eval_every=2"])
+                                      "checkpoint.every=2", "eval.every=2"])
 
     straight = train(config("a"), progress=False)
 
@@ -218,7 +218,7 @@ ROLLING_OUT = [name for name in ALGORITHMS.names() if "rollout" in ALGORITHMS.ge
 @pytest.mark.parametrize("algorithm", ROLLING_OUT)
 def test_every_prebuilt_algorithm_runs_on_vllm(tmp_path, algorithm):
     history = train(load_run_config(None, [f"train.output_dir={tmp_path}", *SMALL, f"algorithm={algorithm}",
-                                           "train.steps=1", "train.batch_size=4", "train.eval_every=0",
+                                           "train.steps=1", "train.batch_size=4", "eval.every=0",
                                            *NEEDS.get(algorithm, [])]), progress=False)
     assert len(history) == 1 and math.isfinite(history[-1]["actor/pg_loss"])
     assert 0.0 <= history[-1]["reward/mean"] <= 1.0

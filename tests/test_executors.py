@@ -1,4 +1,4 @@
-"""Executors and weight transports are registered components with configs: train.executor and sync.transport
+"""Executors and weight transports are registered components with configs: executor.name and sync.transport
 pick them by name, and what differs between them is a property of the config, not an `if` in the trainer."""
 
 import sys
@@ -21,12 +21,12 @@ def test_train_executor_picks_the_registered_config_with_its_train_options(monke
     monkeypatch.setitem(sys.modules, "ray", None)  # any `import ray` below fails: choosing imports no Ray
     local = executor_config(load_run_config(None, []))
     assert type(local) is LocalExecutorConfig and not local.uses_cluster_gpus
-    ray = executor_config(load_run_config(None, ["train.executor=ray", "train.device=cuda", "train.ship_files=false",
-                                                 "train.placement_timeout_s=5", "sync.bucket_mb=8"]))
+    ray = executor_config(load_run_config(None, ["executor.name=ray", "train.device=cuda", "executor.ship_files=false",
+                                                 "executor.placement_timeout_s=5", "sync.bucket_mb=8"]))
     assert type(ray) is RayExecutorConfig and ray.uses_cluster_gpus  # the cluster's GPUs, not this process's
-    assert (ray.ship_files, ray.placement_timeout_s, ray.sync.bucket_mb) == (False, 5.0, 8)
-    assert not executor_config(load_run_config(None, ["train.executor=ray"])).uses_cluster_gpus  # CPU pools
-    with pytest.raises(ValueError, match="train.executor: 'ray' starts its own workers from one process"):
+    assert (ray.options.ship_files, ray.options.placement_timeout_s, ray.sync.bucket_mb) == (False, 5.0, 8)
+    assert not executor_config(load_run_config(None, ["executor.name=ray"])).uses_cluster_gpus  # CPU pools
+    with pytest.raises(ValueError, match="executor.name: 'ray' starts its own workers from one process"):
         ray.check_world(2)
     local.check_world(2)  # torchrun runs the local executor on every rank
 
@@ -41,7 +41,7 @@ def test_an_executor_registered_by_a_user_is_chosen_by_name():
             return "an executor"
 
     EXECUTORS.register("counting", Counting, replace=True)
-    cfg = load_run_config(None, ["train.executor=counting"])
+    cfg = load_run_config(None, ["executor.name=counting"])
     chosen = executor_config(cfg)
     assert type(chosen) is Counting and chosen.build(fl.compile_plan(grpo, fl.Placement.colocated(
         ("actor", "rollout", "ref")), INPUTS, ROLE_CLASSES), None, 1, None) == "an executor"

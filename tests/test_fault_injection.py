@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM
 
 import cli_process
 
-ARGS = ["train", "grpo", "--no-progress", "--set", "train.steps=8", "--set", "train.save_every=1",
-        "--set", "train.eval_every=0", "--set", "train.batch_size=8"]
+ARGS = ["train", "grpo", "--no-progress", "--set", "train.steps=8", "--set", "checkpoint.every=1",
+        "--set", "eval.every=0", "--set", "train.batch_size=8"]
 
 
 def command(folder):

@@ -24,10 +24,10 @@ def test_each_plain_train_gets_a_folder_of_its_own_and_an_explicit_one_is_kept(t
 def test_the_ray_executor_without_ray_names_the_extra(tmp_path, monkeypatch, capsys):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
-    assert cli.main(["train", "grpo", "train.steps=1", "train.executor=ray", f"train.output_dir={tmp_path}"]) == \
+    assert cli.main(["train", "grpo", "train.steps=1", "executor.name=ray", f"train.output_dir={tmp_path}"]) == \
         cli.EXIT_USER_ERROR
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "flowrl: error: train.executor=ray needs Ray: install the checkout's ray extra, pip install -e '.[ray]'")
+        "flowrl: error: executor.name=ray needs Ray: install the checkout's ray extra, pip install -e '.[ray]'")
 
 
 def test_a_response_longer_than_the_context_blames_max_new_tokens(tmp_path):

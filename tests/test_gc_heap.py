@@ -1,4 +1,4 @@
-"""train.gc_freeze: the local executor freezes the process's heap after its first step and thaws it at close; the
+"""executor.gc_freeze: the local executor freezes the process's heap after its first step and thaws it at close; the
 collector's seconds are logged per node (flowrl.runtime.gc_heap)."""
 
 import gc
@@ -88,6 +88,6 @@ def test_the_local_executor_freezes_after_its_first_step_and_thaws_at_close():
 
 def test_train_gc_freeze_reaches_both_executors():
     for executor in ("local", "ray"):
-        assert executor_config(load_run_config(None, [f"train.executor={executor}"])).gc_freeze is True
-        assert executor_config(load_run_config(None, [f"train.executor={executor}",
-                                                      "train.gc_freeze=false"])).gc_freeze is False
+        assert executor_config(load_run_config(None, [f"executor.name={executor}"])).options.gc_freeze is True
+        assert executor_config(load_run_config(None, [f"executor.name={executor}",
+                                                      "executor.gc_freeze=false"])).options.gc_freeze is False

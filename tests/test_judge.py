@@ -82,7 +82,7 @@ def test_the_tiny_model_judges_through_the_hf_rollout_engine(tiny_model_path):
 def test_grpo_trains_a_step_with_the_judge_as_its_reward(tmp_path):
     cfg = load_run_config(None, [
         "roles.reward=llm_judge", "roles.reward.template={prompt}{response}=", "train.steps=1", "train.batch_size=2",
-        "algo.group_size=2", "algo.kl_coef=0", "train.eval_every=0", "train.export=false",
+        "algo.group_size=2", "algo.kl_coef=0", "eval.every=0", "checkpoint.export=false",
         "roles.rollout.max_new_tokens=4", f"train.output_dir={tmp_path}"])
     step = train(cfg, progress=False)[0]
     assert 0 <= step["judge/parse_failures"] <= 4 and 0.0 <= step["reward/mean"] <= 1.0

@@ -96,7 +96,45 @@ def test_no_import_cycles():
                                                                     "ray_worker.py", "scheduling.py",
                                                                     "buffering.py"))])
 def test_the_planner_and_executors_name_no_role_and_no_field(path):
+    """(runtime/ and config/ as a whole: test_runtime_and_config_name_no_role below.)"""
     strings = {node.value for node in ast.walk(ast.parse(path.read_text()))
                if isinstance(node, ast.Constant) and isinstance(node.value, str)}
     assert not strings & set(ROLES.names()), strings & set(ROLES.names())
     assert not strings & FIELDS, strings & FIELDS
+
+
+ROLE_LITERALS_ALLOWED = {  # (module, role name): why the literal stays
+    **{("config/run_config.py", name): "the named accessors of the built-in roles' sections (cfg.actor, cfg.critic, "
+       "cfg.rollout), the deprecated sections' and judge options' alias tables (LEGACY_SECTIONS, LEGACY_JUDGE) and "
+       "model.reward_path's binding of `reward` to `reward_model`"
+       for name in ("actor", "critic", "rollout", "reward", "reward_model", "llm_judge")},
+    **{(module, name): "verl's own key and section names (the verl translation), not flowrl's roles"
+       for module, name in (("config/verl_algo.py", "kl_ctrl"), ("config/verl_keys.py", "critic"),
+                            ("config/verl_keys.py", "reward_model"), ("config/verl_map.py", "rollout"),
+                            ("config/verl_map.py", "ref"))},
+    ("config/presets.py", "actor"): "the `cuda` preset is data naming the sections it fills, as a config file does",
+    ("config/presets.py", "rollout"): "the `cuda` preset is data naming the sections it fills, as a config file does",
+    ("config/loading.py", "rollout"): "the `cuda` preset's rollout section: its role's own keys",
+    ("runtime/data_tasks.py", "reward"): "data.reward, the data section's field, as a task's keyword",
+    ("runtime/export.py", "reward"): "data.reward, the data section's field",
+    ("runtime/plotting.py", "reward"): "a panel's title (the reward/mean metric)",
+    ("runtime/trainer.py", "reward"): "the step line's label of the reward/mean metric",
+}
+
+
+@pytest.mark.parametrize("path", [*sorted((ROOT / "runtime").rglob("*.py")), *sorted((ROOT / "config").rglob("*.py"))])
+def test_runtime_and_config_name_no_role(path):
+    """No string literal equal to a registered role's name in runtime/ or config/ (issue 42 point 4): the roles'
+    declared traits (trainable, exported, their config class) say what a literal would; the few that stay are
+    allow-listed above with their reason."""
+    module = str(path.relative_to(ROOT))
+    found = {node.value for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Constant) and node.value in set(ROLES.names())}
+    assert {name for name in found if (module, name) not in ROLE_LITERALS_ALLOWED} == set()
+
+
+def test_the_role_literal_allow_list_holds_only_literals_still_there():
+    found = {(str(path.relative_to(ROOT)), node.value) for folder in ("runtime", "config")
+             for path in (ROOT / folder).rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Constant) and node.value in set(ROLES.names())}
+    assert set(ROLE_LITERALS_ALLOWED) - found == set(), "gone: remove them from ROLE_LITERALS_ALLOWED"

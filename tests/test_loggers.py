@@ -115,7 +115,7 @@ def test_a_training_run_writes_to_the_chosen_loggers(tmp_path, capsys):
 
     from flowrl.runtime.trainer import train
 
-    cfg = load_run_config(None, [f"train.output_dir={tmp_path}", "train.steps=2", "train.eval_every=0",
+    cfg = load_run_config(None, [f"train.output_dir={tmp_path}", "train.steps=2", "eval.every=0",
                                  "train.batch_size=4", "train.loggers=jsonl,tensorboard"])
     history = train(cfg, progress=True)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -103,7 +103,7 @@ def test_a_lora_run_trains_resumes_and_exports(tmp_path):
     from flowrl.config import load_run_config
     from flowrl.runtime.trainer import train
 
-    sets = ["train.steps=2", "train.save_every=1", "train.eval_every=0", "train.batch_size=8", "roles.actor.lora_rank=4",
+    sets = ["train.steps=2", "checkpoint.every=1", "eval.every=0", "train.batch_size=8", "roles.actor.lora_rank=4",
             f"train.output_dir={tmp_path}"]
     train(load_run_config(None, sets), progress=False)
     model_keys = [k for k in sharded_checkpoint.saved_keys(tmp_path / "checkpoints/step_000002/actor")

@@ -84,7 +84,7 @@ def test_a_pool_over_two_nodes_trains_as_locally_from_model_folders_shipped_to_t
     object store, so the workers cannot read the driver's path."""
     model = build_tiny_model(tmp_path / "model", chars=ParityTask.chars, hidden_size=64, num_layers=2, seed=0)
     common = ["task.name=fakes:ParityTask", "train.steps=2", "train.batch_size=4", "algo.group_size=4",
-              "train.eval_every=0", "train.export=false", f"model.path={model}"]
+              "eval.every=0", "checkpoint.export=false", f"model.path={model}"]
     local = train(load_run_config(None, [f"train.output_dir={tmp_path / 'local'}", *common]), progress=False)
 
     shipped = ray_cluster.ship
@@ -107,7 +107,7 @@ def test_a_pool_over_two_nodes_trains_as_locally_from_model_folders_shipped_to_t
             if pool in ("flowrl-main", "flowrl-gen", "flowrl-ref") and row["state"] == "CREATED":
                 nodes_of[pool] = list(row["bundles_to_node_id"].values())
 
-    remote = train(load_run_config(None, [f"train.output_dir={tmp_path / 'ray'}", *common, "train.executor=ray",
+    remote = train(load_run_config(None, [f"train.output_dir={tmp_path / 'ray'}", *common, "executor.name=ray",
                                           f"placement={json.dumps(spread)}"]), progress=False, on_step=record_nodes)
     assert not model.exists()
     assert len(set(nodes_of["flowrl-ref"])) == 2, nodes_of
@@ -119,8 +119,8 @@ def test_a_pool_over_two_nodes_trains_as_locally_from_model_folders_shipped_to_t
 
 
 def test_a_pool_the_cluster_cannot_host_is_refused_naming_it(cluster, tmp_path):
-    common = ["task.name=fakes:ParityTask", "train.steps=1", "train.batch_size=4", "train.executor=ray",
-              "train.eval_every=0", f"train.output_dir={tmp_path}"]
+    common = ["task.name=fakes:ParityTask", "train.steps=1", "train.batch_size=4", "executor.name=ray",
+              "eval.every=0", f"train.output_dir={tmp_path}"]
     three = {"pools": [{"name": "wide", "roles": ["actor", "rollout", "ref"], "world_size": 3,
                         "strategy": "STRICT_SPREAD"}]}
     with pytest.raises(PlanError, match=r"pool 'wide' spreads 3 ranks over as many nodes \(STRICT_SPREAD\), but "
@@ -131,13 +131,13 @@ def test_a_pool_the_cluster_cannot_host_is_refused_naming_it(cluster, tmp_path):
         train(load_run_config(None, [*common, f"placement={json.dumps(missing)}"]), progress=False)
     apart = {"pools": [{"name": "g", "roles": ["actor", "rollout", "ref"],
                         "resources": {"node_a": 0.5, "node_b": 0.5}}]}  # enough in total, on no one node
-    with pytest.raises(PlanError, match=r"Ray did not place pool 'g' .* within train.placement_timeout_s=2 s"):
-        train(load_run_config(None, [*common, "train.placement_timeout_s=2", f"placement={json.dumps(apart)}"]),
+    with pytest.raises(PlanError, match=r"Ray did not place pool 'g' .* within executor.placement_timeout_s=2 s"):
+        train(load_run_config(None, [*common, "executor.placement_timeout_s=2", f"placement={json.dumps(apart)}"]),
               progress=False)
 
 
 def test_placement_auto_on_cuda_needs_gpus_in_the_cluster(cluster, tmp_path):
-    cfg = load_run_config(None, ["task.name=fakes:ParityTask", "train.executor=ray", "train.device=cuda",
+    cfg = load_run_config(None, ["task.name=fakes:ParityTask", "executor.name=ray", "train.device=cuda",
                                  f"train.output_dir={tmp_path}"])
     with pytest.raises(ValueError, match="placement 'auto': train.device is 'cuda', but the Ray cluster has no GPU"):
         train(cfg, progress=False)

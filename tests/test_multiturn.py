@@ -180,11 +180,11 @@ def test_bad_environment_settings_are_named(tmp_path):
 
 
 CALCULATOR = ["algorithm=grpo_multiturn", "task.name=calculator", "task.max_operand=9", "roles.rollout.env=calculator",
-              "roles.rollout.max_new_tokens=1", "roles.rollout.max_turns=2", "train.save_every=0", "train.export=false"]
+              "roles.rollout.max_new_tokens=1", "roles.rollout.max_turns=2", "checkpoint.every=0", "checkpoint.export=false"]
 
 
 def test_multiturn_grpo_on_the_calculator_raises_reward_by_learning_to_use_the_tool(tmp_path):
-    cfg = load_run_config(None, [f"train.output_dir={tmp_path}", *CALCULATOR, "train.steps=25", "train.eval_every=25"])
+    cfg = load_run_config(None, [f"train.output_dir={tmp_path}", *CALCULATOR, "train.steps=25", "eval.every=25"])
     history = train(cfg, progress=False)
     rewards, calls = ([row[key] for row in history] for key in ("reward/mean", "env/tool_calls/mean"))
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5

@@ -21,7 +21,7 @@ from flowrl.runtime.run_lock import RunLock
 from flowrl.runtime.trainer import train
 
 TESTS = str(Path(__file__).parent)
-FAST = ["train.eval_every=0", "train.export=false", "train.batch_size=4"]
+FAST = ["eval.every=0", "checkpoint.export=false", "train.batch_size=4"]
 
 
 def config(path, *overrides):
@@ -32,7 +32,7 @@ def config(path, *overrides):
 def run(tmp_path_factory):
     """A finished one-step run (signed checkpoint, final/)."""
     folder = tmp_path_factory.mktemp("run")
-    train(config(folder, "train.steps=1", "train.export=true"), progress=False)
+    train(config(folder, "train.steps=1", "checkpoint.export=true"), progress=False)
     return folder
 
 
@@ -78,7 +78,7 @@ def test_kill_9_of_a_run_scoring_a_data_set_leaves_no_scorer_and_no_lock(tmp_pat
              "reward_model": {"ground_truth": str(i)}} for i in range(4)]
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "scorers.py").write_text("import time\ndef slow(**_):\n    time.sleep(0.2)\n    return 1.0\n")
-    sets = [*FAST, "train.steps=400", "train.save_every=1", f"data.train_files={tmp_path / 't.jsonl'}",
+    sets = [*FAST, "train.steps=400", "checkpoint.every=1", f"data.train_files={tmp_path / 't.jsonl'}",
             f"data.reward={tmp_path / 'scorers.py'}:slow", "data.reward_workers=2", "algo.group_size=2",
             "roles.rollout.max_new_tokens=3"]
     args = [sys.executable, "-m", "flowrl", "train", "grpo", "--no-progress", "--output-dir", str(tmp_path / "run"),

@@ -15,7 +15,7 @@ from flowrl.graph.role import ROLES
 from flowrl.runtime.trainer import make_plan, train
 from custom_roles import Judge, grpo_judged, grpo_rule_and_rm
 
-COMMON = ["train.steps=3", "train.batch_size=8", "train.eval_every=0", "train.export=false"]
+COMMON = ["train.steps=3", "train.batch_size=8", "eval.every=0", "checkpoint.export=false"]
 
 
 def config(tmp_path, *overrides):

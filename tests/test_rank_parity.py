@@ -29,7 +29,7 @@ EXACT = ("reward/mean", "response_length/mean", "response_length/clip_ratio", "s
          "actor/approx_kl")
 COMMON = ["algorithm=dapo", "task.name=fakes:ParityTask", "train.batch_size=4", "algo.group_size=4",
           "train.mini_batch_size=16", "train.micro_batch_size=8", "train.forward_micro_batch_size=8",
-          "train.eval_every=0", "train.save_every=0"]
+          "eval.every=0", "checkpoint.every=0"]
 RUNS = {"split": [*COMMON, "train.steps=3", "algo.dynamic_sampling=false"],
         "fill": [*COMMON, "train.steps=5", "algo.max_sampling_rounds=8"]}
 POOL = 'placement={"pools": [{"name": "global", "roles": ["actor", "rollout"], "world_size": 2}]}'
@@ -57,7 +57,7 @@ def ray_runs(tmp_path_factory, ray_local):
     """Both runs on one Ray pool of two ranks, on the session's local cluster (conftest.ray_local)."""
     folder = tmp_path_factory.mktemp("ray")
     results = {}
-    for name, overrides in runs_in(folder, "train.executor=ray", POOL).items():
+    for name, overrides in runs_in(folder, "executor.name=ray", POOL).items():
         try:
             results[name] = train(load_run_config(None, [*ROLES, *overrides]), progress=False)
         except ValueError as err:  # a refused run

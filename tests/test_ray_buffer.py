@@ -8,7 +8,7 @@ import pytest
 
 import flowrl as fl
 from flowrl.algorithms import grpo_async
-from flowrl.config import RunConfig, load_run_config
+from flowrl.config import ExecutorSection, RunConfig, load_run_config
 from flowrl.data import PromptStream
 from flowrl.runtime.factory import make_factory
 from flowrl.runtime.trainer import train
@@ -16,7 +16,9 @@ from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask, fake_specs
 
 ray = pytest.importorskip("ray")
 from flowrl.runtime.ray_executor import RayExecutor  # noqa: E402  (needs ray)
+from flowrl.runtime.executors import RayExecutorConfig  # noqa: E402
 
+RAY = RayExecutorConfig(device="cpu", options=ExecutorSection(name="ray", ship_files=False, gc_freeze=False))
 INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer"}
 SPLIT = fl.Placement(pools=[fl.Pool(name="train", roles=["actor"]), fl.Pool(name="gen", roles=["rollout"])])
 
@@ -41,7 +43,7 @@ def test_generation_of_the_next_step_overlaps_training_on_split_pools():
     cfg = {"group_size": 2, "max_staleness": 1, "kl_coef": 0.0}
     plan = fl.compile_plan(grpo_async, SPLIT, INPUTS, ROLE_CLASSES, cfg)
     factory = make_factory(RunConfig(), plan, ParityTask(), Path("unused"))
-    executor = RayExecutor(plan, dataclasses.replace(factory, specs=fake_specs(generate_s=0.4, update_s=0.4)))
+    executor = RayExecutor(plan, dataclasses.replace(factory, specs=fake_specs(generate_s=0.4, update_s=0.4)), RAY)
     try:
         overlapped, logged = run_steps(executor, 1, 0, 4)
         synchronous = executor.for_plan(fl.compile_plan(grpo_async, SPLIT, INPUTS, ROLE_CLASSES,
@@ -56,11 +58,11 @@ def test_generation_of_the_next_step_overlaps_training_on_split_pools():
 
 def test_k1_on_ray_equals_k1_on_the_local_executor(tmp_path):
     common = ["task.name=fakes:ParityTask", "algorithm=grpo_async", "train.steps=3", "train.batch_size=4",
-              "algo.group_size=4", "train.eval_every=3", "train.eval_prompts=4", "train.export=false",
+              "algo.group_size=4", "eval.every=3", "eval.prompts=4", "checkpoint.export=false",
               'placement={"pools": [{"name": "train", "roles": ["actor", "ref"]}, '
               '{"name": "gen", "roles": ["rollout"]}]}']
     local = train(load_run_config(None, [f"train.output_dir={tmp_path / 'local'}", *common]), progress=False)
-    remote = train(load_run_config(None, [f"train.output_dir={tmp_path / 'ray'}", *common, "train.executor=ray"]),
+    remote = train(load_run_config(None, [f"train.output_dir={tmp_path / 'ray'}", *common, "executor.name=ray"]),
                    progress=False)
     assert [row["buffer/staleness/max"] for row in remote] == [0, 1, 1]
     for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm", "actor/rollout/is_weight_mean",

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import flowrl as fl
-from flowrl.config import RunConfig, load_run_config
+from flowrl.config import ExecutorSection, RunConfig, load_run_config
 from flowrl.data import PromptStream
 from flowrl.rl import stages
 from flowrl.runtime.factory import make_factory
@@ -20,7 +20,9 @@ from transformers import AutoModelForCausalLM
 
 ray = pytest.importorskip("ray")
 from flowrl.runtime.ray_executor import RayExecutor  # noqa: E402  (needs ray)
+from flowrl.runtime.executors import RayExecutorConfig  # noqa: E402
 
+RAY = RayExecutorConfig(device="cpu", options=ExecutorSection(name="ray", ship_files=False, gc_freeze=False))
 INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer"}
 SPLIT = ('placement={"pools": [{"name": "train", "roles": ["actor", "ref"]}, '
          '{"name": "gen", "roles": ["rollout"]}]}')
@@ -37,10 +39,10 @@ def config(tmp_path, *overrides):
 
 def test_ray_equals_local_on_a_split_placement(tmp_path):
     """The rollout pool's copy is refreshed from the actor pool each step (without that sync the runs part)."""
-    common = ["task.name=fakes:ParityTask", "train.steps=3", "train.batch_size=8", "train.eval_every=3",
-              "train.eval_prompts=8", SPLIT]
+    common = ["task.name=fakes:ParityTask", "train.steps=3", "train.batch_size=8", "eval.every=3",
+              "eval.prompts=8", SPLIT]
     local = train(config(tmp_path / "local", *common), progress=False)
-    remote = train(config(tmp_path / "ray", *common, "train.executor=ray"), progress=False)
+    remote = train(config(tmp_path / "ray", *common, "executor.name=ray"), progress=False)
     assert len({row["reward/mean"] for row in local}) == 3  # the policy moves
     for key in ("reward/mean", "actor/pg_loss", "response_length/mean", "actor/grad_norm"):
         assert [row[key] for row in remote] == pytest.approx([row[key] for row in local], abs=1e-6), key
@@ -54,8 +56,8 @@ def test_ray_equals_local_on_a_split_placement(tmp_path):
 def test_a_two_rank_fsdp_pool_trains_checkpoints_and_resumes(tmp_path):
     wide = ('placement={"pools": [{"name": "train", "roles": ["actor", "ref"], "world_size": 2}, '
             '{"name": "gen", "roles": ["rollout"]}]}')
-    common = ["train.executor=ray", "task.name=fakes:ParityTask", "train.batch_size=4", "algo.group_size=4",
-              "train.eval_every=0", "train.save_every=2"]
+    common = ["executor.name=ray", "task.name=fakes:ParityTask", "train.batch_size=4", "algo.group_size=4",
+              "eval.every=0", "checkpoint.every=2"]
     first = train(config(tmp_path, *common, "train.steps=2", wide), progress=False)
     assert [row["step"] for row in first] == [1, 2]
     assert all(math.isfinite(row["actor/pg_loss"]) and row["actor/grad_norm"] > 0 for row in first)
@@ -82,8 +84,9 @@ def fake_executor(placement, algo=two_forwards, forward_s=0.0, cfg=None, node_ti
                   gc_freeze=False):
     plan = fl.compile_plan(algo, placement, INPUTS, ROLE_CLASSES)
     factory = make_factory(cfg or RunConfig(), plan, ParityTask(), Path("unused"))
+    options = ExecutorSection(name="ray", node_timeout_s=node_timeout_s, ship_files=False, gc_freeze=gc_freeze)
     return RayExecutor(plan, dataclasses.replace(factory, specs=fake_specs(forward_s, ref_exits)),
-                       node_timeout_s=node_timeout_s, gc_freeze=gc_freeze)
+                       RayExecutorConfig(device="cpu", options=options))
 
 
 def test_train_gc_freeze_freezes_each_workers_heap_after_the_first_step_only():
@@ -159,20 +162,20 @@ def test_fill_on_a_two_rank_pool_keeps_groups_the_ranks_split_evenly():
 def test_a_user_role_runs_on_the_driver_and_in_a_pool_as_locally(tmp_path):
     from custom_roles import grpo_judged
 
-    common = ["train.steps=2", "train.batch_size=4", "train.eval_every=0", "train.export=false"]
+    common = ["train.steps=2", "train.batch_size=4", "eval.every=0", "checkpoint.export=false"]
     pooled = ('placement={"pools": [{"name": "g", "roles": ["actor", "rollout"]}, '
               '{"name": "j", "roles": ["judge"]}]}')
     local = train(config(tmp_path / "local", *common), algo=grpo_judged, progress=False)
     for name, extra in (("driver", []), ("pool", [pooled])):
-        remote = train(config(tmp_path / name, *common, "train.executor=ray", *extra), algo=grpo_judged,
+        remote = train(config(tmp_path / name, *common, "executor.name=ray", *extra), algo=grpo_judged,
                        progress=False)
         for key in ("judge/mean", "combined/mean", "reward/mean", "actor/pg_loss"):
             assert [r[key] for r in remote] == pytest.approx([r[key] for r in local], abs=1e-6), (name, key)
 
 
 def test_the_reward_placed_in_a_pool_scores_there_as_on_the_driver(tmp_path):
-    common = ["task.name=fakes:ParityTask", "train.steps=2", "train.batch_size=4", "train.eval_every=0",
-              "train.export=false", "train.executor=ray"]
+    common = ["task.name=fakes:ParityTask", "train.steps=2", "train.batch_size=4", "eval.every=0",
+              "checkpoint.export=false", "executor.name=ray"]
     placed = ('placement={"pools": [{"name": "g", "roles": ["actor", "rollout", "ref"]}, '
               '{"name": "r", "roles": ["reward"]}]}')
     driver = train(config(tmp_path / "driver", *common), progress=False)
@@ -190,7 +193,7 @@ def test_the_watchdog_names_a_node_that_hangs():
     executor = fake_executor(TWO_POOLS, forward_s=30.0, node_timeout_s=1.5)
     try:
         with pytest.raises(NodeTimeout, match=r"node (actor|ref).logprobs on pool '(a|b)' did not finish within "
-                                              r"train.node_timeout_s=1.5 s \(ranks still running: \[0\]\)"):
+                                              r"executor.node_timeout_s=1.5 s \(ranks still running: \[0\]\)"):
             executor.run_step(0, PromptStream(ParityTask(), FakeTokenizer(), batch_size=2))
     finally:
         executor.close()
@@ -220,8 +223,8 @@ def test_the_adaptive_kl_coefficient_resumes_under_ray(tmp_path):
     continues from the coefficient the interrupted run would have used next, not from algo.kl_coef."""
     from flowrl.rl.ops.kl import adaptive_kl_coef
 
-    run = ["train.executor=ray", "algorithm=ppo", "algo.kl_ctrl=adaptive", "algo.horizon=16", "train.batch_size=8",
-           "train.eval_every=0", "train.export=false", "train.save_every=2"]
+    run = ["executor.name=ray", "algorithm=ppo", "algo.kl_ctrl=adaptive", "algo.horizon=16", "train.batch_size=8",
+           "eval.every=0", "checkpoint.export=false", "checkpoint.every=2"]
     first = train(config(tmp_path, *run, "train.steps=2"), progress=False)
     saved = json.loads((tmp_path / "checkpoints/step_000002/kl_ctrl/kl_ctrl.json").read_text())["coef"]
     last = first[-1]  # step 2's coefficient, moved by its KL over 8 rows: what step 3 uses
@@ -247,10 +250,10 @@ def test_split_pools_stream_the_weights_in_buckets_without_a_state_dict(tmp_path
     path = hm.build_wide_model(tmp_path / "wide", tiny_model_path)
     wide = ('placement={"pools": [{"name": "train", "roles": ["actor"], "world_size": 2}, '
             '{"name": "gen", "roles": ["rollout"]}]}')
-    cfg = config(tmp_path, f"model.path={path}", "sync.bucket_mb=8", "train.executor=ray", wide)
+    cfg = config(tmp_path, f"model.path={path}", "sync.bucket_mb=8", "executor.name=ray", wide)
     algo, task = ALGORITHMS.get("grpo"), ArithmeticTask(4)
     plan = make_plan(cfg.model_copy(update={"algo": {"kl_coef": 0.0}}), algo, task)
-    executor = RayExecutor(plan, make_factory(cfg, plan, task, path), sync=cfg.sync)
+    executor = RayExecutor(plan, make_factory(cfg, plan, task, path), RAY.model_copy(update={"sync": cfg.sync}))
     try:
         train_ranks, (gen,) = executor.workers["train"], executor.workers["gen"]
         everyone = [*train_ranks, gen]

@@ -15,7 +15,7 @@ import pytest
 
 import flowrl as fl
 from flowrl.algorithms import grpo_async
-from flowrl.config import RunConfig
+from flowrl.config import ExecutorSection, RunConfig
 from flowrl.data import PromptStream
 from flowrl.engines.thread_streamer import ThreadedStreamer
 from flowrl.runtime.factory import make_factory
@@ -25,6 +25,9 @@ from test_ray_buffer import INPUTS, SPLIT
 
 ray = pytest.importorskip("ray")
 from flowrl.runtime.ray_executor import RayExecutor  # noqa: E402  (needs ray)
+from flowrl.runtime.executors import RayExecutorConfig  # noqa: E402
+
+RAY = RayExecutorConfig(device="cpu", options=ExecutorSection(name="ray", ship_files=False, gc_freeze=False))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,7 +39,7 @@ def executor(placement, **specs):
     plan = fl.compile_plan(grpo_async, placement, INPUTS, ROLE_CLASSES,
                            {"group_size": 2, "max_staleness": 1, "kl_coef": 0.0, "stream": True})
     factory = make_factory(RunConfig(), plan, ParityTask(), Path("unused"))
-    return RayExecutor(plan, dataclasses.replace(factory, specs=fake_specs(**specs)))
+    return RayExecutor(plan, dataclasses.replace(factory, specs=fake_specs(**specs)), RAY)
 
 
 def run(steps, placement=SPLIT, **specs):
@@ -65,7 +68,7 @@ def test_streamed_generation_runs_while_the_actor_trains():
 def test_streaming_beside_the_consumers_is_refused_in_one_line():
     shared = fl.Placement(pools=[fl.Pool(name="all", roles=["actor", "rollout"])])
     with pytest.raises(fl.PlanError, match=r"^grpo_async: fl.buffer\(stream=True\) on the Ray executor needs rollout "
-                                           r"on a pool of its own \(split placement; or train.executor=local\): pool "
+                                           r"on a pool of its own \(split placement; or executor.name=local\): pool "
                                            r"'all' also hosts actor$"):
         executor(shared)
 

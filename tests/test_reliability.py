@@ -16,7 +16,7 @@ from flowrl.runtime import checkpoint
 from flowrl.runtime.resume import RunFinished
 from flowrl.runtime.trainer import train
 
-FAST = ["train.eval_every=0", "train.export=false", "train.batch_size=8"]
+FAST = ["eval.every=0", "checkpoint.export=false", "train.batch_size=8"]
 
 
 def config(path, *overrides):
@@ -65,17 +65,17 @@ def test_settings_a_checkpoint_fixes_are_refused_by_name(tmp_path):
 
 
 def test_a_damaged_newest_checkpoint_falls_back_to_an_intact_one(tmp_path):
-    train(config(tmp_path, "train.steps=4", "train.save_every=2"), progress=False)
+    train(config(tmp_path, "train.steps=4", "checkpoint.every=2"), progress=False)
     engine = tmp_path / "checkpoints" / "step_000004" / "actor" / "__0_0.distcp"
     engine.write_bytes(engine.read_bytes()[:100])  # truncated
     with pytest.warns(UserWarning, match=r"step_000004 is damaged \(actor/__0_0.distcp has 100 bytes"):
-        rows = train(config(tmp_path, "train.steps=5", "train.save_every=2"), progress=False)
+        rows = train(config(tmp_path, "train.steps=5", "checkpoint.every=2"), progress=False)
     assert [row["step"] for row in rows] == [3, 4, 5]
     assert checkpoint.damage(tmp_path / "checkpoints" / "step_000004") is None  # rewritten whole by the rerun
 
 
 def test_a_pointer_to_a_missing_checkpoint_keeps_history(tmp_path):
-    train(config(tmp_path, "train.steps=4", "train.save_every=2"), progress=False)
+    train(config(tmp_path, "train.steps=4", "checkpoint.every=2"), progress=False)
     (tmp_path / "checkpoints" / "latest").write_text("step_000099")
     with pytest.warns(UserWarning, match="names 'step_000099', which does not exist"):
         rows = train(config(tmp_path, "train.steps=5"), progress=False)
@@ -108,8 +108,8 @@ def test_a_full_disk_is_named_and_the_previous_checkpoint_survives(tmp_path, mon
 
 
 def test_a_restart_from_scratch_logs_each_step_once(tmp_path):
-    train(config(tmp_path, "train.steps=2", "train.eval_every=1"), progress=False)
-    train(config(tmp_path, "train.steps=2", "train.eval_every=1", "train.resume=false"), progress=False)
+    train(config(tmp_path, "train.steps=2", "eval.every=1"), progress=False)
+    train(config(tmp_path, "train.steps=2", "eval.every=1", "checkpoint.resume=false"), progress=False)
     logged = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert logged == [0, 1, 2]
 

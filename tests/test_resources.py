@@ -61,25 +61,25 @@ def test_flowrl_plan_for_a_gpu_count(tmp_path):
 
 
 def test_placement_auto_builds_the_pools_from_the_cluster_gpus():
-    """train.executor=ray on CUDA: every model role on all the cluster's GPUs, or split by train.rollout_share."""
+    """executor.name=ray on CUDA: every model role on all the cluster's GPUs, or split by executor.rollout_share."""
     from flowrl.config import load_run_config
     from flowrl.runtime.trainer import make_plan
     from fakes import ParityTask
 
-    cfg = load_run_config(None, ["train.device=cuda", "train.executor=ray"])
+    cfg = load_run_config(None, ["train.device=cuda", "executor.name=ray"])
     plan = make_plan(cfg, grpo, ParityTask(), gpus=4)
     assert {p.name: (p.world_size, p.device) for p in plan.pools.values()} == {"global": (4, "cuda")}
-    split = make_plan(load_run_config(None, ["train.device=cuda", "train.executor=ray", "train.rollout_share=0.25"]),
+    split = make_plan(load_run_config(None, ["train.device=cuda", "executor.name=ray", "executor.rollout_share=0.25"]),
                       grpo, ParityTask(), gpus=4)
     assert {r: (p.name, p.world_size) for r, p in split.pools.items()} == {
         "actor": ("train", 3), "ref": ("train", 3), "rollout": ("generate", 1)}
     from flowrl.runtime.executors import executor_config
 
-    with pytest.warns(UserWarning, match="train.rollout_share has no effect"):
-        local = load_run_config(None, ["train.rollout_share=0.5"])
+    with pytest.warns(UserWarning, match="executor.rollout_share has no effect"):
+        local = load_run_config(None, ["executor.rollout_share=0.5"])
         executor_config(local).warn_no_effect(local)
-    with pytest.warns(UserWarning, match="train.ship_files has no effect: train.executor is not 'ray'"):
-        local = load_run_config(None, ["train.ship_files=false"])
+    with pytest.warns(UserWarning, match="executor.ship_files has no effect: executor.name is not 'ray'"):
+        local = load_run_config(None, ["executor.ship_files=false"])
         executor_config(local).warn_no_effect(local)
 
 
@@ -90,7 +90,7 @@ def test_train_checks_its_plan_against_the_memory_of_a_gpu(tmp_path):
     from fakes import ParityTask
 
     (tmp_path / "config.json").write_text(__import__("json").dumps(QWEN05B))
-    cfg = load_run_config(None, ["train.device=cuda", "train.executor=ray", "train.batch_size=64"])
+    cfg = load_run_config(None, ["train.device=cuda", "executor.name=ray", "train.batch_size=64"])
     plan = make_plan(cfg, grpo, ParityTask(), gpus=2)
     check_memory(cfg, plan, tmp_path, 80 * GIB)
     check_memory(cfg, plan, tmp_path, None)  # unknown: nothing checked

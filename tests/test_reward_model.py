@@ -54,7 +54,7 @@ def test_scores_are_the_models_output_at_each_last_response_token(tiny_model_pat
 
 def test_grpo_trains_against_a_reward_model(tmp_path, task_reward_model_path):
     cfg = load_run_config(None, [f"train.output_dir={tmp_path}", "train.steps=2", "train.batch_size=4",
-                                 "train.eval_every=0", f"model.reward_path={task_reward_model_path}"])
+                                 "eval.every=0", f"model.reward_path={task_reward_model_path}"])
     history = train(cfg, progress=False)
     assert len(history) == 2 and all(torch.isfinite(torch.tensor(r["reward/mean"])) for r in history)
     assert history[0]["reward/mean"] not in (0.0, 1.0)  # a learned score, not the task's 0/1

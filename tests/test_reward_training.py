@@ -60,8 +60,8 @@ def test_rm_accuracy_on_held_out_pairs_rises_and_grpo_scores_with_it(tmp_path):
     out = tmp_path / "rm"
     cfg = load_run_config(None, [
         "algorithm=rm", f"data.train_files={train_file}", f"data.val_files={val_file}", "train.steps=12",
-        "train.batch_size=16", "train.mini_batch_size=32", "train.micro_batch_size=32", "train.eval_every=12",
-        "train.eval_prompts=16", "roles.actor.lr=3e-3", f"train.output_dir={out}"])
+        "train.batch_size=16", "train.mini_batch_size=32", "train.micro_batch_size=32", "eval.every=12",
+        "eval.prompts=16", "roles.actor.lr=3e-3", f"train.output_dir={out}"])
     history = train(cfg, progress=False)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     first, last = rows[0]["eval/rm/accuracy"], rows[-1]["eval/rm/accuracy"]
@@ -76,7 +76,7 @@ def test_rm_accuracy_on_held_out_pairs_rises_and_grpo_scores_with_it(tmp_path):
     assert scores[0] > scores[1]
     grpo = load_run_config(None, [
         "algorithm=grpo", f"model.path={out / 'tiny-model'}", f"model.reward_path={out / 'final'}", "train.steps=1",
-        "train.batch_size=2", "algo.group_size=2", "algo.kl_coef=0", "train.eval_every=0", "train.export=false",
+        "train.batch_size=2", "algo.group_size=2", "algo.kl_coef=0", "eval.every=0", "checkpoint.export=false",
         "roles.rollout.max_new_tokens=4", f"train.output_dir={tmp_path / 'grpo'}"])
     step = train(grpo, progress=False)[0]
     assert step["reward/mean"] != 0.0 and "actor/pg_loss" in step

@@ -17,7 +17,7 @@ from flowrl.errors import GraphError
 from flowrl.graph.role import ROLES
 from flowrl.runtime.trainer import make_plan, resolve_algorithm
 
-RUN = ["train.steps=1", "train.batch_size=4", "train.eval_every=0", "train.export=false", "train.save_every=0"]
+RUN = ["train.steps=1", "train.batch_size=4", "eval.every=0", "checkpoint.export=false", "checkpoint.every=0"]
 
 
 def test_a_user_role_takes_its_option_from_the_command_line(tmp_path, capsys):

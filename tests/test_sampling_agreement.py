@@ -151,8 +151,8 @@ def test_per_call_sampling_reaches_the_trainer(tmp_path, engine):
     """rollout.temperature is 1.0 in the config; each call's override travels with its rows to actor.logprobs
     and actor.update (the gap was 0.788 when the trainer read the config's temperature)."""
     cfg = load_run_config(None, [f"train.output_dir={tmp_path}", "train.steps=2", "train.batch_size=4",
-                                 "train.eval_every=0", "train.export=false", f"roles.rollout.engine={engine}",
-                                 "roles.rollout.max_new_tokens=6", "train.save_every=0"])
+                                 "eval.every=0", "checkpoint.export=false", f"roles.rollout.engine={engine}",
+                                 "roles.rollout.max_new_tokens=6", "checkpoint.every=0"])
     rows = train(cfg, algo=two_temperatures, progress=False)
     assert len(rows) == 2
     for row in rows:

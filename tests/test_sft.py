@@ -111,7 +111,7 @@ def sft_config(tmp_path, *extra):
     train_file, val_file = write_sft(data / "train.jsonl"), write_sft(data / "val.jsonl", rows=16, seed=1)
     return ["--set", f"data.train_files={train_file}", "--set", f"data.val_files={val_file}", "--set",
             "train.batch_size=8", "--set", "train.mini_batch_size=8", "--set", "train.micro_batch_size=4", "--set",
-            "train.eval_prompts=16", "--set", "roles.actor.lr=1e-3", "--set", "data.shuffle=false", *extra]
+            "eval.prompts=16", "--set", "roles.actor.lr=1e-3", "--set", "data.shuffle=false", *extra]
 
 
 def overrides(args):
@@ -120,7 +120,7 @@ def overrides(args):
 
 def test_sft_trains_and_its_held_out_loss_falls(tmp_path):
     cfg = load_run_config(None, overrides(sft_config(tmp_path)) + [
-        "algorithm=sft", "train.steps=3", "train.eval_every=3", f"train.output_dir={tmp_path / 'run'}"])
+        "algorithm=sft", "train.steps=3", "eval.every=3", f"train.output_dir={tmp_path / 'run'}"])
     history = train(cfg, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
@@ -151,13 +151,13 @@ def test_sft_without_sft_data_names_data_train_files(tmp_path):
 
 
 def test_fsdp2_on_two_gloo_ranks_trains_the_weights_one_process_does(tmp_path):
-    common = ["train", "sft", "--no-progress", "--steps", "2", *sft_config(tmp_path), "--set", "train.eval_every=0"]
+    common = ["train", "sft", "--no-progress", "--steps", "2", *sft_config(tmp_path), "--set", "eval.every=0"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "flowrl", *common,
            "--output-dir", str(tmp_path / "two")]
     two = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert two.returncode == 0, two.stderr[-3000:]
     train(load_run_config(None, overrides(sft_config(tmp_path)) + [  # the same run in this one process
-        "algorithm=sft", "train.steps=2", "train.eval_every=0", f"train.output_dir={tmp_path / 'one'}"]),
+        "algorithm=sft", "train.steps=2", "eval.every=0", f"train.output_dir={tmp_path / 'one'}"]),
         progress=False)
     first, second = (AutoModelForCausalLM.from_pretrained(tmp_path / name / "final").state_dict()
                      for name in ("one", "two"))
@@ -191,8 +191,8 @@ def test_the_real_smollm2_models_held_out_loss_falls_on_generated_instructions(t
     cfg = load_run_config(None, [
         "algorithm=sft", f"model.path={model}", f"data.train_files={tmp_path / 'train.jsonl'}",
         f"data.val_files={tmp_path / 'val.jsonl'}", "train.steps=3", "train.batch_size=8",
-        "train.mini_batch_size=8", "train.micro_batch_size=4", "train.eval_every=3", "train.eval_prompts=8",
-        "roles.actor.lr=2e-5", "train.export=false", f"train.output_dir={tmp_path / 'run'}"])
+        "train.mini_batch_size=8", "train.micro_batch_size=4", "eval.every=3", "eval.prompts=8",
+        "roles.actor.lr=2e-5", "checkpoint.export=false", f"train.output_dir={tmp_path / 'run'}"])
     history = train(cfg, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     print(f"SmolLM2 SFT: held-out loss {rows[0]['eval/sft/loss']:.4f} -> {rows[-1]['eval/sft/loss']:.4f}, train "

@@ -17,7 +17,7 @@ def torchrun(*args, cwd):
 
 def test_two_rank_grpo_trains_checkpoints_and_resumes(tmp_path):
     common = ["train", "grpo", "--no-progress", "--output-dir", str(tmp_path / "run"), "--set", "train.batch_size=8",
-              "--set", "train.save_every=2"]
+              "--set", "checkpoint.every=2"]
     first = torchrun(*common, "--steps", "3", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     assert first.stdout.count("done: 3 steps") == 1  # rank 0 reports

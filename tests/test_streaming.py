@@ -108,8 +108,8 @@ def test_a_plan_that_cannot_stream_is_refused_in_one_line(tmp_path, monkeypatch)
     monkeypatch.setitem(sys.modules, "ray", None)  # refused before the Ray executor imports Ray
     with pytest.raises(fl.PlanError, match=r"^grpo_async: fl.buffer\(stream=True\) on the Ray executor needs "
                                            r"rollout on a pool of its own \(split placement; or "
-                                           r"train.executor=local\): pool 'global' also hosts actor, ref$"):
-        train(config(tmp_path, "algorithm=grpo_async", "algo.stream=true", "train.executor=ray"), progress=False)
+                                           r"executor.name=local\): pool 'global' also hosts actor, ref$"):
+        train(config(tmp_path, "algorithm=grpo_async", "algo.stream=true", "executor.name=ray"), progress=False)
     episodes = fl.compile_plan(interact, fl.Placement.colocated(("rollout",)), INPUTS, ROLE_CLASSES)
     with pytest.raises(fl.PlanError, match=r"^interact: fl.buffer\(stream=True\) streams rollout.generate, which "
                                            r"must be the first node before it; got rollout.interact$"):
@@ -239,8 +239,8 @@ def test_a_resumed_streamed_run_trains_the_prompts_an_uninterrupted_run_does(tmp
 
 def test_a_streamed_run_on_the_tiny_model_resumes_with_the_prompts_drawn_ahead(tmp_path):
     # stopped after step 3, before its checkpoint: the run resumed from step 2's trains step 3 on the same prompts
-    args = ["algorithm=grpo_async", "train.steps=3", "train.save_every=2", "algo.stream=true",
-            "algo.max_staleness=1", "train.dump_rollouts_every=1", "roles.rollout.max_in_flight=8"]
+    args = ["algorithm=grpo_async", "train.steps=3", "checkpoint.every=2", "algo.stream=true",
+            "algo.max_staleness=1", "debug.dump_rollouts_every=1", "roles.rollout.max_in_flight=8"]
     train_until_crash(config(tmp_path, *args), 3)
     dump = tmp_path / "rollouts" / "step_000003.jsonl"
     straight = sorted({json.loads(line)["uid"] for line in dump.read_text().splitlines()})

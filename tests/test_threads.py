@@ -1,4 +1,4 @@
-"""train.cpu_threads: the thread count of torch's CPU ops, from the config, OMP_NUM_THREADS or the machine."""
+"""executor.cpu_threads: the thread count of torch's CPU ops, from the config, OMP_NUM_THREADS or the machine."""
 
 import multiprocessing
 import os
@@ -30,7 +30,7 @@ def test_the_tiny_model_gets_one_thread_and_explicit_values_win(no_omp):
     assert threads.cpu_threads(tiny_model=True) == 1
     no_omp.setenv("OMP_NUM_THREADS", "3")
     assert threads.cpu_threads() == 3 and threads.cpu_threads(tiny_model=True) == 3  # the user's OMP_NUM_THREADS
-    assert threads.cpu_threads(5) == 5  # train.cpu_threads over everything
+    assert threads.cpu_threads(5) == 5  # executor.cpu_threads over everything
     no_omp.setenv("OMP_NUM_THREADS", "")  # set but empty: as unset
     assert threads.cpu_threads() == 8
 
@@ -45,15 +45,15 @@ def _threads_after_setup(overrides, out):
 
 def test_training_sets_torch_threads_from_the_config_or_the_model(tmp_path):
     context = multiprocessing.get_context("spawn")
-    for extra, expected in ((["train.cpu_threads=2"], 2), ([], 1)):  # auto: 1 for the built-in tiny model
+    for extra, expected in ((["executor.cpu_threads=2"], 2), ([], 1)):  # auto: 1 for the built-in tiny model
         out = context.Queue()
         process = context.Process(target=_threads_after_setup,
-                                  args=([f"train.output_dir={tmp_path}", "train.eval_every=0", *extra], out))
+                                  args=([f"train.output_dir={tmp_path}", "eval.every=0", *extra], out))
         process.start()
         assert out.get(timeout=300) == expected, extra
         process.join(timeout=60)
 
 
 def test_a_negative_count_is_refused_naming_the_field():
-    with pytest.raises(ValueError, match="train.cpu_threads"):
-        load_run_config(None, ["train.cpu_threads=-1"])
+    with pytest.raises(ValueError, match="executor.cpu_threads"):
+        load_run_config(None, ["executor.cpu_threads=-1"])

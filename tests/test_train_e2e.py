@@ -29,7 +29,7 @@ def rewards(history):
 
 
 def test_default_grpo_run_raises_reward(tmp_path):
-    history = train(config(tmp_path, "train.steps=40", "train.save_every=0"), progress=False)
+    history = train(config(tmp_path, "train.steps=40", "checkpoint.every=0"), progress=False)
     r = rewards(history)
     first, last = sum(r[:5]) / 5, sum(r[-5:]) / 5
     assert last > first + 0.15, r
@@ -45,10 +45,10 @@ def test_default_grpo_run_raises_reward(tmp_path):
 
 
 def test_resume_reproduces_an_uninterrupted_run(tmp_path):
-    straight = train(config(tmp_path / "a", "train.steps=4", "train.save_every=2"), progress=False)
+    straight = train(config(tmp_path / "a", "train.steps=4", "checkpoint.every=2"), progress=False)
 
-    train_until_crash(config(tmp_path / "b", "train.steps=4", "train.save_every=2"), 3)
-    resumed = train(config(tmp_path / "b", "train.steps=4", "train.save_every=2"), progress=False)
+    train_until_crash(config(tmp_path / "b", "train.steps=4", "checkpoint.every=2"), 3)
+    resumed = train(config(tmp_path / "b", "train.steps=4", "checkpoint.every=2"), progress=False)
     assert [row["step"] for row in resumed] == [3, 4]
     logged = [json.loads(line)["step"] for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert logged == [0, 1, 2, 3, 4]  # the crashed run's step 3 row is replaced, not duplicated
@@ -123,12 +123,12 @@ def test_split_placement_matches_the_hybrid_engine(tmp_path):
 def test_a_task_object_can_be_passed_from_python(tmp_path):
     from fakes import ParityTask
 
-    history = train(config(tmp_path, "train.steps=1", "train.eval_every=0"), progress=False, task=ParityTask())
+    history = train(config(tmp_path, "train.steps=1", "eval.every=0"), progress=False, task=ParityTask())
     assert len(history) == 1 and "reward/mean" in history[0]
 
 
 def test_a_custom_task_plugs_in_by_name(tmp_path):
-    history = train(config(tmp_path, "task.name=fakes:ParityTask", "train.steps=2", "train.eval_every=0"),
+    history = train(config(tmp_path, "task.name=fakes:ParityTask", "train.steps=2", "eval.every=0"),
                     progress=False)
     assert len(history) == 2 and 0.0 <= history[-1]["reward/mean"] <= 1.0
     with pytest.raises(ValueError, match="task.name: cannot load 'fakes:Nope'"):
@@ -138,8 +138,8 @@ def test_a_custom_task_plugs_in_by_name(tmp_path):
 
 
 def test_gradient_checkpointing_trains_the_same(tmp_path):
-    plain = train(config(tmp_path / "a", "train.steps=2", "train.eval_every=0"), progress=False)
-    saved = train(config(tmp_path / "b", "train.steps=2", "train.eval_every=0", "model.gradient_checkpointing=true"),
+    plain = train(config(tmp_path / "a", "train.steps=2", "eval.every=0"), progress=False)
+    saved = train(config(tmp_path / "b", "train.steps=2", "eval.every=0", "model.gradient_checkpointing=true"),
                   progress=False)
     for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm"):
         assert [r[key] for r in saved] == pytest.approx([r[key] for r in plain], abs=1e-5), key

@@ -34,7 +34,7 @@ class Payload:
 
 
 def config(path, *overrides):
-    return load_run_config(None, [f"train.output_dir={path}", "train.eval_every=0", "train.export=false",
+    return load_run_config(None, [f"train.output_dir={path}", "eval.every=0", "checkpoint.export=false",
                                   "train.batch_size=8", *overrides])
 
 
@@ -149,7 +149,7 @@ def test_export_writes_the_current_keys_and_needs_no_environment_module(tmp_path
     env_file.write_text("class Env:\n    pass\n")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the env has no effect on GRPO's graph: said, not our point
-        train(config(tmp_path / "run", "train.steps=1", "train.save_every=1", f"roles.rollout.env={env_file}:Env"),
+        train(config(tmp_path / "run", "train.steps=1", "checkpoint.every=1", f"roles.rollout.env={env_file}:Env"),
               progress=False)
     env_file.unlink()
     export(tmp_path / "run", tmp_path / "out")

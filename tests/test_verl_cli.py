@@ -54,7 +54,7 @@ trainer.experiment_name='qwen2_7b_function_rm' trainer.save_freq=20 trainer.test
              """algorithm=grpo train.batch_size=4 roles.rollout.max_new_tokens=4 train.mini_batch_size=10
 train.micro_batch_size=4 algo.kl_coef=0.001 model.gradient_checkpointing=true roles.actor.offload_params=false
 roles.actor.offload_optimizer=false train.forward_micro_batch_size=8 algo.group_size=5
-roles.ref.offload_params=true train.save_every=20 train.eval_every=5"""),
+roles.ref.offload_params=true checkpoint.every=20 eval.every=5"""),
     # examples/ppo_trainer/run_deepseek7b_llm.sh
     "ppo": ("""algorithm.adv_estimator=gae data.train_batch_size=4 data.max_response_length=4
 actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1
@@ -70,7 +70,7 @@ trainer.save_freq=20 trainer.test_freq=1 trainer.use_legacy_worker_impl=auto tra
 train.micro_batch_size=2 roles.actor.offload_params=false roles.actor.offload_optimizer=false algo.kl_coef=0
 model.gradient_checkpointing=true train.forward_micro_batch_size=4 roles.critic.lr=1e-5
 roles.critic.weight_decay=0.01 roles.critic.offload_params=false roles.critic.offload_optimizer=false
-algo.lam=1.0 train.save_every=20 train.eval_every=1"""),
+algo.lam=1.0 checkpoint.every=20 eval.every=1"""),
     # tests/special_e2e/run_dapo.sh (recipe.dapo.main_dapo)
     "dapo": ("""algorithm.adv_estimator=grpo reward_model.reward_manager=dapo algorithm.use_kl_in_reward=False
 algorithm.kl_ctrl.kl_coef=0.0 actor_rollout_ref.actor.use_kl_loss=False actor_rollout_ref.actor.kl_loss_coef=0.0
@@ -86,8 +86,8 @@ actor_rollout_ref.ref.fsdp_config.param_offload=True trainer.save_freq=-1 traine
 trainer.resume_mode=disable trainer.val_before_train=False""",
              """algorithm=dapo train.batch_size=4 roles.rollout.max_new_tokens=4 algo.group_size=4
 algo.max_sampling_rounds=10 algo.overlong_buffer_len=2 train.mini_batch_size=8 train.micro_batch_size=4
-train.forward_micro_batch_size=4 roles.ref.offload_params=true train.save_every=0 train.eval_every=0
-train.resume=false"""),
+train.forward_micro_batch_size=4 roles.ref.offload_params=true checkpoint.every=0 eval.every=0
+checkpoint.resume=false"""),
     # examples/rloo_trainer/run_qwen2-7b.sh, but algorithm.use_kl_in_reward=False: flowrl's RLOO has KL as a loss
     # only (test_a_kl_flowrl_places_elsewhere_is_refused)
     "rloo": ("""algorithm.adv_estimator=rloo data.train_batch_size=4 data.max_response_length=4
@@ -99,7 +99,7 @@ algorithm.use_kl_in_reward=False algorithm.kl_penalty=kl algorithm.kl_ctrl.kl_co
 trainer.save_freq=-1 trainer.test_freq=5 trainer.total_epochs=15""",
              """algorithm=rloo train.batch_size=4 roles.rollout.max_new_tokens=4 train.mini_batch_size=10
 train.micro_batch_size=8 algo.kl_coef=0 model.gradient_checkpointing=true train.forward_micro_batch_size=16
-algo.group_size=5 algo.loss_agg_mode=token-mean algo.dual_clip=3.0 train.save_every=0 train.eval_every=5"""),
+algo.group_size=5 algo.loss_agg_mode=token-mean algo.dual_clip=3.0 checkpoint.every=0 eval.every=5"""),
     # examples/reinforce_plus_plus_trainer/run_qwen2-7b_math_rf.sh
     "reinforce_pp": ("""algorithm.adv_estimator=reinforce_plus_plus data.train_batch_size=4
 data.max_response_length=4 actor_rollout_ref.actor.optim.lr=3e-6 actor_rollout_ref.actor.ppo_mini_batch_size=4
@@ -109,7 +109,7 @@ actor_rollout_ref.actor.entropy_coeff=0 actor_rollout_ref.rollout.name=hf actor_
 algorithm.use_kl_in_reward=True trainer.save_freq=-1 trainer.test_freq=5 trainer.total_epochs=15""",
                      """algorithm=reinforce_pp train.batch_size=4 roles.rollout.max_new_tokens=4
 roles.actor.lr=3e-6 train.mini_batch_size=16 train.micro_batch_size=4 algo.group_size=4 algo.kl_coef=0.001
-train.save_every=0 train.eval_every=5"""),
+checkpoint.every=0 eval.every=5"""),
     # examples/gspo_trainer/test_gspo_3b_math.sh
     "gspo": ("""algorithm.adv_estimator=grpo actor_rollout_ref.actor.policy_loss.loss_mode=gspo data.shuffle=true
 data.prompt_key=prompt data.return_raw_chat=True data.train_batch_size=4 data.max_response_length=4
@@ -132,7 +132,7 @@ trainer.total_epochs=10 trainer.resume_mode=auto trainer.log_val_generations=2""
              """algorithm=gspo train.batch_size=4 roles.rollout.max_new_tokens=4 algo.group_size=4
 roles.actor.max_tokens_per_micro_batch=40 roles.actor.forward_max_tokens_per_micro_batch=60
 roles.ref.forward_max_tokens_per_micro_batch=60 roles.actor.weight_decay=0.1 train.mini_batch_size=8
-train.save_every=10 train.eval_every=10 train.resume=true"""),
+checkpoint.every=10 eval.every=10 checkpoint.resume=true"""),
     # examples/remax_trainer/run_qwen2.5-3b_seq_balance.sh, but algorithm.use_kl_in_reward=False: flowrl's ReMax has
     # no KL term (test_a_kl_flowrl_places_elsewhere_is_refused)
     "remax": ("""algorithm.adv_estimator=remax data.train_batch_size=4 data.max_response_length=4
@@ -144,7 +144,7 @@ algorithm.kl_penalty=kl algorithm.kl_ctrl.kl_coef=0.001 trainer.val_before_train
 trainer.test_freq=5 trainer.total_epochs=5""",
               """algorithm=remax train.batch_size=4 roles.rollout.max_new_tokens=4 train.mini_batch_size=8
 roles.actor.max_tokens_per_micro_batch=64 model.gradient_checkpointing=true algo.group_size=4
-roles.ref.offload_params=true train.save_every=0 train.eval_every=5"""),
+roles.ref.offload_params=true checkpoint.every=0 eval.every=5"""),
 }
 HAND_COMMON = """data.train_files=TRAIN data.val_files=TEST data.max_prompt_length=16 data.truncation=drop
 model.path=MODEL roles.actor.lr=1e-6 roles.actor.weight_decay=0.01 roles.actor.packing=true data.reward=SCORE:compute_score

@@ -162,7 +162,7 @@ def test_a_peer_that_stops_answering_mid_transfer_is_a_named_error_within_the_de
 def _hung_gather_rank(rank, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{out / 'rendezvous'}", rank=rank, world_size=2)
-    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=3))  # what train.node_timeout_s=3 sets, after a
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=3))  # what executor.node_timeout_s=3 sets, after a
     try:  # rendezvous that a loaded machine may take longer than 3 s to start both ranks for
         path = out / "model"
         train = HFTrainEngine(load_causal_lm(path), kind="actor")
@@ -184,7 +184,7 @@ def _hung_gather_rank(rank, out):
 
 def test_a_torchrun_rank_that_never_syncs_is_a_named_error_within_the_deadline(tiny_model_path, tmp_path):
     """Under torchrun the in-process sync's gathers run on the default group: its timeout
-    (train.node_timeout_s, set at rendezvous) ends a sync some rank never joins, with one line."""
+    (executor.node_timeout_s, set at rendezvous) ends a sync some rank never joins, with one line."""
     shutil.copytree(tiny_model_path, tmp_path / "model")
     mp.start_processes(_hung_gather_rank, args=(tmp_path,), nprocs=2, start_method=START_METHOD, join=False)
     deadline = time.monotonic() + 180

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 
-from flowrl.graph.role import RoleSpec
+from flowrl.graph.role import ROLES, RoleSpec
 from flowrl.config.run_config import RunConfig
 
 
@@ -26,8 +26,8 @@ def warn_no_effect(cfg: RunConfig, used_sections: set[str]) -> None:
     if t.micro_batch_size > t.mini_batch_size:
         warnings.warn(f"train.micro_batch_size={t.micro_batch_size} above train.mini_batch_size={t.mini_batch_size} "
                       f"has no effect: micro-batches never exceed a mini-batch", stacklevel=2)
-    budgets = {name: cfg.section(name).engine.model_dump().get("max_tokens_per_micro_batch", 0)
-               for name in ("actor", "critic") if name in used_sections}
+    trained = sorted(name for name in used_sections if name in ROLES and ROLES.get(name).trainable)
+    budgets = {name: cfg.section(name).engine.model_dump().get("max_tokens_per_micro_batch", 0) for name in trained}
     if t.micro_batch_size != default.train.micro_batch_size and budgets and all(budgets.values()):
         named = ", ".join(f"roles.{name}.max_tokens_per_micro_batch={budget}" for name, budget in budgets.items())
         warnings.warn(f"train.micro_batch_size has no effect: {named} groups micro-batches by tokens", stacklevel=2)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 from flowrl.graph.role import ROLES
 from flowrl.graph.role_config import SectionError
 from flowrl.config.presets import apply_cuda
+from flowrl.config.moved_keys import move_train_keys
 from flowrl.config.run_config import RunConfig, move_legacy_sections
 
 
@@ -79,7 +80,7 @@ def load_run_config(path: str | None = None, overrides: list[str] = ()) -> RunCo
         if not sep:
             raise ValueError(f"--set {item!r}: expected key=value")
         set_dotted(values, key.strip(), raw.strip())
-    values = move_legacy_sections(values)
+    values = move_legacy_sections(move_train_keys(values))
     apply_cuda(values, frozenset(ROLES.get("rollout").config.model_fields) - {"engine"})
     return validate(RunConfig, values)
 

@@ -13,7 +13,9 @@ import flowrl.roles  # noqa: F401 (registers the built-in roles the role section
 from flowrl.graph.role import ROLES, RoleSpec
 from flowrl.graph.role_config import RoleConfig, SectionError, engine_source, section, sections
 from flowrl.plan.placement import Placement
-from flowrl.config.sections import DataConfig, ModelConfig, Section, TaskConfig, TrainConfig
+from flowrl.config.moved_keys import move_train_keys
+from flowrl.config.sections import (CheckpointConfig, DataConfig, DebugConfig, EvalConfig, ExecutorSection,
+                                    ModelConfig, Section, TaskConfig, TrainConfig)
 
 
 class RunConfig(Section):
@@ -21,6 +23,10 @@ class RunConfig(Section):
                                                   "or 'module:attribute'.")
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    executor: ExecutorSection = Field(default_factory=ExecutorSection)
+    debug: DebugConfig = Field(default_factory=DebugConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     sync: SerializeAsAny[TransportConfig] = Field(
@@ -28,8 +34,8 @@ class RunConfig(Section):
         "(`sync.transport`, a name in flowrl.engines.transports.TRANSPORTS) and its options.")
     placement: Placement | Literal["auto"] = Field("auto", description="Resource pools, or 'auto': every model "
                                                    "role on one pool (the hybrid engine) of one rank per torchrun "
-                                                   "rank, or with train.executor=ray on CUDA, of every GPU of the "
-                                                   "Ray cluster (split by train.rollout_share).")
+                                                   "rank, or with executor.name=ray on CUDA, of every GPU of the "
+                                                   "Ray cluster (split by executor.rollout_share).")
     algo: dict[str, Any] = Field(default_factory=dict, description="The algorithm's own options, validated "
                                                                    "by its config class.")
     roles: dict[str, Any] = Field(default_factory=dict, description="Each role's own section, roles.<name>: "
@@ -41,7 +47,7 @@ class RunConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _legacy_sections(cls, data: Any) -> Any:
-        return move_legacy_sections(data) if isinstance(data, dict) else data
+        return move_legacy_sections(move_train_keys(data)) if isinstance(data, dict) else data
 
     @field_validator("placement", mode="wrap")
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -56,38 +56,55 @@ class TrainConfig(Section):
                                 "the weights are the same. Off by default, so recorded runs are unchanged.")
     seed: int = Field(0, description="Seed of data order, sampling and the tiny model.")
     output_dir: str = Field("runs/flowrl", description="Checkpoints, metrics.jsonl and the tiny model go here.")
-    save_every: int = Field(10, ge=0, description="Checkpoint every this many steps (0: only at the end).")
-    rendezvous_timeout_s: float = Field(300.0, gt=0, description="torchrun: a rank whose master "
-                                        "(MASTER_ADDR:MASTER_PORT) has not answered after this many seconds stops "
-                                        "with a line naming it.")
-    shutdown_timeout_s: float = Field(25.0, gt=0, description="After SIGTERM or SIGINT the run stops at the end "
-                                      "of its step with a checkpoint; if that takes longer than this, it exits "
-                                      "without one (the last is intact). Below the scheduler's grace period.")
-    keep_checkpoints: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
-    eval_every: int = Field(10, ge=0, description="Greedy evaluation on fixed prompts every this many steps, "
-                                                   "before the first step and after the last (0: off).")
-    eval_prompts: int = Field(64, ge=1, description="Prompts in the evaluation set.")
-    eval_samples: int = Field(0, ge=0, description="Also sample this many responses per evaluation prompt (at "
-                                                   "roles.rollout.temperature) for mean@k and pass@k (0: greedy only).")
-    export: bool = Field(True, description="At the end, write the actor as a Hugging Face model folder "
-                                           "to output_dir/final (loadable with from_pretrained).")
-    resume: bool = Field(True, description="Continue from the newest checkpoint in output_dir if there is one.")
+    memory_check: bool = Field(True, description="On CUDA, refuse before anything loads a plan whose memory "
+                               "estimate per GPU (as `flowrl plan --gpus N` prints it) exceeds one GPU's memory; "
+                               "the estimate leans high, so False lets a tight run try.")
     device: Literal["cpu", "cuda"] = Field("cpu", description="Device of the local pools; cuda also picks the "
                                            "fast engines' options the run leaves unset "
                                            "(the preset `cuda`: flowrl.config.presets, printed by `flowrl config`).")
-    gc_freeze: bool = Field(True, description="After the first step, collect garbage once and freeze what is "
-                            "left (gc.freeze; in each Ray worker too), so later collections skip the run's "
-                            "long-lived objects (models, compiled graphs, vLLM's engine), as vLLM does after its "
-                            "start: on an H200 a GRPO step of the 0.5B shape took 2.92 s against 3.19 s without it "
-                            "(flowrl.runtime.gc_heap). timing_s/gc/<node> logs the collector's seconds either way.")
-    cpu_threads: int = Field(0, ge=0, description="Threads of torch's CPU ops in each process (torchrun rank, "
-                             "Ray worker); 0: OMP_NUM_THREADS if set, else 1 for the built-in tiny model, else "
-                             "the cores of the process's CPU affinity shared among the ranks on its node "
-                             "(see flowrl.runtime.threads).")
-    executor: str = Field("local", description="A registered name (flowrl.runtime.executors.EXECUTORS): "
-                          "'local': every role in this process (one rank, or one per torchrun rank); 'ray': one "
-                          "Ray actor per rank of each placement pool, started from this one process (needs the "
-                          "`ray` extra).")
+    loggers: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["console", "jsonl"], description="Where step metrics go: console (the step "
+        "line), jsonl (metrics.jsonl), tensorboard, wandb (offline unless WANDB_MODE says otherwise), mlflow "
+        "(local store); see flowrl.runtime.loggers.")
+
+    @field_validator("loggers", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        return [name.strip() for name in value.split(",")] if isinstance(value, str) else value
+
+    _paths = field_validator("output_dir")(_a_path)
+
+
+class CheckpointConfig(Section):
+    """Checkpoints, resuming from them, the final export, and the stop on a signal."""
+
+    every: int = Field(10, ge=0, description="Checkpoint every this many steps (0: only at the end).")
+    keep: int = Field(2, ge=1, description="Newest checkpoints kept on disk.")
+    resume: bool = Field(True, description="Continue from the newest checkpoint in train.output_dir if there is one.")
+    export: bool = Field(True, description="At the end, write the exported policy as a Hugging Face model folder "
+                                           "to train.output_dir/final (loadable with from_pretrained).")
+    shutdown_timeout_s: float = Field(25.0, gt=0, description="After SIGTERM or SIGINT the run stops at the end "
+                                      "of its step with a checkpoint; if that takes longer than this, it exits "
+                                      "without one (the last is intact). Below the scheduler's grace period.")
+
+
+class EvalConfig(Section):
+    """The greedy (and sampled) evaluation on fixed prompts."""
+
+    every: int = Field(10, ge=0, description="Greedy evaluation on fixed prompts every this many steps, "
+                                             "before the first step and after the last (0: off).")
+    prompts: int = Field(64, ge=1, description="Prompts in the evaluation set.")
+    samples: int = Field(0, ge=0, description="Also sample this many responses per evaluation prompt (at "
+                                              "roles.rollout.temperature) for mean@k and pass@k (0: greedy only).")
+
+
+class ExecutorSection(Section):
+    """Which executor runs the plan (flowrl.runtime.executors.EXECUTORS) and how its processes start and wait."""
+
+    name: str = Field("local", description="A registered name (flowrl.runtime.executors.EXECUTORS): "
+                      "'local': every role in this process (one rank, or one per torchrun rank); 'ray': one "
+                      "Ray actor per rank of each placement pool, started from this one process (needs the "
+                      "`ray` extra).")
     node_timeout_s: float | None = Field(None, gt=0, description="Ray executor: a node whose workers have not "
                                          "finished this many seconds after it started is an error naming the "
                                          "node, its pool and the ranks still running (None: wait forever); "
@@ -102,24 +119,40 @@ class TrainConfig(Section):
     rollout_share: float | None = Field(None, gt=0, lt=1, description="placement 'auto' on a Ray cluster's "
                                         "GPUs: this fraction of them for the roles that follow weights (the "
                                         "rollout), the rest for training; None: every role on every GPU.")
-    memory_check: bool = Field(True, description="On CUDA, refuse before anything loads a plan whose memory "
-                               "estimate per GPU (as `flowrl plan --gpus N` prints it) exceeds one GPU's memory; "
-                               "the estimate leans high, so False lets a tight run try.")
+    rendezvous_timeout_s: float = Field(300.0, gt=0, description="torchrun: a rank whose master "
+                                        "(MASTER_ADDR:MASTER_PORT) has not answered after this many seconds stops "
+                                        "with a line naming it.")
+    gc_freeze: bool = Field(True, description="After the first step, collect garbage once and freeze what is "
+                            "left (gc.freeze; in each Ray worker too), so later collections skip the run's "
+                            "long-lived objects (models, compiled graphs, vLLM's engine), as vLLM does after its "
+                            "start: on an H200 a GRPO step of the 0.5B shape took 2.92 s against 3.19 s without it "
+                            "(flowrl.runtime.gc_heap). timing_s/gc/<node> logs the collector's seconds either way.")
+    cpu_threads: int = Field(0, ge=0, description="Threads of torch's CPU ops in each process (torchrun rank, "
+                             "Ray worker); 0: OMP_NUM_THREADS if set, else 1 for the built-in tiny model, else "
+                             "the cores of the process's CPU affinity shared among the ranks on its node "
+                             "(see flowrl.runtime.threads).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_name(cls, value: Any) -> Any:
+        """`executor=ray` is executor.name=ray."""
+        return {"name": value} if isinstance(value, str) else value
+
+
+class DebugConfig(Section):
+    """What a run writes to look into it: rows dumped as jsonl, and profiled steps."""
+
     dump_rollouts_every: int = Field(0, ge=0, description="Write every this many steps' rows (prompt, response, "
-                                     "reward, advantages, policy_version, step) to output_dir/rollouts/ as "
+                                     "reward, advantages, policy_version, step) to train.output_dir/rollouts/ as "
                                      "jsonl (flowrl.runtime.dumps; 0: off).")
-    dump_eval: bool = Field(False, description="Write each evaluation's rows to output_dir/eval/ as jsonl.")
+    dump_eval: bool = Field(False, description="Write each evaluation's rows to train.output_dir/eval/ as jsonl.")
     dump_max_rows: int = Field(1024, ge=1, description="Rows per dump file at most; the rest are left out "
                                                        "(logged).")
     dump_max_bytes: int = Field(8_000_000, ge=1, description="Bytes per dump file at most.")
     profile_steps: list[int] = Field(default_factory=list, description="[a, b]: run steps a..b (1-based) "
-                                     "under the torch profiler; output_dir/profile/ gets a Chrome trace, the "
+                                     "under the torch profiler; train.output_dir/profile/ gets a Chrome trace, the "
                                      "operator table and a per-node time table (flowrl.runtime.profiling); "
                                      "[]: off.")
-    loggers: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
-        default_factory=lambda: ["console", "jsonl"], description="Where step metrics go: console (the step "
-        "line), jsonl (metrics.jsonl), tensorboard, wandb (offline unless WANDB_MODE says otherwise), mlflow "
-        "(local store); see flowrl.runtime.loggers.")
 
     @field_validator("profile_steps")
     @classmethod
@@ -127,13 +160,6 @@ class TrainConfig(Section):
         if value and (len(value) != 2 or not 1 <= value[0] <= value[1]):
             raise ValueError(f"expected [first, last] steps with 1 <= first <= last, or [], got {value}")
         return value
-
-    @field_validator("loggers", mode="before")
-    @classmethod
-    def _comma_separated(cls, value: Any) -> Any:
-        return [name.strip() for name in value.split(",")] if isinstance(value, str) else value
-
-    _paths = field_validator("output_dir")(_a_path)
 
 
 class TaskConfig(Section):

@@ -240,8 +240,8 @@ def trainer_keys(v: Given, out: Mapped, gpus: int) -> None:
         o["train.output_dir"] = v("trainer.default_local_dir")
     else:
         o["train.output_dir"] = f"checkpoints/{v('trainer.project_name')}/{v('trainer.experiment_name')}"
-    o["train.save_every"] = max(0, int(v("trainer.save_freq")))
-    o["train.eval_every"] = max(0, int(v("trainer.test_freq")))
+    o["checkpoint.every"] = max(0, int(v("trainer.save_freq")))
+    o["eval.every"] = max(0, int(v("trainer.test_freq")))
     if v.has("trainer.logger"):
         loggers = v("trainer.logger")
         loggers = [loggers] if isinstance(loggers, str) else list(loggers)
@@ -250,12 +250,12 @@ def trainer_keys(v: Given, out: Mapped, gpus: int) -> None:
         if v("trainer.resume_mode") not in ("auto", "disable"):
             raise ValueError(f"trainer.resume_mode={v('trainer.resume_mode')}: flowrl resumes from "
                              f"train.output_dir's newest checkpoint (auto) or not at all (disable)")
-        o["train.resume"] = v("trainer.resume_mode") == "auto"
+        o["checkpoint.resume"] = v("trainer.resume_mode") == "auto"
     if int(v("trainer.critic_warmup")):
         raise ValueError(f"trainer.critic_warmup={v('trainer.critic_warmup')}: flowrl updates the actor from the "
                          f"first step")
     for key, target in (("trainer.balance_batch", "train.balance_batch"), ("trainer.device", "train.device"),
-                        ("trainer.max_actor_ckpt_to_keep", "train.keep_checkpoints")):
+                        ("trainer.max_actor_ckpt_to_keep", "checkpoint.keep")):
         if v.has(key) and v(key) is not None:
             o[target] = v(key)
     if gpus > 1:

@@ -14,7 +14,7 @@ Backends (same code, chosen by the tensors' device):
   `_end_coalescing`, what `dist.batch_isend_irecv` does): NCCL's point-to-point calls block until matched,
   so ungrouped, two ranks that both send first would wait on each other. `Work.wait(timeout)` only makes
   the stream wait there, so the deadline is the group's own timeout (SyncGroup sets it from sync.timeout_s;
-  torchrun's default group from train.node_timeout_s), reported by NCCL's watchdog as a DistError we name
+  torchrun's default group from executor.node_timeout_s), reported by NCCL's watchdog as a DistError we name
   the same way. The buffers live on the device: O(bucket) of device memory.
 """
 

@@ -38,7 +38,7 @@ class TransportConfig(BaseModel):
     bucket_mb: int = Field(256, ge=1, description="Collective transport: MB per broadcast bucket (two are in "
                                                   "flight at most).")
     timeout_s: float = Field(600.0, gt=0, description="A weight transfer whose peer has not answered within this "
-                             "many seconds is an error naming it (train.node_timeout_s bounds it too, if shorter).")
+                             "many seconds is an error naming it (executor.node_timeout_s bounds it too, if shorter).")
 
     @model_validator(mode="wrap")
     @classmethod

@@ -45,7 +45,7 @@ class StreamedSync:
             if not (isinstance(err, dist.DistError) or "timed out" in str(err).lower()):  # gloo's is plain
                 raise
             raise WeightSyncTimeout(f"weight sync: a gather of the actor's weights got no answer from every rank "
-                                    f"within the process group's timeout (train.node_timeout_s): "
+                                    f"within the process group's timeout (executor.node_timeout_s): "
                                     f"{first_line(err)}") from None
         metrics.log("timing_s/sync", time.perf_counter() - start)
 

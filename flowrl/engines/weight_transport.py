@@ -122,7 +122,7 @@ class SyncGroup:
             work.wait()
         except (RuntimeError, dist.DistError) as err:
             raise WeightSyncTimeout(f"weight sync: {what} got no answer within {self.timeout_s:g} s "
-                                    f"(train.node_timeout_s): {first_line(err)}") from None
+                                    f"(executor.node_timeout_s): {first_line(err)}") from None
 
     def close(self) -> None:
         self.group.shutdown()

@@ -2,7 +2,7 @@
 
 A spec reads NODESxGPUSxKIND, GPUSxKIND (one node) or KIND (one GPU); KIND names a row of the device table
 (flowrl.plan.costs.DEVICES), which gives the memory of one card and its cost constants. `detect` reads the
-GPUs a Ray cluster has (train.executor=ray) or torch sees, and the device table's row nearest their memory.
+GPUs a Ray cluster has (executor.name=ray) or torch sees, and the device table's row nearest their memory.
 Pools respect nodes: a pool either fits in one node or takes whole nodes (`pool_sizes`), and a tensor-parallel
 group never spans two (`max_tensor_parallel`).
 """

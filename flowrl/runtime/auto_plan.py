@@ -109,7 +109,7 @@ def print_choice(cfg: RunConfig, algo: Algorithm, task: Any, args: Any) -> str:
     from flowrl.config.loading import read_config_file
     from flowrl.plan.cluster import detect
 
-    cluster = detect(cfg.train.executor == "ray") if args.cluster == "found" else ClusterConfig.parse(args.cluster)
+    cluster = detect(cfg.executor.name == "ray") if args.cluster == "found" else ClusterConfig.parse(args.cluster)
     choice, values = choose(cfg, algo, task, cluster, args.prompt_len, PlannerConfig(allow_lora=args.allow_lora))
     lines = [choice.explain() if args.explain else f"chosen on {cluster.describe()}: {choice.best.cand.label()}",
              f"predicted {choice.best.seconds:.2f} s/step, peak {max(choice.best.fit.peak.values()) / GIB:.1f} "

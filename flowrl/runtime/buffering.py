@@ -231,7 +231,7 @@ def refuse_stream(plan: Plan, s: Split | None = None) -> None:
         raise PlanError(f"{where} streams from a role on a pool; {s.producers[0].name} runs on the driver")
     shared = sorted({n.role for n in s.consumers if n.role in plan.pools and plan.pools[n.role].name == pool.name})
     if shared:
-        raise PlanError(f"{where} needs {role} on a pool of its own (split placement; or train.executor=local): "
+        raise PlanError(f"{where} needs {role} on a pool of its own (split placement; or executor.name=local): "
                         f"pool {pool.name!r} also hosts {', '.join(shared)}")
 
 

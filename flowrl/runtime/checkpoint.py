@@ -140,7 +140,7 @@ def latest(root: str | Path) -> Path | None:
                       f"older one", stacklevel=2)
     if found:
         raise CheckpointError(f"{root}: no intact checkpoint among {[p.name for p in found]} (the newest: "
-                              f"{damage(found[0])}); move the folder away to start over, or set train.resume=false")
+                              f"{damage(found[0])}); move the folder away to start over, or set checkpoint.resume=false")
     return None
 
 

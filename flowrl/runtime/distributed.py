@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 def setup(device: str, timeout_s: float | None = None) -> tuple[int, int]:
     """Join the process group torchrun describes, if any; returns (rank, world_size). `timeout_s`
-    (train.node_timeout_s): a collective some rank has not joined within it fails (torch's default: 10 min)."""
+    (executor.node_timeout_s): a collective some rank has not joined within it fails (torch's default: 10 min)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return 0, 1
@@ -72,7 +72,7 @@ def average(rows: list[dict[str, float]]) -> dict[str, float]:
 def check_rendezvous(timeout_s: float) -> None:
     """Under torchrun, before joining: the environment is consistent (0 <= RANK < WORLD_SIZE, MASTER_ADDR and
     MASTER_PORT set) and, on ranks other than 0, the master answers within `timeout_s`
-    (train.rendezvous_timeout_s); else one line naming the variable or the address, instead of torch's
+    (executor.rendezvous_timeout_s); else one line naming the variable or the address, instead of torch's
     ten-minute wait."""
     env = os.environ
     if int(env.get("WORLD_SIZE", "1")) == 1:
@@ -100,7 +100,7 @@ def _wait_for_master(host: str, port: int, timeout_s: float) -> None:
         except OSError as err:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"the torchrun master {host}:{port} (MASTER_ADDR:MASTER_PORT) did not answer "
-                                   f"within train.rendezvous_timeout_s={timeout_s:g} ({err.strerror or err}); is "
+                                   f"within executor.rendezvous_timeout_s={timeout_s:g} ({err.strerror or err}); is "
                                    f"rank 0 running?") from None
             time.sleep(0.2)
 

@@ -1,12 +1,12 @@
 """Generation dumps: the rows a step trained on, or an evaluation scored, as JSON lines (verl's rollout and
 validation data dirs).
 
-`train.dump_rollouts_every = k` writes every k-th step's batch to `output_dir/rollouts/step_NNNNNN.jsonl`,
-`train.dump_eval` each evaluation's to `output_dir/eval/step_NNNNNN.jsonl` (under torchrun every rank
+`debug.dump_rollouts_every = k` writes every k-th step's batch to `output_dir/rollouts/step_NNNNNN.jsonl`,
+`debug.dump_eval` each evaluation's to `output_dir/eval/step_NNNNNN.jsonl` (under torchrun every rank
 writes its own rows, `.rankR` before the suffix). One row per line: `prompt` and `response` (decoded,
 special tokens dropped), `reward` (the row's score, or null), `advantages` (the advantage of each
 response token, or null), `policy_version`, `step` and `uid`; `datasets.Dataset.from_json` reads a file
-back. A file stops at `train.dump_max_rows` rows or `train.dump_max_bytes` bytes, whichever comes first;
+back. A file stops at `debug.dump_max_rows` rows or `debug.dump_max_bytes` bytes, whichever comes first;
 the rows left out are logged.
 """
 
@@ -21,6 +21,7 @@ from typing import Any
 import torch.distributed as dist
 from tensordict import TensorDict
 
+from flowrl.config import DebugConfig
 from flowrl.engines.hf_models import load_tokenizer
 from flowrl.roles.reward import decode_responses
 
@@ -70,20 +71,20 @@ class Dumps:
         tmp.write_text("".join(lines))
         tmp.replace(path)
         if len(lines) < len(all_rows):
-            log.warning("dump %s: wrote %d of %d rows (train.dump_max_rows=%d, train.dump_max_bytes=%d)", path,
+            log.warning("dump %s: wrote %d of %d rows (debug.dump_max_rows=%d, debug.dump_max_bytes=%d)", path,
                         len(lines), len(all_rows), self.max_rows, self.max_bytes)
         return path
 
 
-def rollouts(dumper: Dumps | None, train: Any, batch: TensorDict, step: int) -> None:
-    """After step `step`: its batch to rollouts/ when train.dump_rollouts_every says so."""
-    every = train.dump_rollouts_every
+def rollouts(dumper: Dumps | None, debug: DebugConfig, batch: TensorDict, step: int) -> None:
+    """After step `step`: its batch to rollouts/ when debug.dump_rollouts_every says so."""
+    every = debug.dump_rollouts_every
     if dumper is not None and every and step % every == 0:
         dumper.write("rollouts", batch, step)
 
 
-def from_config(train: Any, model_path: Path) -> Dumps | None:
-    """The run's dump writer (`train` is its TrainConfig), or None when it dumps nothing."""
-    if not train.dump_rollouts_every and not train.dump_eval:
+def from_config(debug: DebugConfig, output_dir: Path, model_path: Path) -> Dumps | None:
+    """The run's dump writer into `output_dir`, or None when it dumps nothing."""
+    if not debug.dump_rollouts_every and not debug.dump_eval:
         return None
-    return Dumps(Path(train.output_dir), load_tokenizer(model_path), train.dump_max_rows, train.dump_max_bytes)
+    return Dumps(output_dir, load_tokenizer(model_path), debug.dump_max_rows, debug.dump_max_bytes)

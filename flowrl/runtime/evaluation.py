@@ -7,7 +7,7 @@ on the arithmetic task. A run that plays multi-turn episodes
 environment. The prompts come from a seed the training stream never
 uses (or are data.val_files' rows), so the set stays the same across a run and
 its resumes. Rows with a `data_source` add `eval/<source>/greedy`; with
-train.eval_samples = k, k sampled responses per prompt add mean@k and pass@k
+eval.samples = k, k sampled responses per prompt add mean@k and pass@k
 (flowrl.data.eval_metrics).
 """
 
@@ -57,7 +57,7 @@ def sampled_eval(k: int, episodes: bool = False) -> Algorithm:
 
 def plays_episodes(plan: Plan) -> bool:
     """The training graph rolls out multi-turn episodes (rollout.interact): evaluate it the same way."""
-    return any(node.method == "interact" and node.role == "rollout" for node in plan.nodes)
+    return any(node.method == "interact" for node in plan.nodes)
 
 
 def eval_plan(train: Plan, task: Any, role_classes: dict[str, type] | None = None,
@@ -94,7 +94,7 @@ class Evaluator:
 
     def __call__(self, step: int) -> dict[str, float]:
         batch, logged = self.executor.run_step(step, iter([self.prompts.clone()]))
-        self.last_batch = batch  # the greedy pass's rows (train.dump_eval writes them)
+        self.last_batch = batch  # the greedy pass's rows (debug.dump_eval writes them)
         out = {k: v for k, v in logged.items() if k.startswith("eval/")}
         if "data_source" in batch.keys():
             out.update(greedy_metrics(batch["scores"].tolist(), column(batch, "data_source")))

@@ -1,9 +1,9 @@
-"""Executors by name: `train.executor` picks an entry of EXECUTORS, whose config builds the executor.
+"""Executors by name: `executor.name` picks an entry of EXECUTORS, whose config builds the executor.
 
 Like the engines (flowrl.engines.configs), each executor is a registered pydantic config with `build()`.
 What differs between executors is a property of its config, so the trainer never compares their names:
 whether its CUDA GPUs are a cluster's rather than this process's (`uses_cluster_gpus`), whether torchrun may
-launch it (`check_world`), one GPU's memory (`gpu_bytes`), and which train.* options only it reads
+launch it (`check_world`), one GPU's memory (`gpu_bytes`), and which executor.* options only it reads
 (`OPTIONS`: set under another executor, they warn). Executors get a RoleFactory and plans, never the run
 config. Ray stays optional: the Ray executor's modules are imported only when it is built.
 
@@ -17,9 +17,9 @@ import warnings
 from typing import ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from flowrl.config import RunConfig, TrainConfig
+from flowrl.config import ExecutorSection, RunConfig
 from flowrl.engines.transports import TransportConfig
 from flowrl.graph.registry import Registry
 from flowrl.plan.planner import Plan
@@ -29,20 +29,24 @@ from flowrl.runtime.factory import RoleFactory
 
 
 class ExecutorConfig(BaseModel):
-    """An executor's options, taken from the run config's train.* fields of the same names and `sync`."""
+    """An executor's options: the run config's executor section, its train.device and its `sync`. The executor
+    it builds keeps this config (`self.config`) instead of copying its fields."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     registry: ClassVar[Registry[type["ExecutorConfig"]]] = Registry("executor")
-    OPTIONS: ClassVar[tuple[str, ...]] = ()  # train.* fields this executor reads and the local one does not
+    OPTIONS: ClassVar[tuple[str, ...]] = ()  # executor.* fields this executor reads and the local one does not
     CLUSTER: ClassVar[bool] = False  # places pools on a cluster: their strategy and resources apply
-    name: str
+    options: ExecutorSection = Field(default_factory=ExecutorSection)
     device: str
-    sync: TransportConfig
+    sync: TransportConfig = Field(default_factory=lambda: TransportConfig.model_validate({}))
 
     @classmethod
     def from_run(cls, cfg: RunConfig) -> "ExecutorConfig":
-        train = {key: getattr(cfg.train, key) for key in cls.model_fields if key in TrainConfig.model_fields}
-        return cls(name=cfg.train.executor, sync=cfg.sync, **train)  # device: train.device
+        return cls(options=cfg.executor, device=cfg.train.device, sync=cfg.sync)
+
+    @property
+    def name(self) -> str:
+        return self.options.name
 
     @property
     def uses_cluster_gpus(self) -> bool:
@@ -50,14 +54,14 @@ class ExecutorConfig(BaseModel):
         return self.CLUSTER and self.device == "cuda"
 
     def reads(self) -> tuple[str, ...]:
-        """The executor-specific train.* options this run reads."""
+        """The executor-specific executor.* options this run reads."""
         return self.OPTIONS
 
     def check_world(self, world: int) -> None:
         """Refuse a launch it cannot run under (`world` processes started by torchrun)."""
 
     def cluster_gpus(self) -> int:
-        raise NotImplementedError(f"train.executor={self.name} places nothing on a cluster")
+        raise NotImplementedError(f"executor.name={self.name} places nothing on a cluster")
 
     def gpu_bytes(self) -> int:
         """Memory of one GPU the pools run on."""
@@ -69,24 +73,22 @@ class ExecutorConfig(BaseModel):
 
     def warn_no_effect(self, cfg: RunConfig) -> None:
         """Warn for each executor-specific option set away from its default that this executor ignores."""
-        default = TrainConfig()
+        default = ExecutorSection()
         for owner in EXECUTORS:
             for key in EXECUTORS.get(owner).OPTIONS:
-                if key not in self.reads() and getattr(cfg.train, key) != getattr(default, key):
-                    warnings.warn(f"train.{key} has no effect: train.executor is not {owner!r}", stacklevel=3)
-        if cfg.train.rollout_share is not None and not (cfg.placement == "auto" and self.uses_cluster_gpus):
-            warnings.warn("train.rollout_share has no effect: it splits the GPUs of placement 'auto' under an "
-                          "executor on a cluster's GPUs (train.executor=ray on train.device=cuda)", stacklevel=3)
+                if key not in self.reads() and getattr(self.options, key) != getattr(default, key):
+                    warnings.warn(f"executor.{key} has no effect: executor.name is not {owner!r}", stacklevel=3)
+        if self.options.rollout_share is not None and not (cfg.placement == "auto" and self.uses_cluster_gpus):
+            warnings.warn("executor.rollout_share has no effect: it splits the GPUs of placement 'auto' under an "
+                          "executor on a cluster's GPUs (executor.name=ray on train.device=cuda)", stacklevel=3)
         pinned = [p.name for p in getattr(cfg.placement, "pools", ()) if p.resources or p.strategy != "PACK"]
         if pinned and not self.CLUSTER:
-            warnings.warn(f"placement: pool {pinned[0]!r}'s strategy and resources have no effect: train.executor "
+            warnings.warn(f"placement: pool {pinned[0]!r}'s strategy and resources have no effect: executor.name "
                           f"{self.name!r} places no pools on a cluster", stacklevel=3)
 
 
 class LocalExecutorConfig(ExecutorConfig):
-    """`train.executor=local`: every role in this process (one rank, or one per torchrun rank)."""
-
-    gc_freeze: bool  # train.gc_freeze
+    """`executor.name=local`: every role in this process (one rank, or one per torchrun rank)."""
 
     def reads(self) -> tuple[str, ...]:
         torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1  # node_timeout_s bounds its collectives
@@ -98,23 +100,18 @@ class LocalExecutorConfig(ExecutorConfig):
         names = tuple(dict.fromkeys((*plan.roles, *(evaluation.roles if evaluation else ()))))
         pools = list(plan.pools.values())  # under torchrun every pool spans all ranks (LocalExecutor checks it)
         local = factory.per_rank(pools[0]) if pools else factory
-        return LocalExecutor(plan, local.build(names), world_size=world, gc_freeze=self.gc_freeze)
+        return LocalExecutor(plan, local.build(names), world_size=world, gc_freeze=self.options.gc_freeze)
 
 
 class RayExecutorConfig(ExecutorConfig):
-    """`train.executor=ray`: one Ray actor per rank of each placement pool, started from this one process."""
+    """`executor.name=ray`: one Ray actor per rank of each placement pool, started from this one process."""
 
     OPTIONS: ClassVar[tuple[str, ...]] = ("node_timeout_s", "ship_files", "placement_timeout_s")
     CLUSTER: ClassVar[bool] = True
-    node_timeout_s: float | None  # these four: the train.* fields of the same names (documented there)
-    ship_files: bool
-    placement_timeout_s: float
-    cpu_threads: int
-    gc_freeze: bool
 
     def check_world(self, world: int) -> None:
         if world > 1:
-            raise ValueError("train.executor: 'ray' starts its own workers from one process; run it without "
+            raise ValueError("executor.name: 'ray' starts its own workers from one process; run it without "
                              "torchrun")
 
     def cluster_gpus(self) -> int:
@@ -142,18 +139,15 @@ class RayExecutorConfig(ExecutorConfig):
         from flowrl.runtime.ray_executor import RayExecutor, init_ray  # ray is optional: imported only when asked
 
         init_ray()
-        return RayExecutor(plan, factory, extra_driver_roles=evaluation.driver_roles() if evaluation else (),
-                           node_timeout_s=self.node_timeout_s, ship_files=self.ship_files,
-                           placement_timeout_s=self.placement_timeout_s, cpu_threads=self.cpu_threads,
-                           sync=self.sync, gc_freeze=self.gc_freeze)
+        return RayExecutor(plan, factory, self, extra_driver_roles=evaluation.driver_roles() if evaluation else ())
 
 
 def need_ray() -> None:
-    """train.executor=ray without Ray installed: one line naming the extra, not a ModuleNotFoundError."""
+    """executor.name=ray without Ray installed: one line naming the extra, not a ModuleNotFoundError."""
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
-        raise ValueError("train.executor=ray needs Ray: install the checkout's ray extra, pip install -e '.[ray]'")
+        raise ValueError("executor.name=ray needs Ray: install the checkout's ray extra, pip install -e '.[ray]'")
 
 
 EXECUTORS = ExecutorConfig.registry
@@ -162,8 +156,8 @@ EXECUTORS.register("ray", RayExecutorConfig)
 
 
 def executor_config(cfg: RunConfig) -> ExecutorConfig:
-    """The config of the executor `train.executor` names; an unknown name is one line naming the field."""
-    name = cfg.train.executor
+    """The config of the executor `executor.name` names; an unknown name is one line naming the field."""
+    name = cfg.executor.name
     if name not in EXECUTORS:
-        raise ValueError(f"train.executor: unknown {name!r}; registered: {EXECUTORS.names()}")
+        raise ValueError(f"executor.name: unknown {name!r}; registered: {EXECUTORS.names()}")
     return EXECUTORS.get(name).from_run(cfg)

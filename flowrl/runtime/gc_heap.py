@@ -1,5 +1,5 @@
 """Python's garbage collector in a training process: the time it takes per node, and the heap frozen after the
-first step (train.gc_freeze).
+first step (executor.gc_freeze).
 
 CPython's oldest-generation collections walk every container object the process holds. A training process holds
 millions that live as long as it does: the models' modules, torch.compile's graphs, guards and sympy expressions

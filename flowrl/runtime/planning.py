@@ -52,7 +52,7 @@ def plan_on_gpus(cfg: RunConfig, algo: Algorithm, task: Any, gpus: int, nodes: i
 
 def make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int = 1, gpus: int | None = None) -> Plan:
     """Validate the algorithm's options and compile its graph; loads no model. Placement 'auto' colocates the
-    model roles on `world_size` ranks, or on `gpus` CUDA ranks (a Ray cluster's) split by train.rollout_share.
+    model roles on `world_size` ranks, or on `gpus` CUDA ranks (a Ray cluster's) split by executor.rollout_share.
     A field no node writes says where else it may come from: the data."""
     try:
         return _make_plan(cfg, algo, task, world_size, gpus)
@@ -76,7 +76,7 @@ def _make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int, gpus
             placement = Placement.colocated(roles, world_size=world_size, device=cfg.train.device)
         else:
             followers = tuple(r for r in roles if role_spec(r, classes.get(r)).weights_from)
-            placement = gpu_placement(roles, followers, gpus, split=cfg.train.rollout_share)
+            placement = gpu_placement(roles, followers, gpus, split=cfg.executor.rollout_share)
     return compile_plan(algo, placement, inputs, classes, algo_cfg)
 
 

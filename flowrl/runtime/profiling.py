@@ -1,4 +1,4 @@
-"""Profiling: `train.profile_steps=[a, b]` runs steps a..b (1-based, as logged) under the torch profiler.
+"""Profiling: `debug.profile_steps=[a, b]` runs steps a..b (1-based, as logged) under the torch profiler.
 
 At step b it writes to `output_dir/profile/`: `trace.json` (a Chrome trace: chrome://tracing or
 ui.perfetto.dev; each step a `flowrl step N` range, each graph node run in this process a range named
@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function
+
+from flowrl.config import DebugConfig
 
 log = logging.getLogger(__name__)
 STEP_KEY = "timing_s/step"
@@ -83,7 +85,7 @@ class StepProfiler:
                  ", ".join(f"{r['node']} {r['share']:.0%}" for r in table[:5]))
 
 
-def from_config(train: object, output_dir: Path) -> StepProfiler:
-    """The run's profiler (`train` is its TrainConfig)."""
-    return StepProfiler(train.profile_steps, output_dir / "profile", cuda=train.device == "cuda"
+def from_config(debug: DebugConfig, output_dir: Path, device: str) -> StepProfiler:
+    """The run's profiler (on `device`, the run's train.device)."""
+    return StepProfiler(debug.profile_steps, output_dir / "profile", cuda=device == "cuda"
                         and torch.cuda.is_available())

@@ -4,11 +4,11 @@
   than a node continues on the next); a bundle asks for a sliver of a CPU (`BUNDLE_NUM_CPUS`), one GPU on
   CUDA pools, and the pool's own `resources` (a custom resource a node was started with pins the pool there).
   Before anything waits, the cluster's totals and nodes are checked (`check_cluster`); a group Ray still has
-  not placed after train.placement_timeout_s is a PlanError naming the pool, its bundles and the nodes —
+  not placed after executor.placement_timeout_s is a PlanError naming the pool, its bundles and the nodes —
   never a hang.
 - The ranks of a pool meet at rank 0's node address on a port free there (rank 0 finds both: `PoolWorker
   .rendezvous`).
-- With train.ship_files, model folders travel through the object store (`ShippedFolder`: each node unpacks
+- With executor.ship_files, model folders travel through the object store (`ShippedFolder`: each node unpacks
   one copy under its temp folder), and checkpoints and exports come back as files the driver writes where
   the run config says: no node needs to see the driver's disk.
 - A local cluster flowrl starts stays at 127.0.0.1 (flowrl.runtime.ray_loopback, set before Ray is imported).
@@ -44,9 +44,9 @@ CLIENT_ATTEMPTS = 3  # Ray Client's server for this connection may die at start 
 
 def connect(address: str, **kwargs: Any) -> Any:
     """Drive a Ray cluster from this process (a notebook): `ray://head:10001` (Ray Client) or `head:6379` (the
-    cluster's GCS, from a machine on its network). Then `train` with train.executor=ray runs its loop here and
+    cluster's GCS, from a machine on its network). Then `train` with executor.name=ray runs its loop here and
     its pools on the cluster: the step lines, progress and metrics come back here, and checkpoints and exports
-    land on this machine's disk (train.ship_files). Functions and classes defined here (algorithms, stages,
+    land on this machine's disk (executor.ship_files). Functions and classes defined here (algorithms, stages,
     tasks, reward functions) travel by value; modules they import must be installed on the cluster's nodes or
     sent with runtime_env={"py_modules": [...]}. `kwargs` go to ray.init; an earlier connection is closed.
 
@@ -107,7 +107,7 @@ def place(pools: list[Pool], timeout_s: float) -> dict[str, PlacementGroup]:
         release(groups)
         nodes = "; ".join(f"{i}: {_brief(n['Resources'])}" for i, n in enumerate(ray.nodes()) if n.get("Alive"))
         raise PlanError(f"placement: Ray did not place pool {waiting.name!r} ({waiting.world_size} x "
-                        f"{bundle(waiting)}, {waiting.strategy}) within train.placement_timeout_s={timeout_s:g} s; "
+                        f"{bundle(waiting)}, {waiting.strategy}) within executor.placement_timeout_s={timeout_s:g} s; "
                         f"the cluster's nodes have {nodes or 'nothing'} (other jobs may hold them)")
     return groups
 

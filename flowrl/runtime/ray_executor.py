@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowrl.runtime import ray_loopback
 
@@ -41,7 +41,6 @@ from ray.exceptions import GetTimeoutError, RayActorError  # noqa: E402
 from tensordict import TensorDict
 
 from flowrl import metrics
-from flowrl.engines.transports import TransportConfig
 from flowrl.engines.weight_transport import WeightSyncTimeout
 from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
@@ -58,41 +57,40 @@ from flowrl.runtime.ray_pools import PoolEngine, _start_pool, _write_folder
 from flowrl.runtime.ray_pools import CONNECT_TIMEOUT_S, _check_listening, init_ray  # noqa: F401 (re-exported)
 from flowrl.runtime.scheduling import call_node, ready
 
+if TYPE_CHECKING:
+    from flowrl.runtime.executors import RayExecutorConfig
+
 _EMPTY = TensorDict({}, batch_size=[0])
 
 
 class RayExecutor(Executor):
-    def __init__(self, plan: Plan, factory: Any, extra_driver_roles: tuple[str, ...] = (),
-                 node_timeout_s: float | None = None, ship_files: bool = False,
-                 placement_timeout_s: float = 60.0, cpu_threads: int = 0, sync: TransportConfig | None = None,
-                 gc_freeze: bool = False):
+    def __init__(self, plan: Plan, factory: Any, config: "RayExecutorConfig", extra_driver_roles: tuple[str, ...] = ()):
         """`factory` (a flowrl.runtime.factory.RoleFactory, or any object with build(names) and for_pool(pool))
-        builds the driver's roles here and each pool's roles in its workers. `node_timeout_s`: the watchdog
-        (train.node_timeout_s); `ship_files`: model folders, checkpoints and exports travel through the object
-        store (train.ship_files; the factory then needs folders() and relocated()); `placement_timeout_s`: how
-        long Ray may take to place the pools; `cpu_threads`: torch's threads in each worker (train.cpu_threads);
-        `sync`: how weights move between split pools (a flowrl.engines.transports.TransportConfig; None: its
-        defaults); `gc_freeze`: after the first step, each worker freezes its heap (train.gc_freeze,
-        flowrl.runtime.gc_heap; the workers end with the executor, so nothing thaws)."""
+        builds the driver's roles here and each pool's roles in its workers. `config` (kept as `self.config`):
+        its options are the run's executor section (flowrl.config.ExecutorSection: node_timeout_s, the watchdog;
+        ship_files, model folders, checkpoints and exports through the object store, the factory then needing
+        folders() and relocated(); placement_timeout_s; cpu_threads, torch's threads in each worker; gc_freeze,
+        each worker freezing its heap after the first step, never thawed as the workers end with the executor),
+        its `sync` how weights move between split pools (flowrl.engines.transports.TransportConfig)."""
         nodes, _, spread = _checked_nodes(plan)
-        super().__init__(plan, nodes, spread, gc_freeze, None)
-        self.node_timeout_s, self.ship_files = node_timeout_s, ship_files
-        self.sync = sync if sync is not None else TransportConfig.model_validate({})
+        options = config.options
+        super().__init__(plan, nodes, spread, options.gc_freeze, None)
+        self.config, self.sync = config, config.sync
         self._sync_groups: set[str] = set()
         self._check_transport()
         buffering.refuse_stream(plan)  # before any worker starts
         pools = {pool.name: pool for pool in plan.pools.values()}
         ray_cluster.check_cluster(list(pools.values()))
         self.driver_roles = factory.build(tuple(dict.fromkeys((*plan.driver_roles(), *extra_driver_roles))))
-        self.groups = ray_cluster.place(list(pools.values()), placement_timeout_s)
+        self.groups = ray_cluster.place(list(pools.values()), options.placement_timeout_s)
         self.workers: dict[str, list[Any]] = {}
         try:
-            shipped = ray_cluster.ship(factory.folders()) if ship_files else None
+            shipped = ray_cluster.ship(factory.folders()) if options.ship_files else None
             setups = []
             for name, pool in pools.items():
                 roles = tuple(r for r, p in plan.pools.items() if p.name == name)
                 self.workers[name], started = _start_pool(pool, self.groups[name], factory.for_pool(pool), roles,
-                                                          shipped, cpu_threads)
+                                                          shipped, options.cpu_threads)
                 setups += started
             ray.get(setups)
         except BaseException:
@@ -124,7 +122,8 @@ class RayExecutor(Executor):
     def train_engines(self) -> dict[str, Any]:
         """What a checkpoint saves and loads: each trainable role on a pool across its ranks, and each trainable
         driver role's own engine (the adaptive KL controller's coefficient), as the local executor does."""
-        return buffering.checkpointed({r: PoolEngine(tuple(self._workers_of(r)), r, self.ship_files)
+        ship = self.config.options.ship_files
+        return buffering.checkpointed({r: PoolEngine(tuple(self._workers_of(r)), r, ship)
                                        if r in self.plan.pools else self.driver_roles[r].engine
                                        for r in self.plan.trainable()}, self.pipeline or self.stream)
 
@@ -136,9 +135,9 @@ class RayExecutor(Executor):
     def save_pretrained(self, role: str, path: str, tokenizer: Any = None) -> None:
         """The role's model as a Hugging Face folder (every rank gathers; rank 0 writes)."""
         tokenizer_ref = ray.put(tokenizer)
-        target = None if self.ship_files else path
+        target = None if self.config.options.ship_files else path
         saved = ray.get([w.save_pretrained.remote(role, target, tokenizer_ref) for w in self._workers_of(role)])
-        if self.ship_files:
+        if self.config.options.ship_files:
             _write_folder({name: data for files in saved for name, data in files.items()}, path)
 
     def close(self) -> None:
@@ -248,8 +247,8 @@ class RayExecutor(Executor):
                 self.sync.check(role, source, apart=self._split_source(role) is not None)
 
     def _sync_timeout(self) -> float:
-        """sync.timeout_s, or train.node_timeout_s where that is shorter."""
-        return min(self.sync.timeout_s, self.node_timeout_s or self.sync.timeout_s)
+        """sync.timeout_s, or executor.node_timeout_s where that is shorter."""
+        return min(self.sync.timeout_s, self.config.options.node_timeout_s or self.sync.timeout_s)
 
     def _resolve(self, done: list[_Launched], batch: TensorDict) -> TensorDict:
         """Wait for `done` (one ray.get, under the watchdog) and merge their results into the batch in trace order."""
@@ -264,11 +263,12 @@ class RayExecutor(Executor):
         return batch
 
     def _get(self, done: list[_Launched]) -> list[Any]:
-        """ray.get of every result; a node past train.node_timeout_s, or a dead worker, is a named error."""
+        """ray.get of every result; a node past executor.node_timeout_s, or a dead worker, is a named error."""
         refs = [ref for run in done for ref in (*run.batches, *run.logged)]
         timeout = None
-        if self.node_timeout_s is not None:
-            timeout = max(0.0, min(run.start for run in done) + self.node_timeout_s - time.perf_counter())
+        limit = self.config.options.node_timeout_s
+        if limit is not None:
+            timeout = max(0.0, min(run.start for run in done) + limit - time.perf_counter())
         try:
             return ray.get(refs, timeout=timeout)
         except GetTimeoutError:
@@ -285,5 +285,6 @@ class RayExecutor(Executor):
         finished = set(ready)
         stuck = [(run, [rank for rank, ref in enumerate(run.batches) if ref not in finished]) for run in done]
         run, ranks = next((run, ranks) for run, ranks in stuck if ranks)
-        return (f"node {run.node.name} on pool {run.node.pool!r} did not finish within train.node_timeout_s="
-                f"{self.node_timeout_s:g} s (ranks still running: {ranks}); rerun to resume from the last checkpoint")
+        return (f"node {run.node.name} on pool {run.node.pool!r} did not finish within executor.node_timeout_s="
+                f"{self.config.options.node_timeout_s:g} s (ranks still running: {ranks}); rerun to resume from the "
+                f"last checkpoint")

@@ -4,7 +4,7 @@
 - `_split` deals a node's rows evenly over its pool's ranks; `_merge` puts their results back into the batch.
 - `_Launched` is a node in flight (its result and metrics refs, one per rank).
 - `NodeTimeout` and `WorkerDied` are the errors a node ends with; `_cause` is a Ray task's own message.
-- `_freeze_heaps`: the workers freeze their heaps after the first step (train.gc_freeze).
+- `_freeze_heaps`: the workers freeze their heaps after the first step (executor.gc_freeze).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _cause(err: BaseException) -> str:
 
 
 class NodeTimeout(RuntimeError):
-    """A node ran past train.node_timeout_s (the message names it, its pool and the ranks still running)."""
+    """A node ran past executor.node_timeout_s (the message names it, its pool and the ranks still running)."""
 
 
 class WorkerDied(RuntimeError):
@@ -53,8 +53,8 @@ def _freeze_heaps(workers: list[Any]) -> None:
     try:
         ray.get([w.freeze_heap.remote() for w in workers], timeout=FREEZE_TIMEOUT_S)
     except GetTimeoutError:
-        raise NodeTimeout(f"train.gc_freeze: the workers did not freeze their heaps within {FREEZE_TIMEOUT_S:g} s "
-                          f"of the first step's end; rerun to resume, or set train.gc_freeze=false") from None
+        raise NodeTimeout(f"executor.gc_freeze: the workers did not freeze their heaps within {FREEZE_TIMEOUT_S:g} s "
+                          f"of the first step's end; rerun to resume, or set executor.gc_freeze=false") from None
 
 
 def _merge(node: Node, outs: list[Any], batch: TensorDict) -> TensorDict:
@@ -71,7 +71,7 @@ def _split(batch: TensorDict, node: Node, num_ranks: int) -> list[TensorDict]:
     rows = batch.batch_size[0]
     if rows % num_ranks:
         raise ValueError(f"pool {node.pool!r}: {node.name} got {rows} rows, which do not split evenly over its "
-                         f"world_size {num_ranks}; make train.batch_size (and train.eval_prompts) a multiple of it")
+                         f"world_size {num_ranks}; make train.batch_size (and eval.prompts) a multiple of it")
     size = rows // num_ranks
     return [batch[rank * size:(rank + 1) * size] for rank in range(num_ranks)]
 

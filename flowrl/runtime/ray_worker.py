@@ -7,7 +7,7 @@ CPU, NCCL on CUDA; at the address rank 0's `rendezvous` gave), so train
 engines shard with FSDP2 across exactly that pool's workers, then builds only
 the pool's roles with the pool's RoleFactory, loading shipped model folders
 from this node's copy. `save`, `load` and `save_pretrained` with no path move
-files to and from the driver instead of this node's disk (train.ship_files).
+files to and from the driver instead of this node's disk (executor.ship_files).
 Every other method is a thin call into a role or its engine; collectives
 (FSDP forwards, updates, the weight sync's gathers, save) work because the
 driver calls every rank of a pool.
@@ -55,7 +55,7 @@ class PoolWorker:
     def setup(self, factory: Any, names: tuple[str, ...], device: str, rank: int, world_size: int,
               address: str, shipped: dict[str, ShippedFolder] | None = None, cpu_threads: int = 0) -> None:
         """Join the pool's process group (world_size > 1) and build the roles in `names` (from this node's
-        copies of the `shipped` folders, if given) with torch on `cpu_threads` threads (train.cpu_threads; 0:
+        copies of the `shipped` folders, if given) with torch on `cpu_threads` threads (executor.cpu_threads; 0:
         the OMP_NUM_THREADS Ray sets, 1 for a worker that asks for no whole CPU)."""
         threads.set_cpu_threads(cpu_threads)
         if shipped is not None:
@@ -151,7 +151,7 @@ class PoolWorker:
             return _written(folder)
 
     def freeze_heap(self) -> None:
-        """This worker's heap frozen after the first step (train.gc_freeze, flowrl.runtime.gc_heap)."""
+        """This worker's heap frozen after the first step (executor.gc_freeze, flowrl.runtime.gc_heap)."""
         gc_heap.freeze_heap()
 
     def close(self) -> None:

@@ -24,7 +24,7 @@ FIXED = ("algorithm", "model.path", "model.dtype", "model.tiny_hidden_size", "mo
          "model.reward_path", "task.name", "task.max_operand", "task.chat_template", "train.seed")
 """Settings a checkpoint fixes: its weights, data order and roles were made under them (and each role's binding,
 roles.<name>.use; a role's other options, its learning rate, may change)."""
-RUN_LENGTH = ("train.steps", "train.resume")
+RUN_LENGTH = ("train.steps", "checkpoint.resume")
 
 
 class RunFinished(ValueError):
@@ -37,7 +37,7 @@ def checkpoints_dir(cfg: RunConfig) -> Path:
 
 def find(cfg: RunConfig) -> tuple[Path, dict[str, Any]] | None:
     """The checkpoint to resume from and its state, after checking the settings against it; None: start anew."""
-    if not cfg.train.resume:
+    if not cfg.checkpoint.resume:
         return None
     try:
         found = checkpoint.latest(checkpoints_dir(cfg))

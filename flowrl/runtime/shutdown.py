@@ -2,7 +2,7 @@
 
 Schedulers send SIGTERM some seconds before SIGKILL; Ctrl-C sends SIGINT. Either one asks the loop to stop
 after the step it is in: it saves a checkpoint and ends with one line saying where (Stopped, exit status
-128 + the signal's number from the CLI). Should no safe point come within train.shutdown_timeout_s, the
+128 + the signal's number from the CLI). Should no safe point come within checkpoint.shutdown_timeout_s, the
 process exits with a line saying so; the previous checkpoint is intact (a checkpoint folder appears whole
 or not at all). A second signal does not wait: Ctrl-C raises KeyboardInterrupt at once, SIGTERM exits.
 Under torchrun every rank gets the signal; the ranks agree after each step, so they stop at the same one.
@@ -65,13 +65,13 @@ class Shutdown:
         self.signum = signum
         if os.environ.get("RANK", "0") == "0":  # torchrun signals every rank: one says it
             print(f"flowrl: {self.name}: stopping after this step with a checkpoint (within "
-                  f"train.shutdown_timeout_s={self.timeout_s:g})", file=sys.stderr, flush=True)
+                  f"checkpoint.shutdown_timeout_s={self.timeout_s:g})", file=sys.stderr, flush=True)
         self._timer = threading.Timer(self.timeout_s, self._expire)
         self._timer.daemon = True
         self._timer.start()
 
     def _expire(self) -> None:
-        _exit(f"{self.name}: no safe point within train.shutdown_timeout_s={self.timeout_s:g}; exiting without a "
+        _exit(f"{self.name}: no safe point within checkpoint.shutdown_timeout_s={self.timeout_s:g}; exiting without a "
               f"new checkpoint (the last one is intact; rerun the same command to resume from it)", self.signum)
 
 

@@ -1,4 +1,4 @@
-"""How many threads torch's CPU ops use in one process (train.cpu_threads), set once as the process starts.
+"""How many threads torch's CPU ops use in one process (executor.cpu_threads), set once as the process starts.
 
 torch's default is one OpenMP thread per core of the machine. Each torchrun rank,
 each Ray worker and any job beside them then competes for the same cores, and an
@@ -7,7 +7,7 @@ than the split gives: 10 steps of the quick start on a busy 2-core machine took
 222 s (47 s of CPU) on torch's default of 2 threads and 31-110 s (7-11 s of CPU)
 on one, the same rewards (docs/benchmarks.md, "CPU threads").
 
-The choice, first that applies: train.cpu_threads when above 0; an explicit
+The choice, first that applies: executor.cpu_threads when above 0; an explicit
 OMP_NUM_THREADS (torchrun sets 1 for several ranks, Ray sets one per worker's
 whole CPUs, so at least 1); 1 for the built-in tiny model, whose matrices are
 too small to split; else the cores of this process's CPU affinity shared among

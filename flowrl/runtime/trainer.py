@@ -22,6 +22,7 @@ from flowrl.data.redact import redact
 from flowrl.data.tasks import Task, check_task
 from flowrl.engines.hf_models import load_tokenizer
 from flowrl.graph.algorithm import ALGORITHMS, Algorithm
+from flowrl.roles.configs import RolloutConfig
 from flowrl.runtime.data_tasks import eval_task, fit_prompts, run_task
 from flowrl.runtime import checkpoint, distributed, dumps, profiling, resume, threads
 from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan, plays_episodes
@@ -81,9 +82,9 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     cluster_gpus = runner.uses_cluster_gpus  # the GPUs are the cluster's, not this process's
     if cfg.train.device == "cuda" and not cluster_gpus and not torch.cuda.is_available():
         raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
-    distributed.check_rendezvous(cfg.train.rendezvous_timeout_s)
-    threads.set_cpu_threads(cfg.train.cpu_threads, tiny_model=cfg.model.path is None)  # before any model loads
-    rank, world = distributed.setup("cpu" if cluster_gpus else cfg.train.device, cfg.train.node_timeout_s)
+    distributed.check_rendezvous(cfg.executor.rendezvous_timeout_s)
+    threads.set_cpu_threads(cfg.executor.cpu_threads, tiny_model=cfg.model.path is None)  # before any model loads
+    rank, world = distributed.setup("cpu" if cluster_gpus else cfg.train.device, cfg.executor.node_timeout_s)
     runner.check_world(world)
     plan = make_plan(cfg, algo, task, world, gpus=runner.cluster_gpus() if cluster_gpus and cfg.placement == "auto"
                      else None)
@@ -91,8 +92,10 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     warn_no_effect(cfg, used_sections(plan.specs))
     runner.warn_no_effect(cfg)
     refuse_contradictions(cfg)
-    if getattr(cfg.section("rollout"), "env", None) is not None and not plays_episodes(plan):
-        warnings.warn(f"roles.rollout.env has no effect: algorithm {algo.name!r} never calls rollout.interact",
+    envs = [name for name, spec in plan.specs.items()
+            if isinstance(section := cfg.section(name, spec), RolloutConfig) and section.env is not None]
+    if envs and not plays_episodes(plan):
+        warnings.warn(f"roles.{envs[0]}.env has no effect: algorithm {algo.name!r} never calls {envs[0]}.interact",
                       stacklevel=2)
     found = resume.find(cfg)  # before any model is built: a refused resume changes nothing on disk
     _check_writable(Path(cfg.train.output_dir))
@@ -106,7 +109,7 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     local, tokenizer = _per_rank_config(cfg, world), load_tokenizer(path)
     fit_prompts(cfg, tokenizer, task, _context(path))  # data sets: over-long prompts dropped or refused
     evaluation = eval_plan(plan, task, cfg.role_classes(algo.roles), graph=algo.evaluation) \
-        if cfg.train.eval_every else None
+        if cfg.eval.every else None
     factory = make_factory(local, plan, task, path, extra=evaluation.specs if evaluation else None)
     executor = runner.build(plan, factory, world, evaluation)
     try:
@@ -114,10 +117,10 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
                               world_size=world, chat_template=cfg.task.chat_template)
         evaluate = None
         if evaluation is not None:
-            eval_source, eval_size = eval_task(task, local.train.eval_prompts, world)
+            eval_source, eval_size = eval_task(task, local.eval.prompts, world)
             eval_stream = PromptStream(eval_source, tokenizer, eval_size, rank=rank, world_size=world,
                                        seed=cfg.train.seed + EVAL_SEED_OFFSET, chat_template=cfg.task.chat_template)
-            evaluate = Evaluator.build(executor, evaluation, next(eval_stream), cfg.train.eval_samples, task,
+            evaluate = Evaluator.build(executor, evaluation, next(eval_stream), cfg.eval.samples, task,
                                        cfg.role_classes(algo.roles))
         start = resume.restore(found, executor, stream, main=rank == 0) if found else 0
     except BaseException:
@@ -144,7 +147,7 @@ def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
     _check_writable(Path(cfg.train.output_dir))
     lock = RunLock(cfg.train.output_dir).acquire() if os.environ.get("RANK", "0") == "0" else None
     try:
-        with Shutdown(cfg.train.shutdown_timeout_s) as shutdown:
+        with Shutdown(cfg.checkpoint.shutdown_timeout_s) as shutdown:
             s = setup(cfg, algo, task)
             try:
                 return _loop(s, progress, on_step, shutdown)
@@ -167,7 +170,8 @@ def _loop(s: Session, progress: bool, on_step: OnStep | None, shutdown: Shutdown
     if s.main:
         s.loggers = open_loggers(cfg.train.loggers, s.out, redact(cfg.model_dump(mode="json")),
                                  write=bar.write if progress else None, line=_format)
-    dumper, profiler = dumps.from_config(cfg.train, s.model_path), profiling.from_config(cfg.train, s.out)
+    dumper = dumps.from_config(cfg.debug, s.out, s.model_path)
+    profiler = profiling.from_config(cfg.debug, s.out, cfg.train.device)
     if s.start == 0 and s.evaluate is not None:
         _log(s, bar, {**_evaluate(s, 0, dumper), "step": 0}, progress)
     history: list[dict[str, float]] = []
@@ -175,7 +179,7 @@ def _loop(s: Session, progress: bool, on_step: OnStep | None, shutdown: Shutdown
         profiler.begin(step + 1)
         batch, logged = s.executor.run_step(step, s.stream)
         profiler.end(step + 1, logged)
-        dumps.rollouts(dumper, cfg.train, batch, step + 1)
+        dumps.rollouts(dumper, cfg.debug, batch, step + 1)
         logged = distributed.mean_over_ranks(logged)
         if s.evaluate is not None and _eval_due(cfg, step + 1):
             logged.update(_evaluate(s, step + 1, dumper))
@@ -184,7 +188,7 @@ def _loop(s: Session, progress: bool, on_step: OnStep | None, shutdown: Shutdown
         _log(s, bar, logged, progress)
         if on_step is not None:
             on_step(step + 1, logged)
-        if cfg.train.export and step + 1 == cfg.train.steps:
+        if cfg.checkpoint.export and step + 1 == cfg.train.steps:
             _export(s)  # before the last checkpoint: a run killed in between redoes the last step and exports
         if _due(cfg, step + 1):
             _save(s, step + 1)
@@ -200,7 +204,7 @@ def _save(s: Session, step: int) -> Path:
     saved = checkpoint.save(s.out / "checkpoints", step, s.executor.train_engines(),
                             {"stream": s.stream.state(), "versions": s.executor.versions,
                              "config": redact(s.cfg.model_dump(mode="json"))},  # no token in state.json
-                            keep=s.cfg.train.keep_checkpoints, is_main=s.main)
+                            keep=s.cfg.checkpoint.keep, is_main=s.main)
     distributed.barrier()
     return saved
 
@@ -215,13 +219,13 @@ def _export(s: Session) -> None:
 
 def _evaluate(s: Session, step: int, dumper: dumps.Dumps | None = None) -> dict[str, float]:
     logged = s.evaluate(step)
-    if dumper is not None and s.cfg.train.dump_eval:
+    if dumper is not None and s.cfg.debug.dump_eval:
         dumper.write("eval", s.evaluate.last_batch, step)
     return distributed.mean_over_ranks(logged)
 
 
 def _eval_due(cfg: RunConfig, step: int) -> bool:
-    return step == cfg.train.steps or step % cfg.train.eval_every == 0
+    return step == cfg.train.steps or step % cfg.eval.every == 0
 
 
 def _per_rank_config(cfg: RunConfig, world: int) -> RunConfig:
@@ -229,10 +233,10 @@ def _per_rank_config(cfg: RunConfig, world: int) -> RunConfig:
     by the role factory: RoleFactory.per_rank, as in a Ray pool)."""
     if world == 1:
         return cfg
-    t = cfg.train
-    shares = {name: distributed.per_rank(getattr(t, name), world, f"train.{name}")
-              for name in ("batch_size", "eval_prompts")}
-    return cfg.model_copy(update={"train": t.model_copy(update=shares)})
+    t, e = cfg.train, cfg.eval
+    train = t.model_copy(update={"batch_size": distributed.per_rank(t.batch_size, world, "train.batch_size")})
+    evaluation = e.model_copy(update={"prompts": distributed.per_rank(e.prompts, world, "eval.prompts")})
+    return cfg.model_copy(update={"train": train, "eval": evaluation})
 
 
 def _log(s: Session, bar: tqdm, logged: dict[str, float], progress: bool) -> None:
@@ -244,7 +248,7 @@ def _log(s: Session, bar: tqdm, logged: dict[str, float], progress: bool) -> Non
 
 
 def _due(cfg: RunConfig, step: int) -> bool:
-    every = cfg.train.save_every
+    every = cfg.checkpoint.every
     return step == cfg.train.steps or (every > 0 and step % every == 0)
 
 

@@ -1,0 +1,51 @@
+"""The `train.*` options that moved to the section of the component they configure (issue 42): the executor's,
+the checkpoint's, the evaluation's and the debug dumps'. For one release the old key still works: it is moved to
+its new place with one FutureWarning line; given together with the new key at a different value it is refused in
+one line (which one was meant cannot be told)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from pydantic import BaseModel
+
+MOVED = {
+    "executor": "executor.name", "node_timeout_s": "executor.node_timeout_s", "ship_files": "executor.ship_files",
+    "placement_timeout_s": "executor.placement_timeout_s", "rollout_share": "executor.rollout_share",
+    "rendezvous_timeout_s": "executor.rendezvous_timeout_s", "gc_freeze": "executor.gc_freeze",
+    "cpu_threads": "executor.cpu_threads",
+    "save_every": "checkpoint.every", "keep_checkpoints": "checkpoint.keep", "resume": "checkpoint.resume",
+    "export": "checkpoint.export", "shutdown_timeout_s": "checkpoint.shutdown_timeout_s",
+    "eval_every": "eval.every", "eval_prompts": "eval.prompts", "eval_samples": "eval.samples",
+    "dump_rollouts_every": "debug.dump_rollouts_every", "dump_eval": "debug.dump_eval",
+    "dump_max_rows": "debug.dump_max_rows", "dump_max_bytes": "debug.dump_max_bytes",
+    "profile_steps": "debug.profile_steps",
+}
+"""train.<key> -> its new dotted key (deprecated aliases, kept for one release)."""
+
+
+def move_train_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (raw run config values) with each deprecated train.<key> moved to its section; a key given both
+    ways with different values is a ValueError naming both."""
+    train = values.get("train")
+    if not isinstance(train, dict) or not set(train) & set(MOVED):
+        return values
+    values, train = dict(values), dict(train)
+    for key in [k for k in train if k in MOVED]:
+        section, _, field = MOVED[key].partition(".")
+        new = _as_section(values.get(section, {}))
+        if field in new and new[field] != train[key]:
+            raise ValueError(f"train.{key}={train[key]!r} and {MOVED[key]}={new[field]!r} disagree: train.{key} "
+                             f"is the deprecated name of {MOVED[key]}; give {MOVED[key]} only")
+        values[section] = {**new, field: train.pop(key)}
+        warnings.warn(f"train.{key} is deprecated; use {MOVED[key]}", FutureWarning, stacklevel=3)
+    values["train"] = train
+    return values
+
+
+def _as_section(value: Any) -> dict[str, Any]:
+    """A section's raw values: a mapping, a built section, or (the executor's) a bare name."""
+    if isinstance(value, str):
+        return {"name": value}
+    return value.model_dump(exclude_unset=True) if isinstance(value, BaseModel) else dict(value)
