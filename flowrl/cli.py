@@ -352,20 +352,21 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"flowrl: {err}", file=sys.stderr)
             return err.exit_code
         user = isinstance(err, ValueError)
-        if user and os.environ.get("RANK", "0") != "0":
-            return EXIT_USER_ERROR  # every rank of a torchrun job refuses a config alike: rank 0 says it once
-        what = "error" if user else f"error: {type(err).__name__}"
+        rank = os.environ.get("RANK", "0")  # every rank says it: a rank may fail alone, or rank 0 be elsewhere
+        what = ("error" if user else f"error: {type(err).__name__}") if rank == "0" else \
+            (f"error (rank {rank})" if user else f"error (rank {rank}): {type(err).__name__}")
         from flowrl.data.redact import redact
 
         print(f"flowrl: {what}: {redact(' '.join(str(err).split())) or type(err).__name__}"
               f"{'' if user else ' (rerun with --debug for the traceback)'}", file=sys.stderr)
         return EXIT_USER_ERROR if user else EXIT_FAILURE
     except BaseException as err:  # torch.distributed.checkpoint's CheckpointException is no Exception
-        if args.debug or isinstance(err, (SystemExit, GeneratorExit)):
+        if args.debug:
             raise
         lines = str(err).strip().splitlines()
-        print(f"flowrl: error: {type(err).__name__}: {lines[0] if lines else ''} (rerun with --debug for the "
-              f"traceback)", file=sys.stderr)
+        said = f"{type(err).__name__}({err.code!r}) from code the run called (flowrl never exits itself)" \
+            if isinstance(err, SystemExit) else f"{type(err).__name__}: {lines[0] if lines else ''}"
+        print(f"flowrl: error: {said} (rerun with --debug for the traceback)", file=sys.stderr)
         return EXIT_FAILURE
 
 

@@ -45,9 +45,9 @@ class Reward:
         try:
             raw = call_with_deadline(self.fn, (texts, meta or [{}] * len(texts)), self.timeout_s,
                                      f"reward function {_name(self.fn)} (data.reward_fn_timeout_s)")
-        except TimeoutError:
+        except (TimeoutError, KeyboardInterrupt):
             raise
-        except Exception as err:  # the user's function: name it and the batch it failed on, in one line
+        except BaseException as err:  # the user's function (SystemExit(0) too): name it and the batch, in one line
             name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
             raise ValueError(f"reward function {name} raised {type(err).__name__}: {err} (scoring {len(texts)} "
                              f"responses, the first {texts[0]!r})") from err
