@@ -64,10 +64,14 @@ class PromptStream(Iterator[TensorDict]):
     def _encode_row(self, uid: int, prompt: str | list[dict[str, str]]) -> list[int]:
         """The prompt's tokens; one line naming the row when the tokenizer cannot encode it."""
         try:
-            return self._encode(prompt)
+            ids = self._encode(prompt)
         except Exception as err:  # tokenizers raise their own exception types
             raise ValueError(f"prompt {uid} ({str(prompt)[:80]!r}): the tokenizer cannot encode it: "
                              f"{' '.join(str(err).split())}") from None
+        if not ids:
+            raise ValueError(f"prompt {uid} of task {type(self.task).__module__}:{type(self.task).__qualname__} "
+                             f"({str(prompt)[:80]!r}) encodes to no tokens; a prompt needs at least one")
+        return ids
 
     def _encode(self, prompt: str | list[dict[str, str]]) -> list[int]:
         return encode_prompt(self.tokenizer, prompt, self.chat_template)
