@@ -198,6 +198,18 @@ def refused(config: str | None, word: str) -> bool:
     return False
 
 
+def choose_algorithm(args: argparse.Namespace) -> str:
+    """The algorithm the command line names, else the --config file's `algorithm:`, else grpo; a file and a
+    command line that name different ones are refused (one would be dropped without a word)."""
+    from flowrl.config import read_config_file
+
+    in_file = read_config_file(args.config).get("algorithm") if args.config else None
+    if in_file is not None and args.algorithm_named and str(in_file) != args.algorithm:
+        raise ValueError(f"algorithm: the command line names {args.algorithm!r} but {args.config} says "
+                         f"algorithm: {in_file!r}; name one (drop it from the file or from the command line)")
+    return args.algorithm if args.algorithm_named else str(in_file or "grpo")
+
+
 def verl_overrides(args: argparse.Namespace) -> list[str]:
     """`algorithm=NAME` and, with --verl or --verl-config, the verl keys' flowrl overrides: each key flowrl
     cannot honour named on stderr, the command it runs as on stdout."""
@@ -252,6 +264,8 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"signed {', '.join(str(p) for p in trust(args.folder))}")
         return 0
+    if not (args.verl or args.verl_config):
+        args.algorithm = choose_algorithm(args)
     trainer.resolve_algorithm(args.algorithm or "grpo")  # imports it first: the roles it registers may be placed
     cfg = config_from_args(args)
     if args.command == "plan":
@@ -298,8 +312,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         extra = [word for word in extra if word not in bare]
         args.verl_words, verl = (bare, []) if args.verl or args.verl_config else ([], bare)
         args.set = [*args.set, *verl]
-        if not (args.verl or args.verl_config):
-            args.algorithm = args.algorithm or "grpo"
+        args.algorithm_named = args.algorithm is not None  # else --config's, or grpo (choose_algorithm)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
@@ -352,20 +365,21 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"flowrl: {err}", file=sys.stderr)
             return err.exit_code
         user = isinstance(err, ValueError)
-        if user and os.environ.get("RANK", "0") != "0":
-            return EXIT_USER_ERROR  # every rank of a torchrun job refuses a config alike: rank 0 says it once
-        what = "error" if user else f"error: {type(err).__name__}"
+        rank = os.environ.get("RANK", "0")  # every rank says it: a rank may fail alone, or rank 0 be elsewhere
+        what = ("error" if user else f"error: {type(err).__name__}") if rank == "0" else \
+            (f"error (rank {rank})" if user else f"error (rank {rank}): {type(err).__name__}")
         from flowrl.data.redact import redact
 
         print(f"flowrl: {what}: {redact(' '.join(str(err).split())) or type(err).__name__}"
               f"{'' if user else ' (rerun with --debug for the traceback)'}", file=sys.stderr)
         return EXIT_USER_ERROR if user else EXIT_FAILURE
     except BaseException as err:  # torch.distributed.checkpoint's CheckpointException is no Exception
-        if args.debug or isinstance(err, (SystemExit, GeneratorExit)):
+        if args.debug:
             raise
         lines = str(err).strip().splitlines()
-        print(f"flowrl: error: {type(err).__name__}: {lines[0] if lines else ''} (rerun with --debug for the "
-              f"traceback)", file=sys.stderr)
+        said = f"{type(err).__name__}({err.code!r}) from code the run called (flowrl never exits itself)" \
+            if isinstance(err, SystemExit) else f"{type(err).__name__}: {lines[0] if lines else ''}"
+        print(f"flowrl: error: {said} (rerun with --debug for the traceback)", file=sys.stderr)
         return EXIT_FAILURE
 
 

@@ -46,3 +46,26 @@ class HangingReward(ArithmeticTask):
         import time
 
         time.sleep(3600)
+
+
+class ExitingReward(ArithmeticTask):
+    """sys.exit(0) in a reward: the run must not end as if it had finished."""
+
+    def reward(self, responses, meta):
+        raise SystemExit(0)
+
+
+class HangingExample(ArithmeticTask):
+    """Prompt 2 never comes back."""
+
+    def example(self, seed, index):
+        if index == 2:
+            import time
+
+            time.sleep(3600)
+        return super().example(seed, index)
+
+
+class MissingKeyExample(ArithmeticTask):
+    def example(self, seed, index):
+        return {"answer": 1}["difficulty"]

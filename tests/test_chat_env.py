@@ -194,3 +194,20 @@ def test_calculator_and_python_run_in_the_sandbox(chatml):
     step = env.step(chatml.encode(calls, add_special_tokens=False) + [chatml.eos_token_id])
     assert [m["content"] for m in env.messages[1:]] == ["425", "45", "error: ZeroDivisionError: division by zero"]
     assert step.error == "ZeroDivisionError: division by zero" and not step.done
+
+
+@pytest.mark.skipif(bool(bwrap.problem()), reason=f"no sandbox here: {bwrap.problem()}")
+def test_code_with_a_nul_byte_or_over_the_exec_limit_is_the_episodes_tool_error(chatml):
+    """Both used to raise out of the sandbox call (ValueError: embedded null byte; OSError: Argument list too long)
+    and end the run; the episode goes on with the error as the tool's answer, and the next call still runs."""
+    env = EnvSpec("chat_tools").make(chatml)
+    env.reset([], {})
+    huge = "x = 1\n" * 25_000  # 150,000 bytes: over the kernel's 131,072 for one exec argument
+    calls = ('<tool_call>{"name": "python", "arguments": {"code": "print(1)\\u0000"}}</tool_call>'
+             f'<tool_call>{{"name": "python", "arguments": {{"code": {huge!r}}}}}</tool_call>'.replace("'", '"')
+             .replace("\n", "\\n") +
+             '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>')
+    step = env.step(chatml.encode(calls, add_special_tokens=False) + [chatml.eos_token_id])
+    assert [m["content"] for m in env.messages[1:]] == ["error: code contains a NUL byte",
+                                                        "error: code over 131071 bytes", "42"]
+    assert not step.done

@@ -72,8 +72,10 @@ def test_old_flat_keys_are_aliases_that_say_once_they_are_deprecated():
     assert [str(w.message) for w in record] == ["actor.lr is deprecated; use roles.actor.lr",
                                                 "critic.lr is deprecated; use roles.critic.lr",
                                                 "rollout.env is deprecated; use roles.rollout.env"]
-    both = load_run_config(None, ["actor.lr=0.1", "roles.actor.lr=0.3", "actor.compile=true"])
-    assert (both.actor.lr, both.actor.compile) == (0.3, True)  # the new key wins over its alias
+    both = load_run_config(None, ["actor.lr=0.3", "roles.actor.lr=0.3", "actor.compile=true"])
+    assert (both.actor.lr, both.actor.compile) == (0.3, True)  # an alias and its new key that agree merge
+    with pytest.raises(ValueError, match="^actor.lr=0.1 and roles.actor.lr=0.3 disagree"):  # issue 40.6: no drop
+        load_run_config(None, ["actor.lr=0.1", "roles.actor.lr=0.3"])
 
 
 def test_the_deprecation_is_one_line_on_the_command_line(tmp_path):

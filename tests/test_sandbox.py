@@ -82,3 +82,16 @@ def test_the_tool_runs_isolated_from_the_callers_environment(monkeypatch):
     monkeypatch.setenv("SECRET_TOKEN", "x")
     names = set(eval(run_python("import os; print(sorted(os.environ))").output))
     assert names - {"LC_CTYPE"} == {"PATH", "PWD", "MALLOC_ARENA_MAX"}  # Python sets LC_CTYPE, bwrap PWD
+
+
+@pytest.mark.parametrize("code, error", [
+    ("print(1)\0", "code contains a NUL byte"),
+    ("x = 1\n" * 25_000, "code over 131071 bytes"),
+    ("print('\ud800')", "code holds a character that is not text (surrogates not allowed at 7)"),
+])
+def test_code_that_cannot_be_handed_to_exec_is_a_tool_error_not_a_raise(code, error):
+    assert run_python(code) == ToolResult("", error)
+
+
+def test_code_just_under_the_exec_limit_runs():
+    assert run_python("#" * (131071 - 9) + "\nprint(5)") == ToolResult("5\n", "")

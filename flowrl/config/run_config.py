@@ -130,7 +130,9 @@ def move_legacy_sections(values: dict[str, Any]) -> dict[str, Any]:
     values, roles = dict(values), dict(roles)
     _move_judge_options(values, roles)
     for name in legacy:
-        old, new = (_as_values(values.pop(name), name), _as_values(roles.get(name, {}), f"roles.{name}"))
+        given = values.pop(name)
+        old, new = (_as_values(given, name), _as_values(roles.get(name, {}), f"roles.{name}"))
+        _refuse_conflicts(_set_values(given, old), _set_values(roles.get(name), new), name, f"roles.{name}")
         roles[name] = {**old, **new}
         for key in old:
             warnings.warn(f"{name}.{key} is deprecated; use roles.{name}.{key}", FutureWarning, stacklevel=2)
@@ -148,10 +150,38 @@ def _move_judge_options(values: dict[str, Any], roles: dict[str, Any]) -> None:
     bound = [name for name, section in roles.items() if _as_values(section, name).get("use") == "llm_judge"]
     for name in bound or ["llm_judge"]:
         section = _as_values(roles.get(name, {}), f"roles.{name}")
+        _refuse_conflicts({LEGACY_JUDGE[key]: value for key, value in moved.items()},
+                          _set_values(roles.get(name), section), "data", f"roles.{name}",
+                          {new: old for old, new in LEGACY_JUDGE.items()})
         roles[name] = {**{LEGACY_JUDGE[key]: value for key, value in moved.items()}, **section}
         for key in moved:
             warnings.warn(f"data.{key} is deprecated; use roles.{name}.{LEGACY_JUDGE[key]}", FutureWarning,
                           stacklevel=3)
+
+
+def _refuse_conflicts(old: dict[str, Any], new: dict[str, Any], old_where: str, new_where: str,
+                      old_keys: dict[str, str] | None = None) -> None:
+    """One line when a deprecated key and its new place are both given, with different values (one would be
+    dropped without a word); the same value twice is accepted (the deprecation line says the rest)."""
+    for key in old.keys() & new.keys():
+        if not _same(old[key], new[key]):
+            raise SectionError(f"{old_where}.{(old_keys or {}).get(key, key)}={old[key]!r} and {new_where}.{key}="
+                               f"{new[key]!r} disagree; give it once, as {new_where}.{key}")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values, numbers spelled differently included ("1e-3" and 0.001)."""
+    if a == b:
+        return True
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return False
+
+
+def _set_values(section: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """The options a section sets: a config object's own (not its defaults), a mapping's all."""
+    return section.model_dump(exclude_unset=True) if isinstance(section, BaseModel) else values
 
 
 def _as_values(section: Any, where: str) -> dict[str, Any]:

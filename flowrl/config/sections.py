@@ -194,8 +194,9 @@ class DataConfig(Section):
     reward_timeout_s: float = Field(10.0, gt=0, description="A response scored longer than this scores 0.0 "
                                     "(its scoring process is killed; reward_workers=0 has no timeout).")
     reward_fn_timeout_s: float = Field(600.0, gt=0, description="A task's reward function (task.name's, called "
-                                       "on the driver with a whole batch) that has not returned after this many "
-                                       "seconds stops the run in one line (resumable); data sets' scorers have "
+                                       "on the driver with a whole batch), or its example() over a batch of "
+                                       "prompts, that has not returned after this many seconds stops the run in "
+                                       "one line (resumable); data sets' scorers have "
                                        "data.reward_timeout_s per response instead.")
     max_length: int | None = Field(None, ge=2, description="SFT and preference rows (flowrl.data.conversations) "
                                    "longer than this many tokens are cut to it; None: no limit.")

@@ -18,7 +18,7 @@ import json
 import random
 from typing import Any
 
-from flowrl.data.dataset import read_table
+from flowrl.data.dataset import read_table, table_rows
 
 Messages = list[dict[str, str]]
 
@@ -84,8 +84,7 @@ class ConversationTask:
     @classmethod
     def load(cls, files: list[str], field: str, kind: str, **options: Any) -> "ConversationTask":
         parse = sft_messages if kind == "sft" else pair_messages
-        rows = [parse(raw, f"{field}: {name} row {i}") for name in files
-                for i, raw in enumerate(read_table(name, field))]
+        rows = [parse(raw, where) for name in files for where, raw in table_rows(name, field)]
         if not rows:
             raise ValueError(f"{field}: no rows in {files}")
         return cls(rows, kind, **options)

@@ -15,7 +15,7 @@ import json
 import logging
 import random
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from flowrl.data.http_reward import is_url
 from flowrl.data.scorers import resolve, scorer_name
@@ -27,13 +27,23 @@ Prompt = str | list[dict[str, str]]
 
 def load_rows(files: list[str], field: str) -> list[dict[str, Any]]:
     """Every file's rows, checked against the schema; ValueError naming the field, file and row."""
-    rows = []
-    for name in files:
-        for index, raw in enumerate(read_table(name, field)):
-            rows.append(_normalize(raw, f"{field}: {name} row {index}"))
+    rows = [_normalize(raw, where) for name in files for where, raw in table_rows(name, field)]
     if not rows:
         raise ValueError(f"{field}: no rows in {files}")
     return rows
+
+
+def table_rows(name: str, field: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """("FIELD: FILE row I", row) for each row of the file; a row that cannot be decoded (text that is not
+    UTF-8, which pyarrow's readers pass until the row is read) is one line naming the file and row."""
+    table = read_table(name, field)
+    for index in range(len(table)):
+        try:
+            raw = table[index]
+        except Exception as err:  # noqa: BLE001 - the file's bytes, named
+            raise ValueError(f"{field}: {name} row {index}: cannot read it: "
+                             f"{_bad_line(Path(name)) or _innermost(err)}") from None
+        yield f"{field}: {name} row {index}", raw
 
 
 def read_table(name: str, field: str) -> Any:
@@ -46,20 +56,47 @@ def read_table(name: str, field: str) -> Any:
 
     path = Path(name)
     datasets.disable_progress_bars()
+    if not path.is_dir() and not path.is_file():
+        raise ValueError(f"{field}: no such file or folder {name!r}")
+    if not path.is_dir() and path.suffix not in (".parquet", ".jsonl", ".json"):
+        raise ValueError(f"{field}: {name!r} is not .parquet, .jsonl or a saved datasets folder")
+    quiet = logging.getLogger("datasets")  # its loaders log the error they then raise: one line is ours to say
+    level, quiet.level = quiet.level, logging.CRITICAL
     try:
         if path.is_dir():
             return datasets.load_from_disk(str(path))
-        if not path.is_file():
-            raise ValueError(f"{field}: no such file or folder {name!r}")
         if path.suffix == ".parquet":
             return datasets.Dataset.from_parquet(str(path), keep_in_memory=True)
-        if path.suffix in (".jsonl", ".json"):
-            return datasets.Dataset.from_json(str(path), keep_in_memory=True)
-    except ValueError:
-        raise
-    except Exception as err:  # a corrupt or foreign file: one line, not the loader's traceback
-        raise ValueError(f"{field}: cannot read {name!r}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
-    raise ValueError(f"{field}: {name!r} is not .parquet, .jsonl or a saved datasets folder")
+        return datasets.Dataset.from_json(str(path), keep_in_memory=True)
+    except Exception as err:  # a corrupt or foreign file (UnicodeDecodeError, ArrowInvalid...): one line naming it
+        raise ValueError(f"{field}: cannot read {name!r}: {_bad_line(path) or _innermost(err)}") from None
+    finally:
+        quiet.setLevel(level)
+
+
+def _innermost(err: BaseException) -> str:
+    """The first line of the deepest cause (datasets wraps the parser's error in its DatasetGenerationError)."""
+    while err.__cause__ is not None or err.__context__ is not None:
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
+def _bad_line(path: Path) -> str:
+    """For a .jsonl file that failed to load: its first line that is not UTF-8 or not a JSON object, named."""
+    if path.suffix != ".jsonl":
+        return ""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                row = json.loads(raw.decode("utf-8")) if raw.strip() else {}
+            except UnicodeDecodeError as err:
+                return f"line {number} is not UTF-8 text (byte {raw[err.start]:#04x} at column {err.start + 1})"
+            except json.JSONDecodeError as err:
+                return f"line {number} is not JSON ({err.msg} at column {err.colno})"
+            if not isinstance(row, dict):
+                return f"line {number} is a JSON {type(row).__name__}, not an object"
+    return ""
 
 
 def _normalize(raw: dict[str, Any], where: str) -> dict[str, Any]:
@@ -67,6 +104,8 @@ def _normalize(raw: dict[str, Any], where: str) -> dict[str, Any]:
         if raw.get(key) is None:
             raise ValueError(f"{where}: missing {key!r}")
     prompt = raw["prompt"]
+    if prompt == "" or prompt == []:
+        raise ValueError(f"{where}: 'prompt' is empty")
     if not isinstance(prompt, str) and not (
             isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "content" in m for m in prompt)):
         raise ValueError(f"{where}: 'prompt' must be a string or a list of chat messages with 'role' and 'content'")

@@ -16,6 +16,9 @@ one-line error:
   never reach this process): "output over 4096 bytes".
 - processes: `max_processes` processes and threads at once (a fork bomb gets
   "Resource temporarily unavailable").
+- code that cannot be run: a NUL byte ("code contains a NUL byte", as Python
+  itself refuses such source) or over MAX_CODE_BYTES ("code over 131071
+  bytes"), returned as the tool's error before any process starts.
 - a crash: the last line of the traceback, "ZeroDivisionError: division by
   zero", or the signal that ended it, "killed by SIGSEGV".
 
@@ -46,6 +49,7 @@ UNSAFE = ("unsafe_no_sandbox: model code runs WITHOUT the OS sandbox, as this pr
           "throw-away machine")
 
 
+MAX_CODE_BYTES = 128 * 1024 - 1  # the kernel's limit on one exec argument (MAX_ARG_STRLEN, its NUL included)
 SETUP_TIMEOUT_S = 30.0  # longest bwrap may take to set a sandbox up before the code's own timeout starts
 
 
@@ -72,6 +76,9 @@ def run_python(code: str, *, timeout_s: float = 2.0, memory_mb: int = 256, max_o
     limits = bwrap.Limits(timeout_s, memory_mb, max_output_bytes, max_processes)
     if not unsafe_no_sandbox:
         check("the python tool")
+    refused = _unrunnable(code)
+    if refused:
+        return ToolResult("", refused)
     with tempfile.TemporaryDirectory(prefix="flowrl-tool-") as tmp:
         out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
@@ -82,6 +89,17 @@ def run_python(code: str, *, timeout_s: float = 2.0, memory_mb: int = 256, max_o
         output = _read(out_path, max_output_bytes)
         stderr = _read(err_path, max_output_bytes)
     return ToolResult(output, _error(returncode, stderr, output, limits, sandboxed=not unsafe_no_sandbox))
+
+
+def _unrunnable(code: str) -> str:
+    """The tool error for code no interpreter can be handed as its -c argument, or ""."""
+    if "\0" in code:
+        return "code contains a NUL byte"
+    try:
+        size = len(os.fsencode(code))  # as exec will be handed it
+    except UnicodeEncodeError as e:
+        return f"code holds a character that is not text ({e.reason} at {e.start})"
+    return f"code over {MAX_CODE_BYTES} bytes" if size > MAX_CODE_BYTES else ""
 
 
 def _run_sandboxed(argv: list[str], limits: bwrap.Limits, out: IO, err: IO, tmp: str) -> int | None:

@@ -56,7 +56,9 @@ def score_one(sample: Sample) -> tuple[bool, float | str]:
     try:
         score = float(resolve(sample.scorer)(data_source=sample.data_source, solution_str=sample.response,
                                              ground_truth=sample.ground_truth, extra_info=sample.extra_info))
-    except Exception as err:  # the user's scorer: any failure is reported with the sample
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # the user's scorer: any failure (sys.exit too) is reported with the sample
         return False, f"{type(err).__name__}: {err}"
     return True, score
 

@@ -36,7 +36,30 @@ def check_model_path(path: str | os.PathLike) -> pathlib.Path:
     if not isinstance(config, dict) or "model_type" not in config:
         raise ValueError(f"model_path {str(folder)!r}: config.json has no model_type (not a Hugging Face model "
                          f"config)")
+    for weights in sorted(folder.glob("*.safetensors")):
+        problem = safetensors_problem(weights)
+        if problem:
+            raise ValueError(f"model_path {str(folder)!r}: {weights.name} {problem}")
     return folder
+
+
+def safetensors_problem(path: pathlib.Path) -> str:
+    """What makes a .safetensors file unloadable, from its header alone ("": nothing): cut short (a copy or
+    download that stopped), or not a safetensors file."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < length <= min(size - 8, 100 << 20):
+            return f"is cut short or not a safetensors file ({size} bytes, no whole header)"
+        try:
+            header = json.loads(f.read(length))
+            end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return "is not a safetensors file (its header is not JSON with data_offsets)"
+    if 8 + length + end > size:
+        return f"is cut short: {size} bytes where its header needs {8 + length + end} (copy it again)"
+    return ""
 
 
 def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:

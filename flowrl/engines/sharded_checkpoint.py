@@ -107,8 +107,8 @@ def load(path: str | pathlib.Path, model: torch.nn.Module, optimizer: torch.opti
         raise ValueError(f"path {str(folder)!r} holds no sharded engine checkpoint (no {METADATA})")
     state = _state(model, optimizer, scheduler, trainable_only)
     reader = _reader(folder)
-    if reader is not None:
-        reader.read_metadata()  # a changed .metadata is refused here as ChangedFile, before DCP reads it
+    metadata = (reader or dcp.FileSystemReader(str(folder))).read_metadata()  # a changed .metadata: ChangedFile
+    check_shapes(folder, state["model"], metadata.state_dict_metadata)
     with _one_process_quiet():
         dcp.load(state, checkpoint_id=folder, storage_reader=reader, no_dist=not _distributed())
     options = StateDictOptions(strict=not trainable_only)
@@ -119,6 +119,20 @@ def load(path: str | pathlib.Path, model: torch.nn.Module, optimizer: torch.opti
                        options=options)
     if scheduler is not None:
         scheduler.load_state_dict(state["scheduler"])
+
+
+def check_shapes(folder: pathlib.Path, model_state: dict[str, Any], saved: dict[str, Any]) -> None:
+    """One line naming the first parameter the checkpoint lacks or holds in another shape (a checkpoint of
+    another model), instead of DCP's `CheckpointException ranks:dict_keys([0])`."""
+    for name, value in model_state.items():
+        entry = saved.get(f"model.{name}")
+        if entry is None:
+            raise ValueError(f"checkpoint {folder}: parameter {name!r} is not in it (a checkpoint of another model?)")
+        shape = tuple(getattr(entry, "size", ()))
+        if isinstance(value, torch.Tensor) and shape != tuple(value.shape):
+            raise ValueError(f"checkpoint {folder}: parameter {name!r} has shape {list(shape)} there but "
+                             f"{list(value.shape)} in the model it is loaded into (a checkpoint of another model "
+                             f"shape?)")
 
 
 def read_model(path: str | pathlib.Path) -> dict[str, torch.Tensor]:

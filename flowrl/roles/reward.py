@@ -45,13 +45,13 @@ class Reward:
         try:
             raw = call_with_deadline(self.fn, (texts, meta or [{}] * len(texts)), self.timeout_s,
                                      f"reward function {_name(self.fn)} (data.reward_fn_timeout_s)")
-        except TimeoutError:
+        except (TimeoutError, KeyboardInterrupt):
             raise
-        except Exception as err:  # the user's function: name it and the batch it failed on, in one line
+        except BaseException as err:  # the user's function (SystemExit(0) too): name it and the batch, in one line
             name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
             raise ValueError(f"reward function {name} raised {type(err).__name__}: {err} (scoring {len(texts)} "
                              f"responses, the first {texts[0]!r})") from err
-        scores = torch.tensor(raw, dtype=torch.float64)  # 1e39 is not inf yet
+        scores = _as_scores(raw, self.fn)
         if scores.shape != (len(texts),):
             raise ValueError(f"reward function returned {tuple(scores.shape)} scores for {len(texts)} responses")
         for i, value in enumerate(scores.tolist()):  # inf, nan or 3e38 would turn the advantages to nan
@@ -94,6 +94,16 @@ class RewardModel:
         batch[key] = scores_BR.gather(1, last_B.unsqueeze(-1)).squeeze(-1)
         metrics.log(f"{metric}/mean", batch[key].mean())
         return batch
+
+
+def _as_scores(raw: Any, fn: Any) -> torch.Tensor:
+    """The reward's return as float64 (1e39 is not inf yet), or one line naming the function and what it gave."""
+    try:
+        return torch.tensor(raw, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError) as err:
+        first = raw[0] if isinstance(raw, (list, tuple)) and raw else raw
+        raise ValueError(f"reward function {_name(fn)} returned {type(raw).__name__} of {type(first).__name__} "
+                         f"({first!r}...); expected one number per response ({err})") from None
 
 
 def _name(fn: Any) -> str:

@@ -75,13 +75,16 @@ def check_rendezvous(timeout_s: float) -> None:
     (executor.rendezvous_timeout_s); else one line naming the variable or the address, instead of torch's
     ten-minute wait."""
     env = os.environ
-    if int(env.get("WORLD_SIZE", "1")) == 1:
+    if env.get("WORLD_SIZE", "1") == "1" and env.get("RANK", "0") == "0":
         return
-    try:
-        rank, world = int(env.get("RANK", "")), int(env["WORLD_SIZE"])
-    except (KeyError, ValueError):
+    try:  # RANK=1 alone is a rank whose job is missing, not a run of one (it would train without the lock)
+        rank, world = int(env.get("RANK", "")), int(env.get("WORLD_SIZE", "1"))
+    except ValueError:
         raise ValueError(f"RANK={env.get('RANK')!r}, WORLD_SIZE={env.get('WORLD_SIZE')!r}: expected whole "
                          f"numbers (torchrun sets them)") from None
+    if "WORLD_SIZE" not in env:
+        raise ValueError(f"RANK={rank} without WORLD_SIZE: a rank of a torchrun job needs the job's WORLD_SIZE, "
+                         f"MASTER_ADDR and MASTER_PORT (torchrun sets them); a run of one process sets no RANK")
     if not 0 <= rank < world:
         raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world}: ranks are 0..{world - 1}")
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)]

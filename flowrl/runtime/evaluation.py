@@ -13,6 +13,7 @@ eval.samples = k, k sampled responses per prompt add mean@k and pass@k
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from tensordict import TensorDict
@@ -73,6 +74,16 @@ def eval_plan(train: Plan, task: Any, role_classes: dict[str, type] | None = Non
                                  for pool in pools.values()])
     inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
     return compile_plan(graph, placement, inputs, role_classes, None)
+
+
+def sample_count(k: int, eval_set: int) -> int:
+    """train.eval_samples, at most the evaluation set's size (one warning line says so): 100000 samples per
+    prompt would run for hours without a word."""
+    if k > eval_set:
+        warnings.warn(f"train.eval_samples={k} is more than the {eval_set} prompts of the evaluation set; using "
+                      f"{eval_set} samples per prompt", stacklevel=2)
+        return eval_set
+    return k
 
 
 class Evaluator:

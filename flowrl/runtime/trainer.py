@@ -25,7 +25,7 @@ from flowrl.graph.algorithm import ALGORITHMS, Algorithm
 from flowrl.roles.configs import RolloutConfig
 from flowrl.runtime.data_tasks import eval_task, fit_prompts, run_task
 from flowrl.runtime import checkpoint, distributed, dumps, profiling, resume, threads
-from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan, plays_episodes
+from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan, plays_episodes, sample_count
 from flowrl.runtime.executor import Executor
 from flowrl.runtime.executors import executor_config
 from flowrl.runtime.loggers import Loggers, open_loggers
@@ -113,14 +113,17 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     factory = make_factory(local, plan, task, path, extra=evaluation.specs if evaluation else None)
     executor = runner.build(plan, factory, world, evaluation)
     try:
+        deadline = cfg.data.reward_fn_timeout_s  # a task's example() has its reward's
         stream = PromptStream(task, tokenizer, local.train.batch_size, seed=cfg.train.seed, rank=rank,
-                              world_size=world, chat_template=cfg.task.chat_template)
+                              world_size=world, chat_template=cfg.task.chat_template, example_timeout_s=deadline)
         evaluate = None
         if evaluation is not None:
             eval_source, eval_size = eval_task(task, local.eval.prompts, world)
             eval_stream = PromptStream(eval_source, tokenizer, eval_size, rank=rank, world_size=world,
-                                       seed=cfg.train.seed + EVAL_SEED_OFFSET, chat_template=cfg.task.chat_template)
-            evaluate = Evaluator.build(executor, evaluation, next(eval_stream), cfg.eval.samples, task,
+                                       seed=cfg.train.seed + EVAL_SEED_OFFSET, chat_template=cfg.task.chat_template,
+                                       example_timeout_s=deadline)
+            evaluate = Evaluator.build(executor, evaluation, next(eval_stream),
+                                       sample_count(cfg.eval.samples, eval_size * world), task,
                                        cfg.role_classes(algo.roles))
         start = resume.restore(found, executor, stream, main=rank == 0) if found else 0
     except BaseException:
