@@ -19,8 +19,9 @@ from flowrl.rl.options import Sampled
 
 class DistillConfig(Sampled):
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl",
-                  "forward_kl_topk", "forward_kl_topk_renorm"] = Field(
+    # the top-k kinds first: tests/test_algorithm_options traces with the first other choice, which reads topk
+    kind: Literal["forward_kl_topk", "forward_kl_topk_renorm",
+                  "k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"] = Field(
         "k1", description="The distillation loss (verl's loss_mode): a KL estimator of KL(student || teacher) per "
                           "sampled token (k1 is verl's advice with policy_gradient, k3 without), or forward top-k "
                           "KL(teacher || student) over the teacher's `topk` tokens (best without policy_gradient; "
