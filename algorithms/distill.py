@@ -1,6 +1,7 @@
 """On-policy distillation (verl's distillation trainer; Thinking Machines' on-policy distillation): the student
 samples, a teacher model (`roles.teacher.model`) scores the student's tokens, and the student is pulled toward it
-by a KL estimator of verl's distillation registry, supervised or as each token's negative advantage. No reward.
+by a loss of verl's distillation registry, a KL estimator or forward top-k KL (the teacher's `topk` largest
+logprobs at each token), supervised or as each token's negative advantage. No reward.
 """
 
 import warnings
@@ -12,15 +13,23 @@ import flowrl as fl
 from flowrl.rl.distillation import DistillTerm
 from flowrl.rl.loss_terms import Loss
 from flowrl.rl.ops.aggregate import AggMode
-from flowrl.rl.ops.distillation import LOSS_MAX_CLAMP
+from flowrl.rl.ops.distillation import LOG_PROB_MIN_CLAMP, LOSS_MAX_CLAMP, TOPK_KINDS
 from flowrl.rl.options import Sampled
 
 
 class DistillConfig(Sampled):
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"] = Field(
-        "k1", description="KL estimator of KL(student || teacher) per sampled token (verl's distillation "
-                          "loss_mode; k1 is verl's advice with policy_gradient, k3 without).")
+    # the top-k kinds first: tests/test_algorithm_options traces with the first other choice, which reads topk
+    kind: Literal["forward_kl_topk", "forward_kl_topk_renorm",
+                  "k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"] = Field(
+        "k1", description="The distillation loss (verl's loss_mode): a KL estimator of KL(student || teacher) per "
+                          "sampled token (k1 is verl's advice with policy_gradient, k3 without), or forward top-k "
+                          "KL(teacher || student) over the teacher's `topk` tokens (best without policy_gradient; "
+                          "_renorm: both renormalised over them).")
+    topk: int = Field(128, ge=1, description="The forward_kl_topk kinds: tokens of the teacher's distribution per "
+                      "response token (verl's topk); the other kinds ignore it.")
+    log_prob_min_clamp: float = Field(LOG_PROB_MIN_CLAMP, lt=0, description="The forward_kl_topk kinds: floor of "
+                                      "both logprobs in the KL (verl's log_prob_min_clamp).")
     policy_gradient: bool = Field(True, description="Use -KL as each token's advantage in PPO's clipped loss "
                                   "(verl's use_policy_gradient); False: the KL estimate is the loss itself.")
     loss_max_clamp: float = Field(LOSS_MAX_CLAMP, gt=0, description="Clamp of the per-token KL estimate to "
@@ -33,15 +42,22 @@ class DistillConfig(Sampled):
         if not self.policy_gradient and self.kind in ("k1", "kl"):  # verl warns the same
             warnings.warn("algo.kind=k1 with policy_gradient=false: k1's gradient is grad logp, zero in "
                           "expectation on the student's samples; use k3", stacklevel=2)
+        if self.policy_gradient and self.kind in TOPK_KINDS:  # verl warns the same
+            warnings.warn(f"algo.kind={self.kind} with policy_gradient=true: the update moves only the sampled "
+                          "token's logprob, so the teacher's top-k distribution is largely unused; set "
+                          "policy_gradient=false", stacklevel=2)
+        if "topk" in self.model_fields_set and self.kind not in TOPK_KINDS:
+            warnings.warn(f"algo.topk has no effect with algo.kind={self.kind} (only the forward_kl_topk kinds "
+                          "read the teacher's top-k)", stacklevel=2)
         return self
 
 
 @fl.algorithm(config=DistillConfig)
 def distill(batch, actor, rollout, teacher, cfg):
     batch = rollout.generate(batch, n=cfg.n)
-    batch = teacher.logprobs(batch)
+    batch = teacher.logprobs(batch, topk=cfg.topk if cfg.kind in TOPK_KINDS else 0)
     if cfg.policy_gradient:
         batch = actor.logprobs(batch)
-    term = DistillTerm(cfg.kind, cfg.policy_gradient, cfg.loss_max_clamp)
+    term = DistillTerm(cfg.kind, cfg.policy_gradient, cfg.loss_max_clamp, cfg.log_prob_min_clamp)
     loss = Loss((term,), cfg.loss_agg_mode, rollout_correction=cfg.rollout_correction.build())
     return actor.update(batch, loss=loss)

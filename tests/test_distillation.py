@@ -25,7 +25,7 @@ from tensordict import TensorDict
 import verl_reference as verl
 from flowrl.config import load_run_config
 from flowrl.engines.tiny_model import build_tiny_model
-from flowrl.rl.distillation import DistillTerm
+from flowrl.rl.distillation import STUDENT_AT_TEACHER_TOPK, DistillTerm
 from flowrl.rl.loss_terms import Loss
 from flowrl.rl.ops.distillation import estimator_loss, forward_kl_topk
 from flowrl.runtime.trainer import train
@@ -52,16 +52,51 @@ def test_forward_kl_topk_by_hand():
     assert loss.item() == pytest.approx(0.346574, abs=1e-6)
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_forward_kl_topk_equals_verls(seed):
+def test_forward_kl_topk_renorm_by_hand():
+    # renormalised over the top-2: teacher [2/3, 1/3], student [1/2, 1/2]:
+    # 2/3 ln(4/3) + 1/3 ln(2/3) = .191788 - .135155 = .056633
+    loss = forward_kl_topk(t([[[ln(0.25), ln(0.25)]]]), t([[[ln(0.5), ln(0.25)]]]), t([[1]]), renorm=True)
+    assert loss.item() == pytest.approx(0.056633, abs=1e-6)
+
+
+def topk_case(seed, k=4):
+    """Student logits, the teacher's top-k logprobs and ids, and a mask with interior gaps."""
     g = torch.Generator().manual_seed(seed)
     student_logits = 3 * torch.randn(4, 6, 11, generator=g)
     teacher_logp = torch.log_softmax(3 * torch.randn(4, 6, 11, generator=g), -1)
-    top_logp, top_ids = torch.topk(teacher_logp, 4, dim=-1)
-    mask = (torch.rand(4, 6, generator=g) > 0.3).float()
-    expected = verl.forward_kl_topk(student_logits, top_logp, top_ids) * mask
+    top_logp, top_ids = torch.topk(teacher_logp, k, dim=-1)
+    return student_logits, top_logp, top_ids, (torch.rand(4, 6, generator=g) > 0.3).float()
+
+
+@pytest.mark.parametrize("renorm", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_forward_kl_topk_equals_verls(seed, renorm):
+    student_logits, top_logp, top_ids, mask = topk_case(seed)
+    reference = verl.forward_kl_topk_renorm if renorm else verl.forward_kl_topk
+    expected = reference(student_logits, top_logp, top_ids) * mask
     student_at_ids = torch.log_softmax(student_logits, -1).gather(-1, top_ids)
-    assert torch.allclose(forward_kl_topk(student_at_ids, top_logp, mask), expected, atol=1e-6)
+    assert torch.allclose(forward_kl_topk(student_at_ids, top_logp, mask, renorm=renorm), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["forward_kl_topk", "forward_kl_topk_renorm"])
+def test_the_topk_term_is_verls_supervised_loss(kind):
+    """verl's compute_forward_kl_topk / _renorm, token-mean over the loss mask (agg_loss), from the teacher's
+    top-k and the student's logprobs at those ids (the engine's logprobs_at output)."""
+    student_logits, top_logp, top_ids, mask = topk_case(7)
+    reference = verl.forward_kl_topk_renorm if kind.endswith("renorm") else verl.forward_kl_topk
+    expected = (reference(student_logits, top_logp, top_ids) * mask).sum() / mask.sum()
+    mb = TensorDict({"teacher_topk_logprobs": top_logp, "teacher_topk_ids": top_ids, "loss_mask": mask},
+                    batch_size=[4])
+    student_logp = torch.log_softmax(student_logits, -1)
+    out = {"logprobs": student_logp[..., 0], STUDENT_AT_TEACHER_TOPK: student_logp.gather(-1, top_ids)}
+    loss = Loss((DistillTerm(kind, policy_gradient=False),))
+    value, metrics = loss(out, mb)
+    assert value.item() == pytest.approx(expected.item(), abs=1e-6)
+    assert metrics["distill_kl"].item() == pytest.approx(expected.item(), abs=1e-6)
+    teacher_mass = (top_logp.exp().sum(-1) * mask).sum() / mask.sum()  # verl's distillation/teacher_mass
+    assert metrics["distill_teacher_mass"].item() == pytest.approx(teacher_mass.item(), abs=1e-6)
+    assert loss.reads == ("teacher_topk_logprobs", "teacher_topk_ids", "loss_mask")
+    assert loss.needs == ("logprobs", "logprobs_at:teacher_topk_ids")
 
 
 @pytest.mark.parametrize("kind", ["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl"])
@@ -126,6 +161,24 @@ def test_the_students_kl_to_its_teacher_falls_on_cpu(tmp_path, kind, policy_grad
     kl = [row["actor/distill_kl"] for row in history]  # the mean estimate on each step's own samples
     assert len(kl) == 10 and all(math.isfinite(v) for v in kl)
     assert sum(kl[-3:]) / 3 < 0.6 * sum(kl[:3]) / 3, kl
+
+
+@pytest.mark.parametrize("kind", ["forward_kl_topk", "forward_kl_topk_renorm"])
+def test_the_students_topk_kl_to_its_teacher_falls_on_cpu(tmp_path, kind):
+    """The teacher writes its top-4 logprobs and ids (teacher.logprobs(batch, topk=4)); the student's update
+    gathers its own logprobs at those ids and descends verl's forward top-k KL, supervised."""
+    cfg = load_run_config(None, [f"train.output_dir={tmp_path / 'run'}", "algorithm=distill", "train.steps=8",
+                                 "train.batch_size=16", "train.mini_batch_size=16", "train.micro_batch_size=8",
+                                 "train.save_every=0", "train.export=false",
+                                 f"roles.teacher.model={peaked_teacher(tmp_path)}", "roles.actor.lr=1e-2",
+                                 f"algo.kind={kind}", "algo.policy_gradient=false", "algo.topk=4",
+                                 "roles.actor.logprob_chunk_tokens=16"])
+    history = train(cfg, progress=False)
+    kl = [row["actor/distill_kl"] for row in history]  # the mean top-k KL on each step's own samples
+    assert len(kl) == 8 and all(math.isfinite(v) and v >= 0 for v in kl)
+    assert sum(kl[-3:]) / 3 < 0.6 * sum(kl[:3]) / 3, kl
+    mass = [row["actor/distill_teacher_mass"] for row in history]  # the peaked teacher's top-4 hold most of it
+    assert all(0.5 < m <= 1.0 + 1e-6 for m in mass), mass
 
 
 def test_a_teacher_needs_its_own_model(tmp_path):

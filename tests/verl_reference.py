@@ -383,6 +383,21 @@ def forward_kl_topk(student_logits, teacher_topk_log_probs, teacher_topk_ids, lo
     return losses.clamp_min(0.0).clamp(min=-loss_max_clamp, max=loss_max_clamp)
 
 
+def forward_kl_topk_renorm(student_logits, teacher_topk_log_probs, teacher_topk_ids, log_prob_min_clamp=-10.0,
+                           loss_max_clamp=10.0):
+    # verl main after 0.9, fsdp/losses.compute_forward_kl_topk_renorm (GKD's top-k form):
+    #     student_log_probs_renorm = student_topk_log_probs_full - torch.logsumexp(
+    #         student_topk_log_probs_full, dim=-1, keepdim=True)
+    #     teacher_log_probs_renorm = teacher_topk_log_probs - torch.logsumexp(teacher_topk_log_probs, ...)
+    # then the log_prob_min_clamp of both, kl_divergence, and the registered loss's clamp_min(0) and clamp
+    student_full = torch.gather(torch.log_softmax(student_logits, dim=-1), dim=-1, index=teacher_topk_ids)
+    student = student_full - torch.logsumexp(student_full, dim=-1, keepdim=True)
+    teacher = teacher_topk_log_probs - torch.logsumexp(teacher_topk_log_probs, dim=-1, keepdim=True)
+    student, teacher = student.clamp_min(log_prob_min_clamp), teacher.clamp_min(log_prob_min_clamp)
+    losses = (teacher.float().exp() * (teacher.float() - student.float())).sum(-1)
+    return losses.clamp_min(0.0).clamp(min=-loss_max_clamp, max=loss_max_clamp)
+
+
 def distillation_estimator(student_logp, teacher_logp, mode, loss_max_clamp=10.0):
     # compute_distillation_loss_reverse_kl_estimator (kl_penalty(student, teacher, mode)) and the clamp
     log_ratio = student_logp - teacher_logp

@@ -41,7 +41,7 @@ from flowrl.engines.attention import use_flowrl_sdpa
 from flowrl.engines.fsdp import full_tensors, move_optimizer_state, shard_device, shard_model
 from flowrl.engines.logprobs import full_logits_logprobs, token_logprobs
 from flowrl.engines.lr_schedules import check_schedule, lr_factor
-from flowrl.engines.model_outputs import check_outputs, default_outputs
+from flowrl.engines.model_outputs import check_outputs, default_outputs, gathered_columns
 from flowrl.engines.model_inputs import column_multiple, masked_inputs, packed_inputs, trim_padding, used_columns
 from flowrl.engines.packing import packed_outputs
 from flowrl.engines.protocols import LossFn
@@ -233,21 +233,21 @@ class HFTrainEngine:
         """Outputs [B, R] on this engine's device for the micro-batch (on any device), 0 on padding, computed
         without the columns that are padding in every row: `span`, else found from mb's masks (on the host
         when mb is there, so no device sync); each row's sampling likewise: `sampling`, else read from mb."""
-        trimmed = trim_padding(mb, span or used_columns(mb), self.column_multiple).to(self.device)
+        trimmed = trim_padding(mb, span or used_columns(mb), self.column_multiple,
+                               gathered_columns(outputs)).to(self.device)
         mask = trimmed["response_mask"].bool()
         sampling = (sampling or RowSampling.of(mb, temperature)).to(self.device)
         with self._compiling():
             out = self._outputs_dense(trimmed, sampling, outputs)
         width = mb["response_mask"].shape[1]  # a negative pad cuts the aligning columns (COLUMN_MULTIPLE) off
-        return {key: torch.nn.functional.pad(torch.where(mask, value, 0), (0, width - value.shape[1]))
-                for key, value in out.items()}
+        return {key: _response_width(value, mask, width) for key, value in out.items()}
 
     def _outputs_dense(self, mb: TensorDict, sampling: RowSampling,
                        outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
         """Outputs of the trimmed micro-batch; an actor's under each row's sampling distribution."""
         if self.packing:
             return packed_outputs(self, mb, sampling, outputs)
-        response_ids = mb["response_ids"]
+        response_ids, ids = mb["response_ids"], {column: mb[column] for column in gathered_columns(outputs)}
         num_prompt, num_response = mb["prompt_ids"].shape[1], response_ids.shape[1]
         temperature_N, truncation = sampling.per_token(num_response)
         if self.kind == "actor" and not (self.logprob_chunk_tokens and not self.sharded):
@@ -260,7 +260,7 @@ class HFTrainEngine:
             logits_BRV = self._model_fn(**inputs, logits_to_keep=keep).logits[:, :-1]
             logits_NV = apply_sampling(logits_BRV.reshape(-1, logits_BRV.shape[-1]), temperature_N, truncation,
                                        response_ids.reshape(-1))
-            return full_logits_logprobs(logits_NV.view(logits_BRV.shape), response_ids, outputs)
+            return full_logits_logprobs(logits_NV.view(logits_BRV.shape), response_ids, outputs, ids)
         input_ids, column_BL = packed_inputs(mb)
         self._dynamic({"input_ids": input_ids})
         # the column of each response token, and of the token before it, which predicts it
@@ -276,7 +276,8 @@ class HFTrainEngine:
         hidden_BLH = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
         hidden_BRH = hidden_BLH.gather(1, before_BR[..., None].expand(-1, -1, hidden_BLH.shape[-1]))
         return token_logprobs(hidden_BRH, self.model.get_output_embeddings().weight, response_ids, temperature_N,
-                              outputs, self.logprob_chunk_tokens, compiled=self.compiled, truncation=truncation)
+                              outputs, self.logprob_chunk_tokens, compiled=self.compiled, truncation=truncation,
+                              ids=ids)
 
     def _compiling(self) -> contextlib.AbstractContextManager:
         """The block runs the compiled decoder layers (compile on, one process)."""
@@ -384,6 +385,13 @@ class HFTrainEngine:
         if extremes[0].item() != -extremes[1].item():
             raise ValueError(f"batch rows differ across ranks (max {extremes[0].item()}, "
                              f"min {-extremes[1].item()}); every rank must pass equally many rows")
+
+
+def _response_width(value_BR: torch.Tensor, mask_BR: torch.Tensor, width: int) -> torch.Tensor:
+    """An output ([B, R] or [B, R, K]) with 0 on padding, cut or padded to `width` response columns."""
+    mask = mask_BR.view(*mask_BR.shape, *(1,) * (value_BR.dim() - 2))
+    pad = (0, 0) * (value_BR.dim() - 2) + (0, width - value_BR.shape[1])
+    return torch.nn.functional.pad(torch.where(mask, value_BR, 0), pad)
 
 
 def _check_args(*, kind: str, lr: float, weight_decay: float, grad_clip: float, warmup_steps: int) -> None:

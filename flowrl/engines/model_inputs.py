@@ -52,15 +52,20 @@ def column_multiple(device: torch.device) -> int:
     return COLUMN_MULTIPLE if device.type == "cuda" else 1
 
 
-def trim_padding(mb: TensorDict, span: tuple[int, int], multiple: int = 1) -> TensorDict:
+def trim_padding(mb: TensorDict, span: tuple[int, int], multiple: int = 1,
+                 response_columns: tuple[str, ...] = ()) -> TensorDict:
     """Drop leading prompt columns and trailing response columns outside `span` (used_columns): a
     micro-batch of short rows then costs what its rows need, not the whole batch's width. Padding response
-    columns (masked, id 0) make the width a multiple of `multiple`."""
+    columns (masked, id 0) make the width a multiple of `multiple`. `response_columns`: other columns aligned
+    to the response ([B, R, ...], e.g. per-token ids), trimmed and padded (with 0) the same way."""
     start, end = span
-    trimmed = mb.select("prompt_ids", "prompt_mask", "response_ids", "response_mask")
-    extra = -(trimmed["prompt_ids"].shape[1] - start + end) % multiple
-    response_ids, response_mask = (torch.nn.functional.pad(trimmed[key][:, :end], (0, extra))
-                                   for key in ("response_ids", "response_mask"))
-    return TensorDict(prompt_ids=trimmed["prompt_ids"][:, start:], prompt_mask=trimmed["prompt_mask"][:, start:],
-                      response_ids=response_ids, response_mask=response_mask,
-                      batch_size=mb.batch_size, device=mb.device)
+    extra = -(mb["prompt_ids"].shape[1] - start + end) % multiple
+    responses = {key: _pad_columns(mb[key][:, :end], extra)
+                 for key in ("response_ids", "response_mask", *response_columns)}
+    return TensorDict(prompt_ids=mb["prompt_ids"][:, start:], prompt_mask=mb["prompt_mask"][:, start:],
+                      **responses, batch_size=mb.batch_size, device=mb.device)
+
+
+def _pad_columns(value_BR: torch.Tensor, extra: int) -> torch.Tensor:
+    """`extra` columns of 0 after the last one (dimension 1, whatever follows it)."""
+    return torch.nn.functional.pad(value_BR, (0, 0) * (value_BR.dim() - 2) + (0, extra))

@@ -30,6 +30,7 @@ from transformers.masking_utils import (and_masks, causal_mask_function, flex_at
 
 from flowrl.engines.attention import NAME as FLOWRL_SDPA
 from flowrl.engines.logprobs import full_logits_logprobs, token_logprobs
+from flowrl.engines.model_outputs import gathered_columns
 from flowrl.engines.sampling import RowSampling, apply_sampling
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ def packed_outputs(engine: HFTrainEngine, mb: TensorDict, sampling: RowSampling,
     compute (flowrl.engines.hf_train), from one sequence of the rows' real tokens."""
     packed = pack(mb)
     inputs = packed.model_inputs(block_mask=_wants_block_mask(engine, packed.input_ids_1N.device))
-    response_ids = mb["response_ids"]
+    response_ids, ids = mb["response_ids"], {column: mb[column] for column in gathered_columns(outputs)}
     temperature_N, truncation = sampling.per_token(response_ids.shape[1])
     if engine.kind in ("critic", "reward"):
         head_1N = engine._model_fn(**inputs).logits[..., 0]
@@ -113,12 +114,13 @@ def packed_outputs(engine: HFTrainEngine, mb: TensorDict, sampling: RowSampling,
         decoder = engine.model.get_decoder() if engine._decoder_fn is None else engine._decoder_fn
         hidden_BRH = gather_BR(decoder(**inputs).last_hidden_state, packed.before_BR)
         return token_logprobs(hidden_BRH, engine.model.get_output_embeddings().weight, response_ids, temperature_N,
-                              outputs, engine.logprob_chunk_tokens, compiled=engine.compiled, truncation=truncation)
+                              outputs, engine.logprob_chunk_tokens, compiled=engine.compiled, truncation=truncation,
+                              ids=ids)
     # full logits (FSDP2 runs lm_head inside the root module's forward): only at the positions that predict
     before_BR = packed.before_BR
     logits_NV = engine._model_fn(**inputs, logits_to_keep=before_BR.flatten()).logits[0]
     logits_NV = apply_sampling(logits_NV, temperature_N, truncation, response_ids.reshape(-1))
-    return full_logits_logprobs(logits_NV.view(*before_BR.shape, -1), response_ids, outputs)
+    return full_logits_logprobs(logits_NV.view(*before_BR.shape, -1), response_ids, outputs, ids)
 
 
 def _wants_block_mask(engine: HFTrainEngine, device: torch.device) -> bool:

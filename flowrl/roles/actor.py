@@ -11,7 +11,7 @@ from tensordict import TensorDict
 
 from flowrl import metrics
 from flowrl.data.batch import MODEL_INPUT
-from flowrl.engines.model_outputs import check_outputs
+from flowrl.engines.model_outputs import check_outputs, topk_outputs
 from flowrl.engines.protocols import LossFn, TrainEngine
 from flowrl.engines.rank_balance import exchange
 from flowrl.engines.sampling import SAMPLED_WITH
@@ -50,6 +50,12 @@ def _balanced(s: UpdateSettings, batch: TensorDict) -> TensorDict:
     ranks balanced by tokens (the same rows per optimizer step: flowrl.engines.rank_balance), else `batch`."""
     moved = exchange(batch, s.mini_batch_size) if s.balance_batch else None
     return batch if moved is None else moved.rows
+
+
+def _teacher_writes(topk: int = 0, **_: Any) -> tuple[str, ...]:
+    if topk:
+        topk_outputs(topk)  # a bad count fails when the graph is traced
+    return ("teacher_logprobs",) + (("teacher_topk_logprobs", "teacher_topk_ids") if topk else ())
 
 
 def _logprobs_writes(outputs: tuple[str, ...] = (), **_: Any) -> tuple[str, ...]:
@@ -134,10 +140,17 @@ class Teacher:
     engine: TrainEngine
     settings: UpdateSettings = field(default_factory=UpdateSettings)
 
-    @graph_method(reads=POLICY_INPUT, writes=("teacher_logprobs",))
-    def logprobs(self, batch: TensorDict) -> TensorDict:
-        """The teacher's logprobs of the sampled tokens, under the distribution each row was sampled with."""
-        batch["teacher_logprobs"] = _logprobs(self.engine, self.settings, batch)
+    @graph_method(reads=POLICY_INPUT, writes=_teacher_writes)
+    def logprobs(self, batch: TensorDict, topk: int = 0) -> TensorDict:
+        """The teacher's logprobs of the sampled tokens, under the distribution each row was sampled with;
+        with `topk`, also its `topk` largest logprobs at each token and their token ids, [B, R, topk] each
+        (teacher_topk_logprobs, teacher_topk_ids: forward top-k KL, flowrl.rl.distillation), from the same
+        forward pass, computed chunk by chunk (flowrl.engines.model_outputs)."""
+        top = topk_outputs(topk) if topk else ()
+        out = _forward(self.engine, self.settings, batch, outputs=("logprobs", *top))
+        batch["teacher_logprobs"] = out["logprobs"]
+        if top:
+            batch["teacher_topk_logprobs"], batch["teacher_topk_ids"] = out[top[0]], out[top[1]]
         return batch
 
 
