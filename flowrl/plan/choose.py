@@ -99,7 +99,7 @@ class Planner:
             pool = max(got.peak, key=got.peak.get)
             return Scored(cand, got, None, f"pool {pool} needs more than {self.config.headroom:.0%} of a card")
         seconds = {n.name: node_seconds(n, cand, shape, work, costs, got) for n in nodes}
-        total = step_seconds(nodes, seconds, cand, depth, costs.device.step_fixed_s)
+        total = step_seconds(nodes, seconds, cand, depth, costs.step_fixed_s)
         return Scored(cand, got, total, "", tuple(seconds.items()))
 
     def advice(self, nodes, depth, shape, work, roles, cluster, space, batch, costs, scored) -> str:
