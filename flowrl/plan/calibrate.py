@@ -58,6 +58,15 @@ class Prediction(BaseModel):
         return CostModel(DEVICES[self.device], tuple(sorted(self.scale.items())), self.fixed_s)
 
 
+class PlanSection(BaseModel):
+    """The plan a run carries out (the run config's `plan` section)."""
+
+    model_config = ConfigDict(extra="forbid")
+    predicted: Prediction | None = Field(None, description="The planner's prediction for this layout (flowrl plan "
+                                                           "--cluster --write puts it here); the run logs plan/* "
+                                                           "against it and writes plan.json.")
+
+
 def measured(rows: list[dict[str, float]]) -> dict[str, Any]:
     """Median step and node seconds over a run's steps (the first left out where there are more), highest peak."""
     steps = [r for r in rows if STEP in r]

@@ -17,6 +17,7 @@ from flowrl.engines.memory import GIB, ModelShape
 from flowrl.graph.algorithm import Algorithm
 from flowrl.graph.role import role_spec
 from flowrl.graph.trace import NodeKind
+from flowrl.plan.calibrate import load_refined, predict
 from flowrl.plan.candidates import Candidate, Space, Work
 from flowrl.plan.choose import Choice, PlannerConfig
 from flowrl.plan.cluster import ClusterConfig
@@ -31,8 +32,9 @@ MEAN_SHARE = 0.5  # expected mean response length as a share of max_new_tokens (
 
 
 def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, prompt_len: int = 256,
-           planner: PlannerConfig | None = None) -> tuple[Choice, dict[str, Any]]:
-    """The planner's choice on `cluster` and the run config values that carry it out."""
+           planner: PlannerConfig | None = None, costs: CostModel | None = None) -> tuple[Choice, dict[str, Any]]:
+    """The planner's choice on `cluster` and the run config values that carry it out; `costs`: a cost model
+    refined by an earlier run (flowrl.plan.calibrate.load_refined), else the device table's."""
     inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
     classes = cfg.role_classes(algo.roles)
     roles = model_roles(algo, inputs, classes, None)
@@ -59,9 +61,12 @@ def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, p
              "forward_micro_batch_size": cfg.train.forward_micro_batch_size or cfg.train.micro_batch_size}
     space = Space(lora_ranks=(lora,), gradient_checkpointing=(True,) if cfg.model.gradient_checkpointing
                   else (False, True))
+    costs = costs or CostModel(cluster.kind)
     choice = (planner or PlannerConfig()).build().choose(nodes, depth, shape, work, summary, cluster, space, batch,
-                                                         CostModel(cluster.kind))
-    return choice, overrides(choice.best.cand, others, followers, trained, choice)
+                                                         costs)
+    values = overrides(choice.best.cand, others, followers, trained, choice)
+    values["plan.predicted"] = predict(choice.best, nodes, depth, costs, cluster.device).model_dump(mode="json")
+    return choice, values
 
 
 def overrides(cand: Candidate, others: list[str], followers: list[str], trained: list[str],
@@ -84,8 +89,6 @@ def overrides(cand: Candidate, others: list[str], followers: list[str], trained:
                         f"roles.{role}.gpu_memory_utilization": cand.gpu_memory_utilization,
                         f"roles.{role}.enforce_eager": False,
                         f"roles.{role}.free_cache_engine": cand.sleep_level if cand.colocated else 0})
-    out["plan.predicted"] = {"step_s": round(choice.best.seconds, 3),
-                             "peak_gib": round(max(choice.best.fit.peak.values()) / GIB, 2)}
     return out
 
 
@@ -93,8 +96,6 @@ def write(values: dict[str, Any], raw: dict[str, Any], path: Path) -> None:
     """The user's raw config values with the chosen ones, nested, as JSON (refuses to overwrite a file)."""
     nested = json.loads(json.dumps(raw))
     for key, value in values.items():
-        if key == "plan.predicted":
-            continue
         parts, at = key.split("."), nested
         for part in parts[:-1]:
             at = at.setdefault(part, {})
@@ -110,7 +111,8 @@ def print_choice(cfg: RunConfig, algo: Algorithm, task: Any, args: Any) -> str:
     from flowrl.plan.cluster import detect
 
     cluster = detect(cfg.train.executor == "ray") if args.cluster == "found" else ClusterConfig.parse(args.cluster)
-    choice, values = choose(cfg, algo, task, cluster, args.prompt_len, PlannerConfig(allow_lora=args.allow_lora))
+    costs = load_refined(args.costs) if args.costs else None
+    choice, values = choose(cfg, algo, task, cluster, args.prompt_len, PlannerConfig(allow_lora=args.allow_lora), costs)
     lines = [choice.explain() if args.explain else f"chosen on {cluster.describe()}: {choice.best.cand.label()}",
              f"predicted {choice.best.seconds:.2f} s/step, peak {max(choice.best.fit.peak.values()) / GIB:.1f} "
              f"GiB per GPU", "run config values: " + ", ".join(f"{k}={v}" for k, v in values.items()
