@@ -22,6 +22,7 @@ from flowrl.plan.candidates import Candidate, Space, Work
 from flowrl.plan.choose import Choice, PlannerConfig
 from flowrl.plan.cluster import ClusterConfig
 from flowrl.plan.costs import CostModel
+from flowrl.plan.passes import buffer_depth, token_budget
 from flowrl.plan.memory import Roles
 from flowrl.plan.placement import Placement, Pool
 from flowrl.plan.planner import model_roles
@@ -61,10 +62,15 @@ def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, p
              "forward_micro_batch_size": cfg.train.forward_micro_batch_size or cfg.train.micro_batch_size}
     space = Space(lora_ranks=(lora,), gradient_checkpointing=(True,) if cfg.model.gradient_checkpointing
                   else (False, True))
-    costs = costs or CostModel(cluster.kind)
-    choice = (planner or PlannerConfig()).build().choose(nodes, depth, shape, work, summary, cluster, space, batch,
-                                                         costs)
+    costs, planner = costs or CostModel(cluster.kind), planner or PlannerConfig()
+    choice = planner.build().choose(nodes, depth, shape, work, summary, cluster, space, batch, costs)
     values = overrides(choice.best.cand, others, followers, trained, choice)
+    budget = token_budget(choice.best.cand, shape, work, summary, cluster, batch, planner.headroom) \
+        if planner.token_budget else 0
+    values.update({f"roles.{role}.max_tokens_per_micro_batch": budget for role in trained if budget})
+    if depth:
+        values["plan.buffer_depth"] = buffer_depth(nodes, dict(choice.best.node_s), choice.best.cand, work,
+                                                   planner.max_buffer_depth)
     values["plan.predicted"] = predict(choice.best, nodes, depth, costs, cluster.device).model_dump(mode="json")
     return choice, values
 
@@ -96,6 +102,8 @@ def write(values: dict[str, Any], raw: dict[str, Any], path: Path) -> None:
     """The user's raw config values with the chosen ones, nested, as JSON (refuses to overwrite a file)."""
     nested = json.loads(json.dumps(raw))
     for key, value in values.items():
+        if key == "plan.buffer_depth":  # advice: the algorithm's own option sets its buffer
+            continue
         parts, at = key.split("."), nested
         for part in parts[:-1]:
             at = at.setdefault(part, {})
