@@ -67,7 +67,9 @@ def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, p
     values = overrides(choice.best.cand, others, followers, trained, choice)
     budget = token_budget(choice.best.cand, shape, work, summary, cluster, batch, planner.headroom) \
         if planner.token_budget else 0
-    values.update({f"roles.{role}.max_tokens_per_micro_batch": budget for role in trained if budget})
+    if budget:  # micro-batches grouped by tokens: a row count would have no effect (and warn)
+        values.pop("train.micro_batch_size")
+        values.update({f"roles.{role}.max_tokens_per_micro_batch": budget for role in trained})
     if depth:
         values["plan.buffer_depth"] = buffer_depth(nodes, dict(choice.best.node_s), choice.best.cand, work,
                                                    planner.max_buffer_depth)
@@ -115,7 +117,7 @@ def write(values: dict[str, Any], raw: dict[str, Any], path: Path) -> None:
 
 def print_choice(cfg: RunConfig, algo: Algorithm, task: Any, args: Any) -> str:
     """`flowrl plan --cluster`: the chosen layout (with --explain, the candidates), written with --write."""
-    from flowrl.config.loading import read_config_file
+    from flowrl.config.loading import read_config_file, set_dotted
     from flowrl.plan.cluster import detect
 
     cluster = detect(cfg.train.executor == "ray") if args.cluster == "found" else ClusterConfig.parse(args.cluster)
@@ -127,12 +129,9 @@ def print_choice(cfg: RunConfig, algo: Algorithm, task: Any, args: Any) -> str:
                                                                 if k not in ("placement", "plan.predicted"))]
     if args.write:
         raw = read_config_file(args.config) if args.config else {}
-        for item in args.set:
+        for item in args.set:  # parsed as `flowrl train --set` parses them (JSON where it can be)
             key, _, value = item.partition("=")
-            parts, at = key.split("."), raw
-            for part in parts[:-1]:
-                at = at.setdefault(part, {})
-            at[parts[-1]] = value
+            set_dotted(raw, key, value)
         write(values, raw, Path(args.write))
         lines.append(f"wrote {args.write}: flowrl train {algo.name} --config {args.write}")
     return "\n".join(lines)
