@@ -56,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--explain", action="store_true", help="with --cluster: table the candidates")
     plan.add_argument("--write", help="with --cluster: write the chosen layout as a run config file (JSON) that "
                       "flowrl train --config takes")
+    plan.add_argument("--costs", help="with --cluster: plan with the cost model a run refined (its plan.json)")
     plan.add_argument("--allow-lora", action="store_true", help="with --cluster: the planner may train LoRA "
                       "adapters (changes the math)")
     sub.add_parser("algorithms", help="list the registered algorithms (the prebuilt graphs), one line each")

@@ -169,7 +169,7 @@ def test_the_students_topk_kl_to_its_teacher_falls_on_cpu(tmp_path, kind):
     gathers its own logprobs at those ids and descends verl's forward top-k KL, supervised."""
     cfg = load_run_config(None, [f"train.output_dir={tmp_path / 'run'}", "algorithm=distill", "train.steps=8",
                                  "train.batch_size=16", "train.mini_batch_size=16", "train.micro_batch_size=8",
-                                 "train.save_every=0", "train.export=false",
+                                 "checkpoint.every=0", "checkpoint.export=false",
                                  f"roles.teacher.model={peaked_teacher(tmp_path)}", "roles.actor.lr=1e-2",
                                  f"algo.kind={kind}", "algo.policy_gradient=false", "algo.topk=4",
                                  "roles.actor.logprob_chunk_tokens=16"])

@@ -15,7 +15,7 @@ from flowrl.data.prompts import PromptStream
 from flowrl.engines.tiny_model import build_char_tokenizer
 from flowrl.runtime.evaluation import sample_count
 
-FAST = ["train.eval_every=0", "train.export=false", "train.batch_size=4", "train.steps=1"]
+FAST = ["eval.every=0", "checkpoint.export=false", "train.batch_size=4", "train.steps=1"]
 TESTS = os.path.dirname(__file__)
 
 
@@ -62,10 +62,10 @@ def test_a_rank_that_cannot_join_says_so_itself(tmp_path, env, says):
 
 def test_eval_samples_past_the_evaluation_set_is_clamped_with_one_warning(tmp_path):
     assert sample_count(3, 4) == 3
-    done, lines = flowrl(tmp_path, "train.eval_every=1", "train.eval_prompts=4", "train.eval_samples=100000",
-                         "train.export=false", "train.batch_size=4", "train.steps=1")
+    done, lines = flowrl(tmp_path, "eval.every=1", "eval.prompts=4", "eval.samples=100000",
+                         "checkpoint.export=false", "train.batch_size=4", "train.steps=1")
     assert done.returncode == 0, done.stderr
-    assert lines == ["flowrl: warning: train.eval_samples=100000 is more than the 4 prompts of the evaluation set; "
+    assert lines == ["flowrl: warning: eval.samples=100000 is more than the 4 prompts of the evaluation set; "
                      "using 4 samples per prompt"]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("eval/pass@4" in row for row in rows) and not any("eval/pass@100000" in row for row in rows)

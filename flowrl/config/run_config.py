@@ -13,6 +13,7 @@ import flowrl.roles  # noqa: F401 (registers the built-in roles the role section
 from flowrl.graph.role import ROLES, RoleSpec
 from flowrl.graph.role_config import RoleConfig, SectionError, engine_source, section, sections
 from flowrl.plan.placement import Placement
+from flowrl.plan.calibrate import PlanSection
 from flowrl.config.moved_keys import move_train_keys
 from flowrl.config.sections import (CheckpointConfig, DataConfig, DebugConfig, EvalConfig, ExecutorSection,
                                     ModelConfig, Section, TaskConfig, TrainConfig)
@@ -38,6 +39,8 @@ class RunConfig(Section):
                                                    "Ray cluster (split by executor.rollout_share).")
     algo: dict[str, Any] = Field(default_factory=dict, description="The algorithm's own options, validated "
                                                                    "by its config class.")
+    plan: PlanSection = Field(default_factory=PlanSection, description="The planner's prediction for this run's "
+                              "layout (flowrl.runtime.plan_record).")
     roles: dict[str, Any] = Field(default_factory=dict, description="Each role's own section, roles.<name>: "
                                   "its engine and options (roles.actor.lr, roles.rollout.engine, roles.rollout.env, "
                                   "roles.judge.<option>), validated by the role's config class; `use` (or "

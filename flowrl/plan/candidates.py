@@ -54,6 +54,7 @@ class Candidate:
     offload_params: bool = False
     micro_batch_size: int = 1  # rows per forward/backward pass, over the train pool
     lora_rank: int = 0
+    token_budget: int = 0  # tokens per micro-batch and rank (max_tokens_per_micro_batch); 0: micro_batch_size rows
 
     @property
     def colocated(self) -> bool:

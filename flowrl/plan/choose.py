@@ -69,6 +69,11 @@ class PlannerConfig(BaseModel):
     allow_lora: bool = Field(False, description="May the planner train LoRA adapters (changes the math)?")
     lora_rank: int = Field(64, ge=1, description="The LoRA rank tried when allow_lora.")
     headroom: float = Field(0.95, gt=0, le=1, description="Share of a card's memory a layout may plan to use.")
+    token_budget: bool = Field(True, description="Choose the trained roles' max_tokens_per_micro_batch from memory "
+                                                 "(flowrl.plan.passes.token_budget).")
+    max_buffer_depth: int = Field(1, ge=0, description="The most batches in flight the planner may advise for an "
+                                                       "fl.buffer on split pools (deeper is staler: it changes "
+                                                       "the math, so raise it only where you allow that).")
 
     def build(self) -> "Planner":
         return Planner(self)
@@ -99,7 +104,7 @@ class Planner:
             pool = max(got.peak, key=got.peak.get)
             return Scored(cand, got, None, f"pool {pool} needs more than {self.config.headroom:.0%} of a card")
         seconds = {n.name: node_seconds(n, cand, shape, work, costs, got) for n in nodes}
-        total = step_seconds(nodes, seconds, cand, depth, costs.device.step_fixed_s)
+        total = step_seconds(nodes, seconds, cand, depth, costs.step_fixed_s)
         return Scored(cand, got, total, "", tuple(seconds.items()))
 
     def advice(self, nodes, depth, shape, work, roles, cluster, space, batch, costs, scored) -> str:

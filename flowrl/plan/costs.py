@@ -68,6 +68,11 @@ class CostModel:
 
     device: DeviceKind
     scale: tuple[tuple[str, float], ...] = ()
+    fixed_s: float | None = None  # a step's own overhead where a run measured it (else the device row's)
+
+    @property
+    def step_fixed_s(self) -> float:
+        return self.device.step_fixed_s if self.fixed_s is None else self.fixed_s
 
     def scaled(self, category: str, seconds: float) -> float:
         return seconds * dict(self.scale).get(category, 1.0)

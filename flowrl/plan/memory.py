@@ -100,7 +100,7 @@ def train_phases(cand: Candidate, shape: ModelShape, work: Work, roles: Roles) -
     """Bytes per GPU of the train pool: resident, during an update, during an offloaded optimizer step."""
     world = cand.train_gpus
     load = RankLoad(world, rows=-(-work.rows // world), seq_len=work.seq_len,
-                    tokens=-(-cand.micro_batch_size // world) * work.seq_len,
+                    tokens=cand.token_budget or -(-cand.micro_batch_size // world) * work.seq_len,
                     gradient_checkpointing=cand.gradient_checkpointing)
     engine = HFTrainConfig.model_validate({"offload_params": cand.offload_params, "lora_rank": cand.lora_rank,
                                            "compile": roles.compile})

@@ -6,8 +6,8 @@ the longest row, vLLM's continuous batching runs the rows' mean tokens over its 
 and update passes are 2 and 6 FLOPs per parameter and token at the device's MFU (8 with checkpointing), plus
 offload traffic over PCIe; a weight sync moves the weights over NVLink, the network or an in-process copy.
 The step: nodes on one pool run one after another, nodes on different pools run together when the graph lets
-them; with a buffer (fl.buffer, depth >= 1) on split pools the producers of step t+1 overlap the consumers of
-step t, so the step takes the slower side.
+them; with a buffer (fl.buffer, depth >= 1) on split pools the weight syncs run first, then the producers of
+step t+1 overlap the consumers of step t, so the step takes the syncs and the slower side.
 """
 
 from __future__ import annotations
@@ -95,14 +95,18 @@ def sync_s(cand: Candidate, shape: ModelShape, costs: CostModel) -> float:
 def step_seconds(nodes: list[GraphNode], seconds: dict[str, float], cand: Candidate, buffer_depth: int,
                  step_fixed_s: float) -> float:
     """The step: a list schedule (each side runs one node at a time, in trace order, after its
-    predecessors); a buffer on split pools overlaps producers and consumers of consecutive steps."""
+    predecessors). A buffer on split pools runs the weight syncs first, then the producers of step t+k beside
+    the consumers of step t (flowrl.runtime.buffering), where the two share no pool."""
     if cand.colocated:
         return step_fixed_s + sum(seconds.values())
     if buffer_depth >= 1:
-        producers = [n for n in nodes if n.before_buffer]
+        syncs = [n for n in nodes if n.before_buffer and n.category == "sync"]
+        producers = [n for n in nodes if n.before_buffer and n.category != "sync"]
         consumers = [n for n in nodes if not n.before_buffer]
-        sides = {side: sum(seconds[n.name] for n in nodes if n.side == side) for side in ("gen", "train")}
-        return step_fixed_s + max(makespan(producers, seconds), makespan(consumers, seconds), *sides.values())
+        shared = {n.side for n in producers} & {n.side for n in consumers} - {"driver"}
+        ahead, behind = makespan(producers, seconds), makespan(consumers, seconds)
+        both = ahead + behind if shared else max(ahead, behind)
+        return step_fixed_s + sum(seconds[n.name] for n in syncs) + both
     return step_fixed_s + makespan(nodes, seconds)
 
 
@@ -135,8 +139,8 @@ def graph_nodes(plan) -> tuple[list[GraphNode], int]:
             category, side = "sync", "gen"
         elif spec.weights_from is not None and not spec.trainable:
             category, side = "generate", "gen"
-        elif spec.methods()[node.method].updates_weights:
-            category, side = "update", "train"
+        elif spec.trainable and not spec.methods()[node.method].resolve(node.kwargs)[1]:
+            category, side = "update", "train"  # a trained role's method that writes nothing: its update
         else:
             category, side = "forward", "train"
         out.append(GraphNode(node.name, category, side, deps, not seen_buffer))

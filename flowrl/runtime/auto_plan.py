@@ -17,10 +17,12 @@ from flowrl.engines.memory import GIB, ModelShape
 from flowrl.graph.algorithm import Algorithm
 from flowrl.graph.role import role_spec
 from flowrl.graph.trace import NodeKind
+from flowrl.plan.calibrate import load_refined, predict
 from flowrl.plan.candidates import Candidate, Space, Work
 from flowrl.plan.choose import Choice, PlannerConfig
 from flowrl.plan.cluster import ClusterConfig
 from flowrl.plan.costs import CostModel
+from flowrl.plan.passes import buffer_depth, token_budget
 from flowrl.plan.memory import Roles
 from flowrl.plan.placement import Placement, Pool
 from flowrl.plan.planner import model_roles
@@ -31,8 +33,9 @@ MEAN_SHARE = 0.5  # expected mean response length as a share of max_new_tokens (
 
 
 def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, prompt_len: int = 256,
-           planner: PlannerConfig | None = None) -> tuple[Choice, dict[str, Any]]:
-    """The planner's choice on `cluster` and the run config values that carry it out."""
+           planner: PlannerConfig | None = None, costs: CostModel | None = None) -> tuple[Choice, dict[str, Any]]:
+    """The planner's choice on `cluster` and the run config values that carry it out; `costs`: a cost model
+    refined by an earlier run (flowrl.plan.calibrate.load_refined), else the device table's."""
     inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
     classes = cfg.role_classes(algo.roles)
     roles = model_roles(algo, inputs, classes, None)
@@ -59,9 +62,19 @@ def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, p
              "forward_micro_batch_size": cfg.train.forward_micro_batch_size or cfg.train.micro_batch_size}
     space = Space(lora_ranks=(lora,), gradient_checkpointing=(True,) if cfg.model.gradient_checkpointing
                   else (False, True))
-    choice = (planner or PlannerConfig()).build().choose(nodes, depth, shape, work, summary, cluster, space, batch,
-                                                         CostModel(cluster.kind))
-    return choice, overrides(choice.best.cand, others, followers, trained, choice)
+    costs, planner = costs or CostModel(cluster.kind), planner or PlannerConfig()
+    choice = planner.build().choose(nodes, depth, shape, work, summary, cluster, space, batch, costs)
+    values = overrides(choice.best.cand, others, followers, trained, choice)
+    budget = token_budget(choice.best.cand, shape, work, summary, cluster, batch, planner.headroom) \
+        if planner.token_budget else 0
+    if budget:  # micro-batches grouped by tokens: a row count would have no effect (and warn)
+        values.pop("train.micro_batch_size")
+        values.update({f"roles.{role}.max_tokens_per_micro_batch": budget for role in trained})
+    if depth:
+        values["plan.buffer_depth"] = buffer_depth(nodes, dict(choice.best.node_s), choice.best.cand, work,
+                                                   planner.max_buffer_depth)
+    values["plan.predicted"] = predict(choice.best, nodes, depth, costs, cluster.device).model_dump(mode="json")
+    return choice, values
 
 
 def overrides(cand: Candidate, others: list[str], followers: list[str], trained: list[str],
@@ -84,8 +97,6 @@ def overrides(cand: Candidate, others: list[str], followers: list[str], trained:
                         f"roles.{role}.gpu_memory_utilization": cand.gpu_memory_utilization,
                         f"roles.{role}.enforce_eager": False,
                         f"roles.{role}.free_cache_engine": cand.sleep_level if cand.colocated else 0})
-    out["plan.predicted"] = {"step_s": round(choice.best.seconds, 3),
-                             "peak_gib": round(max(choice.best.fit.peak.values()) / GIB, 2)}
     return out
 
 
@@ -93,7 +104,7 @@ def write(values: dict[str, Any], raw: dict[str, Any], path: Path) -> None:
     """The user's raw config values with the chosen ones, nested, as JSON (refuses to overwrite a file)."""
     nested = json.loads(json.dumps(raw))
     for key, value in values.items():
-        if key == "plan.predicted":
+        if key == "plan.buffer_depth":  # advice: the algorithm's own option sets its buffer
             continue
         parts, at = key.split("."), nested
         for part in parts[:-1]:
@@ -106,23 +117,21 @@ def write(values: dict[str, Any], raw: dict[str, Any], path: Path) -> None:
 
 def print_choice(cfg: RunConfig, algo: Algorithm, task: Any, args: Any) -> str:
     """`flowrl plan --cluster`: the chosen layout (with --explain, the candidates), written with --write."""
-    from flowrl.config.loading import read_config_file
+    from flowrl.config.loading import read_config_file, set_dotted
     from flowrl.plan.cluster import detect
 
     cluster = detect(cfg.executor.name == "ray") if args.cluster == "found" else ClusterConfig.parse(args.cluster)
-    choice, values = choose(cfg, algo, task, cluster, args.prompt_len, PlannerConfig(allow_lora=args.allow_lora))
+    costs = load_refined(args.costs) if args.costs else None
+    choice, values = choose(cfg, algo, task, cluster, args.prompt_len, PlannerConfig(allow_lora=args.allow_lora), costs)
     lines = [choice.explain() if args.explain else f"chosen on {cluster.describe()}: {choice.best.cand.label()}",
              f"predicted {choice.best.seconds:.2f} s/step, peak {max(choice.best.fit.peak.values()) / GIB:.1f} "
              f"GiB per GPU", "run config values: " + ", ".join(f"{k}={v}" for k, v in values.items()
                                                                 if k not in ("placement", "plan.predicted"))]
     if args.write:
         raw = read_config_file(args.config) if args.config else {}
-        for item in args.set:
+        for item in args.set:  # parsed as `flowrl train --set` parses them (JSON where it can be)
             key, _, value = item.partition("=")
-            parts, at = key.split("."), raw
-            for part in parts[:-1]:
-                at = at.setdefault(part, {})
-            at[parts[-1]] = value
+            set_dotted(raw, key, value)
         write(values, raw, Path(args.write))
         lines.append(f"wrote {args.write}: flowrl train {algo.name} --config {args.write}")
     return "\n".join(lines)

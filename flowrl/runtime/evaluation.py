@@ -77,10 +77,10 @@ def eval_plan(train: Plan, task: Any, role_classes: dict[str, type] | None = Non
 
 
 def sample_count(k: int, eval_set: int) -> int:
-    """train.eval_samples, at most the evaluation set's size (one warning line says so): 100000 samples per
+    """eval.samples, at most the evaluation set's size (one warning line says so): 100000 samples per
     prompt would run for hours without a word."""
     if k > eval_set:
-        warnings.warn(f"train.eval_samples={k} is more than the {eval_set} prompts of the evaluation set; using "
+        warnings.warn(f"eval.samples={k} is more than the {eval_set} prompts of the evaluation set; using "
                       f"{eval_set} samples per prompt", stacklevel=2)
         return eval_set
     return k

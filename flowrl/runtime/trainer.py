@@ -30,6 +30,7 @@ from flowrl.runtime.executor import Executor
 from flowrl.runtime.executors import executor_config
 from flowrl.runtime.loggers import Loggers, open_loggers
 from flowrl.runtime.planning import check_memory, make_plan
+from flowrl.runtime.plan_record import PlanRecord
 from flowrl.runtime.run_lock import RunLock
 from flowrl.runtime.shutdown import Shutdown, Stopped
 from flowrl.runtime.factory import make_factory, model_path
@@ -178,6 +179,8 @@ def _loop(s: Session, progress: bool, on_step: OnStep | None, shutdown: Shutdown
     if s.start == 0 and s.evaluate is not None:
         _log(s, bar, {**_evaluate(s, 0, dumper), "step": 0}, progress)
     history: list[dict[str, float]] = []
+    predicted = cfg.plan.predicted
+    record = PlanRecord(predicted, s.out, cfg.train.device, s.main) if predicted is not None else None
     for step in bar:
         profiler.begin(step + 1)
         batch, logged = s.executor.run_step(step, s.stream)
@@ -187,6 +190,8 @@ def _loop(s: Session, progress: bool, on_step: OnStep | None, shutdown: Shutdown
         if s.evaluate is not None and _eval_due(cfg, step + 1):
             logged.update(_evaluate(s, step + 1, dumper))
         logged["step"] = step + 1
+        if record is not None:
+            record.step(logged, history)
         history.append(logged)
         _log(s, bar, logged, progress)
         if on_step is not None:

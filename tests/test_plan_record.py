@@ -1,0 +1,34 @@
+"""A run records its plan's prediction against what it measured (flowrl.runtime.plan_record) and writes the cost
+model refined from its own steps, which the next plan takes (`flowrl plan --costs RUN/plan.json`)."""
+
+import json
+import statistics
+
+from flowrl.config import load_run_config
+from flowrl.plan.calibrate import PlanSection, Prediction, load_refined
+from flowrl.plan.cluster import ClusterConfig
+from flowrl.runtime import auto_plan
+from flowrl.runtime.data_tasks import run_task
+from flowrl.runtime.trainer import resolve_algorithm, train
+
+
+def test_a_run_records_predicted_against_measured_and_the_next_plan_uses_its_costs(tmp_path):
+    cfg = load_run_config(None, [f"train.output_dir={tmp_path / 'run'}", "train.steps=3", "checkpoint.every=0"])
+    algo, task, cluster = resolve_algorithm(cfg.algorithm), run_task(cfg), ClusterConfig.parse("1xH100-80G")
+    _, values = auto_plan.choose(cfg, algo, task, cluster)
+    pred = Prediction.model_validate(values["plan.predicted"])
+    history = train(cfg.model_copy(update={"plan": PlanSection(predicted=pred)}), progress=False)
+    for row in history:
+        assert row["plan/predicted_step_s"] == pred.step_s
+        assert row["plan/step_ratio"] == row["timing_s/step"] / pred.step_s
+        assert row["plan/peak_ratio"] == row["memory/peak_gib"] / max(pred.peak_gib.values()) and row["memory/peak_gib"] > 0
+    saved = json.loads((tmp_path / "run" / "plan.json").read_text())
+    generate = next(n for n in pred.nodes if n.category == "generate")
+    # the median over steps 2 and 3 (the first compiles) of measured over predicted generation seconds
+    ratio = statistics.median(r[f"timing_s/{generate.name}"] for r in history[1:]) / generate.seconds
+    assert abs(saved["refined"]["scale"]["generate"] - ratio) <= 1e-9 * ratio
+    assert saved["measured"]["step_s"] == statistics.median(r["timing_s/step"] for r in history[1:])
+    costs = load_refined(str(tmp_path / "run" / "plan.json"))
+    assert costs.scaled("generate", 1.0) == saved["refined"]["scale"]["generate"]
+    _, again = auto_plan.choose(cfg, algo, task, cluster, costs=costs)
+    assert again["plan.predicted"]["scale"] == saved["refined"]["scale"]  # the next plan runs on the run's costs
