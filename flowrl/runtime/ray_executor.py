@@ -41,6 +41,7 @@ from ray.exceptions import GetTimeoutError, RayActorError  # noqa: E402
 from tensordict import TensorDict
 
 from flowrl import metrics
+from flowrl.engines.reshard_sync import ReshardShape
 from flowrl.engines.transports import TransportConfig
 from flowrl.engines.weight_transport import WeightSyncTimeout
 from flowrl.errors import PlanError
@@ -216,21 +217,25 @@ class RayExecutor(Executor):
         key = f"{source}->{node.role}"
         if key not in self._sync_groups:
             self._open_sync(key, source, node.role)
-        sent = [w.send_weights.remote(source, key) for w in self._workers_of(source)]  # every rank gathers
+        sent = [w.send_weights.remote(source, key) for w in self._workers_of(source)]  # every rank takes part
         loaded = [w.receive_weights.remote(node.role, key, version) for w in self._workers_of(node.role)]
         self.book.synced[node.role] = version
-        return _Launched(node, loaded, sent, start)
+        return _Launched(node, [b for b, _ in loaded], [*sent, *(m for _, m in loaded)], start)
 
     def _open_sync(self, key: str, source: str, follower: str) -> None:
-        """The weight-sync group of the source's rank 0 and every rank of the follower (NCCL when both pools
-        are on CUDA, else gloo), formed once."""
+        """The weight-sync group (NCCL when both pools are on CUDA, else gloo), formed once: every rank of the
+        source and of the follower for the reshard (sync.reshard and a source that offers shards), else the
+        source's rank 0 and every rank of the follower."""
         senders, receivers = self._workers_of(source), self._workers_of(follower)
-        size, timeout = 1 + len(receivers), self._sync_timeout()
+        timeout = self._sync_timeout()
+        reshard = self._reshard_shape(source, follower, timeout)
+        senders = senders if reshard is not None else senders[:1]
+        size = len(senders) + len(receivers)
         pools = (self.plan.pools[source], self.plan.pools[follower])
         device = "cuda" if all(p.device == "cuda" for p in pools) else "cpu"
         host, port = ray.get(senders[0].open_weight_sync.remote(key, size, timeout), timeout=timeout)
-        joined = [w.join_weight_sync.remote(key, host, port, rank, size, device, timeout, self.sync)
-                  for rank, w in enumerate((senders[0], *receivers))]
+        joined = [w.join_weight_sync.remote(key, host, port, rank, size, device, timeout, self.sync, reshard)
+                  for rank, w in enumerate((*senders, *receivers))]
         try:
             ray.get(joined, timeout=timeout + 10)
         except GetTimeoutError:
@@ -239,6 +244,17 @@ class RayExecutor(Executor):
         except WeightSyncTimeout as err:
             raise WeightSyncTimeout(_cause(err)) from None
         self._sync_groups.add(key)
+
+    def _reshard_shape(self, source: str, follower: str, timeout: float) -> ReshardShape | None:
+        """What the reshard plans from (the source's entries and heads, the follower's tensor-parallel ranks);
+        None under sync.reshard=false or for a source that must gather (LoRA)."""
+        if not self.sync.reshard:
+            return None
+        layout = ray.get(self._workers_of(source)[0].weight_layout.remote(source), timeout=timeout)
+        if layout is None:
+            return None
+        tp = ray.get(self._workers_of(follower)[0].tensor_ranks.remote(follower), timeout=timeout)
+        return ReshardShape(*layout, num_train=len(self._workers_of(source)), tp=tp)
 
     def _check_transport(self) -> None:
         """sync.transport must reach each follower: in its source's process (same pool) or apart from it."""
