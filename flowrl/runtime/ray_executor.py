@@ -13,11 +13,13 @@
   finished, so independent nodes (actor, ref and critic forwards) run at once
   on their pools; the driver waits only for what it needs next. Worker
   metrics come back per call and are averaged over the pool's ranks.
-- Weight sync across pools: every rank of the source role (the actor)
-  gathers its entries one at a time (collective under FSDP2) and rank 0
-  broadcasts them in buckets over a group of its own with every rank of the
-  following role (the rollout), which loads each bucket as it lands
-  (flowrl.engines.weight_transport; no state dict, no object store).
+- Weight sync across pools, over a group of its own: every rank of the
+  source role (the actor) sends each rank of the following role (the
+  rollout) only the rows of its FSDP2 shard that rank keeps, and the rollout
+  loads each block as it lands (flowrl.engines.reshard_sync; no full tensor,
+  no state dict, no object store); with sync.reshard=false or a LoRA actor,
+  every source rank gathers each entry and rank 0 broadcasts them in buckets
+  (flowrl.engines.weight_transport).
 - A streamed buffer (fl.buffer(stream=True)) with the rollout alone on a pool
   of one rank samples in that worker while the actor trains
   (flowrl.runtime.ray_streaming).
