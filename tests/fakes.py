@@ -51,6 +51,9 @@ class FakeTrainEngine:
     def named_full_tensors(self):
         return iter(())
 
+    def weight_shards(self):
+        return None  # a split pool's sync falls back to the broadcast of named_full_tensors
+
     def save(self, path):
         self.saved.append(path)
         import os
@@ -64,7 +67,7 @@ class FakeRolloutEngine:
     """Response = (sum of prompt tokens + seed + row) % 10 as a digit, then eos."""
 
     def __init__(self) -> None:
-        self.calls = 0
+        self.calls, self.tp_ranks = 0, 1
 
     def generate(self, prompt_ids_BP, prompt_mask_BP, params: SamplingParams, *, seed=None):
         self.calls += 1

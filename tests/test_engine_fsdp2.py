@@ -13,6 +13,7 @@ from torch.distributed.tensor import DTensor
 from flowrl.engines.hf_rollout import HFRolloutEngine
 from flowrl.engines.hf_train import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
+from flowrl import metrics as fl_metrics
 from flowrl.engines.weight_sync import StreamedSync
 from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
 from fakes import TokenMeanNLL, TokenSumNLL
@@ -57,11 +58,18 @@ def run(model_path, out_dir, rank, world):
     tokenizer = load_tokenizer(model_path)
     engine.save_pretrained(str(out_dir / f"hf{world}"), tokenizer)
     rollout = HFRolloutEngine(load_causal_lm(model_path), tokenizer)
-    StreamedSync()(engine, rollout)
+    with fl_metrics.collect() as logged:  # world 2: the reshard (each rank receives the other's rows)
+        rollout.weight_sync(engine)(engine, rollout)
+    gathered = HFRolloutEngine(load_causal_lm(model_path), tokenizer)
+    StreamedSync()(engine, gathered)  # today's gather path
+    own = sum(t.to_local().numel() * t.element_size() for t in engine.model.state_dict().values()
+              if isinstance(t, DTensor))  # the bytes of this rank's rows
     prompts = make_batch([(p, [0]) for p, _ in ROWS])
     generated = rollout.generate(prompts["prompt_ids"], prompts["prompt_mask"], PARAMS, seed=5)
     streamed = {name: tensor.clone() for name, tensor in engine.named_full_tensors()}  # the vLLM sync's source
     return dict(logprobs=logprobs, grad_norm=metrics["grad_norm"], state=engine.full_state_dict(), streamed=streamed,
+                rollout_state=dict(rollout.model.state_dict()), gathered_state=dict(gathered.model.state_dict()),
+                logged={k: v for k, v in logged.items() if k.startswith("sync/")}, own_bytes=own,
                 restored_state=restored.full_state_dict(), sum_grad_norm=sum_metrics["grad_norm"],
                 sum_state=summed.full_state_dict(), response_ids=generated["response_ids"],
                 response_mask=generated["response_mask"])
@@ -104,6 +112,12 @@ def test_fsdp2_matches_single_process(tiny_model_path, tmp_path: pathlib.Path):
         assert abs(result["grad_norm"] - single["grad_norm"]) < 1e-5 * single["grad_norm"]
         assert_states_close(result["state"], single["state"], atol=1e-5)
         assert_states_close(result["streamed"], result["state"], atol=0)  # unsharded, tied lm_head included
+        assert_states_close(result["rollout_state"], result["gathered_state"], atol=0)  # reshard == gather
+        whole = sum(t.numel() * t.element_size() for t in result["streamed"].values())
+        received, sent = result["logged"]["sync/received_mb"], result["logged"]["sync/sent_mb"]
+        # a replica keeping the whole model receives all but its own rows (today: the ring all-gather's same
+        # (n-1)/n, then every full tensor at once); it sends its rows to the other rank
+        assert received == (whole - result["own_bytes"]) / 2**20 and sent == result["own_bytes"] / 2**20
         assert_states_close(result["restored_state"], single["restored_state"], atol=1e-5)
         assert abs(result["sum_grad_norm"] - single["sum_grad_norm"]) < 1e-5 * single["sum_grad_norm"]  # token-sum
         assert_states_close(result["sum_state"], single["sum_state"], atol=1e-5)

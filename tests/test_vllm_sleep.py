@@ -116,7 +116,8 @@ def test_closing_a_sleeping_engine_wakes_its_memory_before_freeing_it_once(level
 def test_seed_rows_gives_each_row_its_own_seed_or_none(seed_rows):
     engine = sleepy_engine(0)
     engine.config = VLLMRolloutConfig(seed_rows=seed_rows)
-    engine.llm, engine.tp_ranks, engine.lora, engine.eos_id, engine.pad_id = RecordingLLM(), 1, None, 1, 0
+    engine.llm, engine.tp_ranks, engine.tp_group, engine.lora = RecordingLLM(), 1, None, None
+    engine.eos_id, engine.pad_id = 1, 0
     ids, mask = torch.tensor([[3, 4], [0, 4], [3, 3]]), torch.tensor([[1, 1], [0, 1], [1, 1]])
     out = engine.generate(ids, mask, SamplingParams(max_new_tokens=2), seed=7)
     seeds = [p.seed for p in engine.llm.params]

@@ -33,6 +33,7 @@ class HFRolloutEngine:
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("tokenizer must define both eos_token and pad_token")
         self.device = torch.device(device)
+        self.tp_ranks = 1  # each rank its own replica
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
         self.eos_id: int = tokenizer.eos_token_id

@@ -46,6 +46,8 @@ from flowrl.engines.model_inputs import column_multiple, masked_inputs, packed_i
 from flowrl.engines.packing import packed_outputs
 from flowrl.engines.protocols import LossFn
 from flowrl.engines.regional_compile import CompiledLayers
+from flowrl.engines.reshard_exec import local_shards
+from flowrl.engines.reshard_sync import WeightShards, model_heads
 from flowrl.engines.token_batching import budget_micro_batches
 from flowrl.engines.sampling import RowSampling, apply_sampling
 from flowrl.engines.hf_models import atomic_dir
@@ -180,6 +182,15 @@ class HFTrainEngine:
         entries with the adapters merged (`merge`=False: the peft model's own entries)."""
         tensors = full_tensors(self.model, self.device if self.sharded else None)
         return lora_utils.merged(tensors, lora_utils.scaling(self.model)) if self.lora and merge else tensors
+
+    def weight_shards(self) -> WeightShards | None:
+        """This rank's FSDP2 shards of each entry, for a sync that moves each rank only what it keeps
+        (flowrl.engines.reshard_sync); None where the sync must gather: unsharded, or LoRA (merged weights
+        exist only whole)."""
+        if not self.sharded or self.lora:
+            return None
+        entries = [(name, tuple(t.shape), t.dtype) for name, t in self.model.state_dict().items()]
+        return WeightShards(entries, local_shards(self.model), *model_heads(self.model.config), self.device)
 
     def save_adapter(self, folder: str) -> str:
         """The LoRA adapter in peft's format to `folder`, on every rank (collective when sharded)."""

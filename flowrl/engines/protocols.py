@@ -110,6 +110,11 @@ class TrainEngine(Protocol):
         """Each state-dict entry unsharded on the engine's device, one at a time (collective when sharded)."""
         ...
 
+    def weight_shards(self) -> Any:
+        """This rank's shards for a sync that moves each rank only what it keeps (a
+        flowrl.engines.reshard_sync.WeightShards), or None where a sync must gather the full tensors."""
+        ...
+
     def save(self, path: str) -> None: ...
 
     def load(self, path: str) -> None: ...
@@ -125,7 +130,10 @@ class TrainEngine(Protocol):
 
 
 class RolloutEngine(Protocol):
-    """Generates responses for left-padded prompt rows."""
+    """Generates responses for left-padded prompt rows; `tp_ranks`: the ranks one engine spans (tensor
+    parallel; a pool of N ranks holds N / tp_ranks replicas)."""
+
+    tp_ranks: int
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor,
                  params: SamplingParams, *, seed: int | None = None) -> TensorDict:

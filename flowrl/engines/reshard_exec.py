@@ -147,7 +147,9 @@ def _assemble(rank: int, bucket: list[ParamPlan], shards: Mapping[str, torch.Ten
         base = box.start if box.dim == 0 else 0
         for piece, data in parts.get(one.name, []):
             block = kept[piece.row0 - base:piece.row1 - base]
-            block.copy_(data.view(one.dtype).view(block.shape) if data.dtype == torch.uint8 else data)
+            if data.dtype == torch.uint8:  # bytes of a buffer: a dtype view needs an offset it divides
+                data = (data if data.storage_offset() % one.itemsize == 0 else data.clone()).view(one.dtype)
+            block.copy_(data.view(block.shape))
         yield Kept(one.name, kept if one.shape else kept.view(()), box, one.shape)
 
 
@@ -156,8 +158,8 @@ def loader_view(kept: Kept) -> torch.Tensor:
     that block, vllm_params in tests/vllm_tp_reference.py). `torch.empty` maps fresh pages that stay
     unresident on the CPU until written, so only the kept block costs memory; on CUDA the caching allocator
     reserves the whole entry for the moment vLLM's loader reads it (one entry at a time, not one bucket)."""
-    if not kept.shape:
-        return kept.tensor
+    if not kept.shape or kept.box.stop - kept.box.start == kept.shape[kept.box.dim]:
+        return kept.tensor  # kept whole
     whole = torch.empty(kept.shape, dtype=kept.tensor.dtype, device=kept.tensor.device)
     whole.narrow(kept.box.dim, kept.box.start, kept.box.stop - kept.box.start).copy_(kept.tensor)
     return whole

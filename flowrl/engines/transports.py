@@ -6,8 +6,10 @@ is a property of its config, so no executor compares transport names:
 
 - `in_process`: the rollout engine is in the train engine's process (the hybrid engine, each torchrun
   rank's rollout copy); the entries stream by reference (flowrl.engines.weight_sync.StreamedSync).
-- `collective`: the rollout is in other processes (split Ray pools, other nodes); train rank 0 broadcasts
-  buckets over a group of its own with the rollout ranks (flowrl.engines.weight_transport).
+- `collective`: the rollout is in other processes (split Ray pools, other nodes), over a group of its own
+  of the train ranks and the rollout ranks: each train rank sends each rollout rank only the rows of its
+  FSDP2 shard that rank keeps (`reshard`, flowrl.engines.reshard_sync.ReshardTransport), or (reshard=false,
+  or a LoRA actor) train rank 0 broadcasts every full tensor (flowrl.engines.weight_transport).
 - `auto`: whichever the placement needs.
 
     TRANSPORTS.register("rdma", "mypackage.rdma:RDMATransportConfig")
@@ -19,6 +21,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from flowrl.engines.reshard_sync import ReshardShape, ReshardTransport
 from flowrl.engines.weight_sync import StreamedSync
 from flowrl.engines.weight_transport import CollectiveTransport, SyncGroup
 from flowrl.graph.registry import Registry
@@ -35,8 +38,12 @@ class TransportConfig(BaseModel):
                            "'collective' broadcasts buckets from train rank 0 over a group of its own with the "
                            "rollout ranks (split Ray pools, NCCL on CUDA, gloo on CPU); 'auto': whichever the "
                            "placement needs. None builds a full state dict.")
-    bucket_mb: int = Field(256, ge=1, description="Collective transport: MB per broadcast bucket (two are in "
-                                                  "flight at most).")
+    bucket_mb: int = Field(256, ge=1, description="Collective transport: MB per bucket (the reshard: of each "
+                                                  "rank's send and receive buffers; the broadcast: two in flight "
+                                                  "at most).")
+    reshard: bool = Field(True, description="Collective transport: each train rank sends each rollout rank only "
+                          "what that rank keeps of its shard (flowrl.engines.reshard_sync); false: train rank 0 "
+                          "broadcasts every full tensor, gathered on every train rank.")
     timeout_s: float = Field(600.0, gt=0, description="A weight transfer whose peer has not answered within this "
                              "many seconds is an error naming it (executor.node_timeout_s bounds it too, if shorter).")
 
@@ -61,13 +68,16 @@ class TransportConfig(BaseModel):
             raise ValueError(f"sync.transport={self.transport} does not fit the placement: {follower} and {source} "
                              f"are {where}; use auto")
 
-    def build(self, apart: bool, group: SyncGroup | None = None) -> Any:
-        """What moves the weights: StreamedSync in one process; across processes, the CollectiveTransport
-        over `group` (train rank 0 and the follower's ranks)."""
+    def build(self, apart: bool, group: SyncGroup | None = None, reshard: ReshardShape | None = None) -> Any:
+        """What moves the weights: StreamedSync in one process; across processes, over `group`, the
+        ReshardTransport when given the `reshard` shape (group: every train rank, then the follower's ranks),
+        else the CollectiveTransport (group: train rank 0, then the follower's ranks)."""
         self.check("the follower", "its source", apart)
         if not apart:
             return StreamedSync()
         assert group is not None, "a transport across processes needs its sync group"
+        if reshard is not None:
+            return ReshardTransport(group, reshard, self.bucket_mb << 20)
         return CollectiveTransport(group, self.bucket_mb << 20)
 
 

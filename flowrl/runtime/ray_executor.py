@@ -13,11 +13,13 @@
   finished, so independent nodes (actor, ref and critic forwards) run at once
   on their pools; the driver waits only for what it needs next. Worker
   metrics come back per call and are averaged over the pool's ranks.
-- Weight sync across pools: every rank of the source role (the actor)
-  gathers its entries one at a time (collective under FSDP2) and rank 0
-  broadcasts them in buckets over a group of its own with every rank of the
-  following role (the rollout), which loads each bucket as it lands
-  (flowrl.engines.weight_transport; no state dict, no object store).
+- Weight sync across pools, over a group of its own: every rank of the
+  source role (the actor) sends each rank of the following role (the
+  rollout) only the rows of its FSDP2 shard that rank keeps, and the rollout
+  loads each block as it lands (flowrl.engines.reshard_sync; no full tensor,
+  no state dict, no object store); with sync.reshard=false or a LoRA actor,
+  every source rank gathers each entry and rank 0 broadcasts them in buckets
+  (flowrl.engines.weight_transport).
 - A streamed buffer (fl.buffer(stream=True)) with the rollout alone on a pool
   of one rank samples in that worker while the actor trains
   (flowrl.runtime.ray_streaming).
@@ -41,6 +43,7 @@ from ray.exceptions import GetTimeoutError, RayActorError  # noqa: E402
 from tensordict import TensorDict
 
 from flowrl import metrics
+from flowrl.engines.reshard_sync import ReshardShape
 from flowrl.engines.weight_transport import WeightSyncTimeout
 from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
@@ -215,21 +218,25 @@ class RayExecutor(Executor):
         key = f"{source}->{node.role}"
         if key not in self._sync_groups:
             self._open_sync(key, source, node.role)
-        sent = [w.send_weights.remote(source, key) for w in self._workers_of(source)]  # every rank gathers
+        sent = [w.send_weights.remote(source, key) for w in self._workers_of(source)]  # every rank takes part
         loaded = [w.receive_weights.remote(node.role, key, version) for w in self._workers_of(node.role)]
         self.book.synced[node.role] = version
-        return _Launched(node, loaded, sent, start)
+        return _Launched(node, [b for b, _ in loaded], [*sent, *(m for _, m in loaded)], start)
 
     def _open_sync(self, key: str, source: str, follower: str) -> None:
-        """The weight-sync group of the source's rank 0 and every rank of the follower (NCCL when both pools
-        are on CUDA, else gloo), formed once."""
+        """The weight-sync group (NCCL when both pools are on CUDA, else gloo), formed once: every rank of the
+        source and of the follower for the reshard (sync.reshard and a source that offers shards), else the
+        source's rank 0 and every rank of the follower."""
         senders, receivers = self._workers_of(source), self._workers_of(follower)
-        size, timeout = 1 + len(receivers), self._sync_timeout()
+        timeout = self._sync_timeout()
+        reshard = self._reshard_shape(source, follower, timeout)
+        senders = senders if reshard is not None else senders[:1]
+        size = len(senders) + len(receivers)
         pools = (self.plan.pools[source], self.plan.pools[follower])
         device = "cuda" if all(p.device == "cuda" for p in pools) else "cpu"
         host, port = ray.get(senders[0].open_weight_sync.remote(key, size, timeout), timeout=timeout)
-        joined = [w.join_weight_sync.remote(key, host, port, rank, size, device, timeout, self.sync)
-                  for rank, w in enumerate((senders[0], *receivers))]
+        joined = [w.join_weight_sync.remote(key, host, port, rank, size, device, timeout, self.sync, reshard)
+                  for rank, w in enumerate((*senders, *receivers))]
         try:
             ray.get(joined, timeout=timeout + 10)
         except GetTimeoutError:
@@ -238,6 +245,17 @@ class RayExecutor(Executor):
         except WeightSyncTimeout as err:
             raise WeightSyncTimeout(_cause(err)) from None
         self._sync_groups.add(key)
+
+    def _reshard_shape(self, source: str, follower: str, timeout: float) -> ReshardShape | None:
+        """What the reshard plans from (the source's entries and heads, the follower's tensor-parallel ranks);
+        None under sync.reshard=false or for a source that must gather (LoRA)."""
+        if not self.sync.reshard:
+            return None
+        layout = ray.get(self._workers_of(source)[0].weight_layout.remote(source), timeout=timeout)
+        if layout is None:
+            return None
+        tp = ray.get(self._workers_of(follower)[0].tensor_ranks.remote(follower), timeout=timeout)
+        return ReshardShape(*layout, num_train=len(self._workers_of(source)), tp=tp)
 
     def _check_transport(self) -> None:
         """sync.transport must reach each follower: in its source's process (same pool) or apart from it."""

@@ -29,6 +29,8 @@ import transformers
 from tensordict import TensorDict
 
 from flowrl import metrics
+from flowrl.engines.reshard_exec import Moved
+from flowrl.engines.reshard_sync import ReshardShape, ReshardTransport, moved_metrics
 from flowrl.engines.transports import TransportConfig
 from flowrl.engines.weight_transport import CollectiveTransport, SyncGroup
 from flowrl.graph.context import CallInfo
@@ -82,6 +84,16 @@ class PoolWorker:
             out = call_role(node, self.roles[node.role], batch, info)
         return (out if keep is None else out.select(*keep)), logged
 
+    def weight_layout(self, role: str) -> tuple[Any, int, int] | None:
+        """Train rank 0: (entries, attention heads, key-value heads) of the role's shards, for a reshard plan;
+        None where the sync must gather (LoRA, unsharded)."""
+        shards = self.roles[role].engine.weight_shards()
+        return None if shards is None else (shards.entries, shards.num_heads, shards.num_kv_heads)
+
+    def tensor_ranks(self, role: str) -> int:
+        """The ranks one of the role's rollout engines spans (tensor parallel)."""
+        return self.roles[role].engine.tp_ranks
+
     def open_weight_sync(self, key: str, size: int, timeout_s: float) -> tuple[str, int]:
         """Train rank 0: host the rendezvous of weight-sync group `key` (itself and size - 1 rollout ranks);
         where it listens."""
@@ -90,17 +102,20 @@ class PoolWorker:
         return host, self.sync_stores[key].port
 
     def join_weight_sync(self, key: str, host: str, port: int, rank: int, size: int, device: str, timeout_s: float,
-                         transport: TransportConfig) -> None:
+                         transport: TransportConfig, reshard: ReshardShape | None = None) -> None:
         """Join weight-sync group `key` as `rank` (0: train rank 0, which hosts it); `transport` (sync.*) builds
-        what moves the weights over it."""
+        what moves the weights over it (with `reshard`, the group holds every train rank)."""
         store = self.sync_stores.pop(key) if rank == 0 else SyncGroup.store(host, port, size, False, timeout_s)
         group = SyncGroup(store, rank, size, device, ray.util.get_node_ip_address(), timeout_s)
-        self.transports[key] = (transport.build(apart=True, group=group), store)
+        self.transports[key] = (transport.build(apart=True, group=group, reshard=reshard), store)
 
     def send_weights(self, role: str, key: str) -> dict[str, float]:
         """Every train rank gathers the role's entries one at a time (collective under FSDP2); rank 0 broadcasts
         them in buckets over group `key`. Rank 0's timing and sizes."""
         start = time.perf_counter()
+        transport = self.transports[key][0] if key in self.transports else None
+        if isinstance(transport, ReshardTransport):  # each train rank sends the rows it holds
+            return transport.send(self.roles[role].engine.weight_shards())
         tensors = self.roles[role].engine.named_full_tensors()
         if key not in self.transports:  # not rank 0: take part in each gather only
             for _ in tensors:
@@ -110,9 +125,16 @@ class PoolWorker:
         return {"timing_s/sync": time.perf_counter() - start, "rollout/sync_buckets": stats["buckets"],
                 "rollout/sync_mb": stats["bytes"] / (1 << 20)}
 
-    def receive_weights(self, role: str, key: str, version: int) -> None:
-        """A rollout rank: load each bucket from group `key` as it lands."""
-        self.roles[role].load_weight_stream(self.transports[key][0].receive(), version)
+    @ray.method(num_returns=2)
+    def receive_weights(self, role: str, key: str, version: int) -> tuple[None, dict[str, float]]:
+        """A rollout rank: load each bucket from group `key` as it lands; what it received (the reshard)."""
+        transport, start = self.transports[key][0], time.perf_counter()
+        if not isinstance(transport, ReshardTransport):
+            self.roles[role].load_weight_stream(transport.receive(), version)
+            return None, {}
+        moved = Moved()
+        self.roles[role].load_weight_stream(transport.receive(moved), version)
+        return None, moved_metrics(moved, time.perf_counter() - start, sent=False)
 
     def stream(self, role: str, op: str, *args: Any) -> Any:
         """StreamRunner.<op>(*args) of the role's streamed rollout (flowrl.runtime.ray_streaming), run here so
