@@ -13,10 +13,14 @@ from __future__ import annotations
 import json
 import sys
 
+import dataclasses
+
 from tensordict import TensorDict
 
 import flowrl as fl
-from flowrl.data.batch import concat
+from flowrl.data.batch import concat, response_lengths
+from flowrl.engines.thread_streamer import ThreadedStreamer
+from flowrl.graph.context import CallInfo
 from flowrl.roles import Actor, Rollout
 from flowrl.graph.role import SPEC_ATTR
 
@@ -38,6 +42,47 @@ class UidSeededRollout(Rollout):
     def _start(self, batch, n, sampling):
         params, rows, seed = super()._start(batch, n, sampling)
         return params, rows, (seed + 7919 * int(batch["uid"][0])) % (2**31)
+
+    generate = _same_spec(generate, Rollout.generate)
+
+
+@fl.role("sample_seeded_rollout", weights_from="actor")
+class SampleSeededRollout(Rollout):
+    """A deterministic engine for streamed rollouts: every sample is generated alone (one request at a time,
+    ThreadedStreamer(max_batch=1)), seeded by the run's seed, its prompt's uid and its place in the group only;
+    so which replica samples a prompt, and when, changes no token."""
+
+    def sample_seed(self, uid: int, j: int) -> int:
+        return (self.seed * 1_000_003 + 7_919 * uid + j) % (2**31)
+
+    def requests(self, batch: TensorDict, info: CallInfo, n: int = 1, **sampling):
+        rows, requests = Rollout.requests(self, batch, info, n, **sampling)
+        uids = rows["uid"].tolist()
+        return rows, [dataclasses.replace(r, seed=self.sample_seed(uid, k % n))
+                      for k, (r, uid) in enumerate(zip(requests, uids))]
+
+    def streaming_engine(self):
+        if self.streamer is None:
+            self.streamer = ThreadedStreamer(self.engine, max_batch=1, pad_id=self.pad_id)
+        return self.streamer
+
+
+@fl.role("sample_seeded_generate", weights_from="actor")
+class SampleSeededGenerate(SampleSeededRollout):
+    """The same samples from `generate` (on any rank): each a call of one row, seeded as its streamed request."""
+
+    def generate(self, batch: TensorDict, n: int = 1, **sampling) -> TensorDict:
+        out = []
+        for i in range(batch.batch_size[0]):
+            for j in range(n):
+                params, rows, _ = self._start(batch[i:i + 1], 1, sampling)
+                sample = self.engine.generate(rows["prompt_ids"], rows["prompt_mask"], params,
+                                              seed=self.sample_seed(int(rows["uid"][0]), j))
+                sample["loss_mask"] = sample["response_mask"].clone()
+                out.append(self._finish(rows, sample, params))
+        rows = concat(out, self.pad_id)
+        fl.metrics.log("response_length/clip_ratio", (response_lengths(rows) >= params.max_new_tokens).float().mean())
+        return rows
 
     generate = _same_spec(generate, Rollout.generate)
 

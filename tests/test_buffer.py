@@ -38,11 +38,14 @@ def untimed(logged):
 def test_drop_stale_keeps_rows_at_most_k_versions_behind():
     batch = TensorDict({"policy_version": torch.tensor([0, 1, 2, 3]), "x": torch.arange(4)}, batch_size=[4])
     kept, logged = drop_stale(batch, "policy_version", version=3, max_staleness=1)
-    assert kept["x"].tolist() == [2, 3]
-    # staleness [3, 2, 1, 0]: two rows more than one version behind
-    assert logged == {"buffer/dropped": 2.0, "buffer/staleness/mean": 1.5, "buffer/staleness/max": 3.0}
+    assert kept["x"].tolist() == [2, 3] and kept["trained_version"].tolist() == [3, 3]
+    # staleness [3, 2, 1, 0]: two rows more than one version behind; one kept row at 0, one at 1
+    assert logged == {"buffer/dropped": 2.0, "buffer/staleness/mean": 1.5, "buffer/staleness/max": 3.0,
+                      "buffer/rows_staleness_0": 1.0, "buffer/rows_staleness_1": 1.0}
     kept, logged = drop_stale(batch, "policy_version", version=3, max_staleness=3)
-    assert kept is batch and logged["buffer/dropped"] == 0.0
+    assert kept["x"].tolist() == [0, 1, 2, 3] and logged["buffer/dropped"] == 0.0
+    assert [logged[f"buffer/rows_staleness_{s}"] for s in range(4)] == [1.0] * 4
+    assert "trained_version" not in batch.keys()  # the caller's batch is left as it was
 
 
 def test_max_staleness_0_is_the_synchronous_step_exactly():
@@ -62,6 +65,9 @@ def test_rows_trained_at_step_t_were_sampled_k_versions_earlier(k, versions):
     assert [b["policy_version"].unique().tolist() for b, _ in steps] == [[v] for v in versions]
     assert [logged["buffer/staleness/max"] for _, logged in steps] == [min(t, k) for t in range(5)]
     assert all(logged["buffer/dropped"] == 0 for _, logged in steps)
+    # each row records the weights that sampled it and those it trained: step t trains version t
+    assert [(b["trained_version"] - b["policy_version"]).tolist() for b, _ in steps] == [[min(t, k)] * 4
+                                                                                         for t in range(5)]
     assert ex.roles["actor"].version == 5 and [s for s in (p.step for p in ex.pipeline.queue)] == list(range(5, 5 + k))
     # a batch is seeded as the step that trains on it: step 0's equals the synchronous run's
     _, plain = run(grpo, {"group_size": 2}, 1)

@@ -26,8 +26,8 @@ def test_rollout_and_eval_dumps_hold_each_rows_fields_and_read_back_with_dataset
     history = train(cfg, progress=False)
     for step, logged in enumerate(history, start=1):
         rows = datasets.Dataset.from_json(str(tmp_path / "rollouts" / f"step_{step:06d}.jsonl"))
-        assert set(rows.column_names) == {"prompt", "response", "reward", "advantages", "policy_version", "step",
-                                          "uid"}
+        assert set(rows.column_names) == {"prompt", "response", "reward", "advantages", "policy_version",
+                                          "trained_version", "step", "uid"}
         assert len(rows) == 4 and set(rows["step"]) == {step} and set(rows["policy_version"]) == {step - 1}
         assert sum(rows["reward"]) / 4 == pytest.approx(logged["reward/mean"], abs=1e-6)
         for row in rows:  # GRPO: one advantage per response token (at most 4), the row's normalised score

@@ -90,7 +90,7 @@ def test_k0_streamed_rows_equal_the_synchronous_rows():
     _, plain = run(3, k=0, stream=False)
     _, streamed = run(3, k=0)
     for (a, _), (b, b_logged) in zip(plain, streamed):
-        assert set(b.keys()) == set(a.keys()) | {"policy_version_min", "policy_version_max"}
+        assert set(b.keys()) == set(a.keys()) | {"policy_version_min", "policy_version_max", "trained_version"}
         for key in (k for k in a.keys() if isinstance(a[k], torch.Tensor)):
             torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, equal_nan=True)
         assert torch.equal(b["policy_version_max"], a["policy_version"])

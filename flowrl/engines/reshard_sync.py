@@ -34,7 +34,7 @@ from flowrl.engines.reshard_plan import Layout, ParamPlan, check_layout, plan
 from flowrl.engines.weight_transport import Named, SyncGroup
 
 MB = 1 << 20
-SYNC_TIMEOUT_S = 600.0  # in one process group its own timeout (train.node_timeout_s) bounds the wait too
+SYNC_TIMEOUT_S = 600.0  # in one process group its own timeout (executor.node_timeout_s) bounds the wait too
 Entry = tuple[str, tuple[int, ...], torch.dtype]
 
 

@@ -117,9 +117,12 @@ def can_overlap(plan: Plan, s: Split) -> bool:
 
 def drop_stale(batch: TensorDict, version_field: str, version: int,
                max_staleness: int) -> tuple[TensorDict, dict[str, float]]:
-    """The rows at most `max_staleness` versions behind `version`, and the buffer's metrics.
+    """The rows at most `max_staleness` versions behind `version`, each with `trained_version` (= `version`: the
+    weights it trains), and the buffer's metrics: `buffer/rows_staleness_<s>` counts the kept rows s versions
+    behind, for s = 0..max_staleness.
 
-        versions [0, 1, 2, 3] at version 3, k = 1 -> rows 2 and 3 kept; dropped 2, staleness mean 1.5, max 3
+        versions [0, 1, 2, 3] at version 3, k = 1 -> rows 2 and 3 kept; dropped 2, staleness mean 1.5, max 3,
+        rows_staleness_0 = 1 (row 3), rows_staleness_1 = 1 (row 2)
     """
     staleness_B = version - batch[version_field]
     keep_B = staleness_B <= max_staleness
@@ -127,7 +130,11 @@ def drop_stale(batch: TensorDict, version_field: str, version: int,
     if staleness_B.numel():
         logged.update({"buffer/staleness/mean": staleness_B.float().mean().item(),
                        "buffer/staleness/max": float(staleness_B.max())})
-    return (batch if keep_B.all() else batch[keep_B]), logged
+    for s in range(max_staleness + 1):
+        logged[f"buffer/rows_staleness_{s}"] = float((staleness_B == s).sum())
+    kept = batch.copy() if keep_B.all() else batch[keep_B]  # the caller's batch stays as it was
+    kept["trained_version"] = torch.full_like(kept[version_field], version)
+    return kept, logged
 
 
 class Pipeline:

@@ -5,7 +5,8 @@ validation data dirs).
 `debug.dump_eval` each evaluation's to `output_dir/eval/step_NNNNNN.jsonl` (under torchrun every rank
 writes its own rows, `.rankR` before the suffix). One row per line: `prompt` and `response` (decoded,
 special tokens dropped), `reward` (the row's score, or null), `advantages` (the advantage of each
-response token, or null), `policy_version`, `step` and `uid`; `datasets.Dataset.from_json` reads a file
+response token, or null), `policy_version` (the oldest weights that sampled it), `trained_version` (the weights
+it trained, behind fl.buffer; else null), `step` and `uid`; `datasets.Dataset.from_json` reads a file
 back. A file stops at `debug.dump_max_rows` rows or `debug.dump_max_bytes` bytes, whichever comes first;
 the rows left out are logged.
 """
@@ -41,8 +42,9 @@ def rows(batch: TensorDict, tokenizer: Any, step: int) -> list[dict[str, Any]]:
         mask = batch["response_mask"].bool()
         advantages = [[round(a, 6) for a in row[m].tolist()] for row, m in zip(batch["advantages"], mask)]
     uids = batch["uid"].tolist() if "uid" in keys else [None] * len(prompts)
-    return [dict(prompt=p, response=r, reward=w, advantages=a, policy_version=v, step=step, uid=u)
-            for p, r, w, a, v, u in zip(prompts, responses, rewards, advantages, versions, uids)]
+    trained = batch["trained_version"].tolist() if "trained_version" in keys else [None] * len(prompts)
+    return [dict(prompt=p, response=r, reward=w, advantages=a, policy_version=v, trained_version=t, step=step, uid=u)
+            for p, r, w, a, v, t, u in zip(prompts, responses, rewards, advantages, versions, trained, uids)]
 
 
 @dataclass

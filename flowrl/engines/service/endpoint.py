@@ -16,6 +16,12 @@ Sampling is the run's (`params`): a request's `temperature`, `top_p` or `top_k` 
 run's `max_new_tokens`; `stop` strings cut the response after the token that completes one; `n` > 1 and
 `stream` are refused. Bound to 127.0.0.1 unless told otherwise; any other host needs a token
 (`Authorization: Bearer TOKEN`), and a token, when set, is required on every route.
+
+When the engine fails under a call (it raises: a streaming engine's dead worker fails every request it holds),
+that call is answered 500 at once, `{"error": {"message": "the rollout engine failed: <error>", "type":
+"server_error"}}`, and every later call 503 with the same error, sent to no engine; `failure` holds the first
+error for the run (flowrl.roles.agents stops its episodes and the step on it). A call the engine does not answer
+within `request_timeout_s` is answered 504.
 """
 
 from __future__ import annotations
@@ -114,8 +120,8 @@ class Endpoint:
                     raise RefusedRequest(400, "the request body must be a JSON object")
                 return JSONResponse(await handler(body, episode))
             except RefusedRequest as err:
-                return JSONResponse({"error": {"message": str(err), "type": "invalid_request_error"}},
-                                    status_code=err.status)
+                kind = "server_error" if err.status >= 500 else "invalid_request_error"
+                return JSONResponse({"error": {"message": str(err), "type": kind}}, status_code=err.status)
             except ValueError as err:  # a malformed JSON body
                 return JSONResponse({"error": {"message": f"bad request: {err}", "type": "invalid_request_error"}},
                                     status_code=400)
@@ -175,6 +181,8 @@ class Endpoint:
                           "total_tokens": len(call.prompt_ids) + len(call.response_ids)}}
 
     async def sample(self, ids: list[int], body: dict, episode: str | None) -> tuple[Call, str]:
+        if self.failure is not None:
+            raise RefusedRequest(503, f"the rollout engine failed earlier: {one_line(self.failure)}")
         if episode is not None and not self.book.is_open(episode):
             raise RefusedRequest(410, f"episode {episode!r} is not open (it ended, or ran past its deadline)")
         params, stops = self.sampling(body)
@@ -187,7 +195,7 @@ class Endpoint:
             raise RefusedRequest(504, f"no response within {self.request_timeout_s:g} s") from None
         except Exception as err:  # the engine failed: the caller is told, the run learns it from `failure`
             self.failure = self.failure or err
-            raise RefusedRequest(500, f"the rollout engine failed: {type(err).__name__}: {err}") from None
+            raise RefusedRequest(500, f"the rollout engine failed: {one_line(err)}") from None
         response, logprobs, versions, finish = cut_at_stop(self.tokenizer, sample, stops)
         call = Call(tuple(ids), tuple(response), tuple(logprobs), tuple(versions), finish)
         if episode is not None and not self.book.record(episode, call):
@@ -235,6 +243,10 @@ def cut_at_stop(tokenizer: Any, sample, stops: list[str]) -> tuple[list[int], li
             if any(stop in tokenizer.decode(ids[:end], skip_special_tokens=True) for stop in stops):
                 return ids[:end], sample.logprobs[:end], sample.versions[:end], FinishReason.STOP
     return list(ids), list(sample.logprobs), list(sample.versions), sample.finish
+
+
+def one_line(err: BaseException) -> str:
+    return " ".join(f"{type(err).__name__}: {err}".split())[:500]
 
 
 def finish_name(finish: FinishReason) -> str:

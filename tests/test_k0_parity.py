@@ -1,0 +1,95 @@
+"""At k = 0 (fully on-policy) one run trains alike on every executor: one process, two torchrun (gloo) ranks, and
+Ray with the rollout streamed from 4 replicas (flowrl.runtime.spread_runner) on a pool of its own.
+
+The engine is deterministic per sample (rank_parity.SampleSeededRollout: each sample generated alone, seeded by
+its prompt's uid and its place in the group), so which process, rank or replica samples a prompt, and when,
+changes no token. grpo_async at max_staleness=0 streams where it can (the local executor, Ray) and samples the
+whole batch with `generate` under torchrun, where fl.buffer(stream=True) runs in one process only; streamed or
+not, a k = 0 step draws, samples and trains its own prompts within the step. Compared: every metric that is
+exact over the whole batch, each step, and the final weights.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from flowrl.config import load_run_config
+from flowrl.runtime.trainer import train
+import rank_parity  # noqa: F401  (registers the sample-seeded rollout roles)
+
+ray = pytest.importorskip("ray")
+
+HERE = Path(__file__).parent
+COMMON = ["algorithm=grpo_async", "task.name=fakes:ParityTask", "train.steps=3", "train.batch_size=4",
+          "algo.group_size=4", "algo.max_staleness=0", "algo.kl_coef=0.0", "roles.rollout.max_new_tokens=4",
+          "train.mini_batch_size=16", "train.micro_batch_size=8", "train.forward_micro_batch_size=8",
+          "eval.every=0", "checkpoint.every=0"]
+STREAMED = ['roles={"rollout": "sample_seeded_rollout"}', "algo.stream=true"]
+GENERATED = ['roles={"rollout": "sample_seeded_generate"}', "algo.stream=false"]
+REPLICAS = ('placement={"pools": [{"name": "train", "roles": ["actor"]}, '
+            '{"name": "gen", "roles": ["rollout"], "world_size": 4}]}')
+EXACT = ("reward/mean", "response_length/mean", "response_length/clip_ratio", "actor/grad_norm",
+         "actor/ratio_mean", "actor/clipfrac", "actor/approx_kl")
+
+
+def run(folder: Path, *overrides: str) -> list[dict]:
+    return train(load_run_config(None, [*COMMON, *overrides, f"train.output_dir={folder}"]), progress=False)
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("one")
+    return folder, run(folder, *STREAMED)
+
+
+@pytest.fixture(scope="module")
+def torchrun_ranks(tmp_path_factory):
+    """Two gloo ranks sharing the pool: each samples half the prompts (rank_parity.main)."""
+    folder = tmp_path_factory.mktemp("torchrun")
+    runs = {"k0": [*COMMON, *GENERATED, f"train.output_dir={folder / 'k0'}"]}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH")))),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(HERE / "rank_parity.py"),
+           str(folder / "runs.json"), json.dumps(runs)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=folder, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder / "k0", json.loads((folder / "runs.json").read_text())["k0"]
+
+
+def exact(rows: list[dict]) -> list[dict]:
+    assert isinstance(rows, list), rows  # not an error line
+    return [{k: row[k] for k in EXACT if k in row} for row in rows]
+
+
+def assert_same_run(got, want) -> None:
+    (got_folder, got_rows), (want_folder, want_rows) = got, want
+    a, b = exact(got_rows), exact(want_rows)
+    assert [sorted(r) for r in a] == [sorted(r) for r in b] and len(a) == 3
+    for step, (x, y) in enumerate(zip(a, b), start=1):
+        assert x == pytest.approx(y, abs=1e-6), f"step {step}"
+    mine = AutoModelForCausalLM.from_pretrained(got_folder / "final").state_dict()
+    theirs = AutoModelForCausalLM.from_pretrained(want_folder / "final").state_dict()
+    assert all(torch.allclose(mine[k], theirs[k], atol=1e-5) for k in theirs)
+
+
+def test_streamed_and_generated_k0_steps_are_one_run(one_process, tmp_path):
+    folder, rows = one_process
+    assert all(row["buffer/staleness/max"] == 0 and row["buffer/dropped"] == 0 for row in rows)
+    assert len({row["reward/mean"] for row in rows}) > 1 or len({row["actor/grad_norm"] for row in rows}) > 1
+    assert_same_run((tmp_path, run(tmp_path, *GENERATED)), one_process)
+
+
+def test_torchrun_two_ranks_equal_one_process(torchrun_ranks, one_process):
+    assert_same_run(torchrun_ranks, one_process)
+
+
+def test_ray_with_four_rollout_replicas_equals_one_process(ray_local, one_process, tmp_path):
+    rows = run(tmp_path, *STREAMED, "executor.name=ray", REPLICAS)
+    assert all(row["buffer/dropped"] == 0 for row in rows)
+    assert_same_run((tmp_path, rows), one_process)
