@@ -1,7 +1,8 @@
 #!/bin/bash
 # The device runs of issue 46 (flowrl beside verl), one stage per device call, each call within 30 s of the last
 # (the machine keeps /tmp only while warm): `bash .verlcarry/bench/verl_chain.sh STAGE` from the project root,
-# carry [".verlcarry/cN", ".verlcarry/bench"] (cN: benchmarks/verl_carry.sh's carries; bench: this script and
+# carry [".verlcarry/cN", ".verlcarry/bench"] (cN: benchmarks/verl_carry.sh's carries; stage C also carries
+# ".verlcarry/c5", vLLM's server-path wheels: 37 MiB with c3; bench: this script and
 # grpo_vs_verl.py, verl_system.py, verl_reward.py, bench_report.py of the commit the figures name, laid over the
 # device's copy of the project). Each run's output and verl's own log come back in $OUT/logs_STAGE.tgz, the
 # RESULT lines in $OUT/runs_STAGE.jsonl.
@@ -9,7 +10,8 @@
 #           (`train.device=cuda` alone), Qwen2.5-0.5B shape 64x8, 256 new tokens, fixed (cold start)
 #   B (c2)  vllm's first half kept
 #   F       flowrl, Qwen2.5-1.5B shape 16x8, 1024 new tokens, variable
-#   C (c3)  vllm installed; verl, 64x8, 256, fixed (cold start)
+#   C (c3, c5) vllm and its wheels, and the server path's (benchmarks/verl_server_wheels.txt) installed; an import
+#           of what verl's vLLM server imports checked (exit 5 if one fails); verl, 64x8, 256, fixed (cold start)
 #   D       flowrl then verl, 64x8, 256, variable
 #   E       verl, 1.5B shape 16x8, 1024, variable
 set -u
@@ -64,8 +66,14 @@ C)
   test -f /tmp/vc/vllm.00 || exit 3
   cat /tmp/vc/vllm.00 "$ROOT/.verlcarry/c3/vllm.01" >"/tmp/vc/$W" && (cd /tmp/vc && sha256sum -c --quiet \
     "$ROOT/.verlcarry/c3/SHA256SUMS") && python3 -m pip install -q --no-index --no-deps --no-compile \
-    --target /tmp/site "/tmp/vc/$W" "$ROOT"/.verlcarry/c3/vwheels/*.whl || exit 4
-  python3 -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
+    --target /tmp/site "/tmp/vc/$W" "$ROOT"/.verlcarry/c3/vwheels/*.whl "$ROOT"/.verlcarry/c5/*.whl || exit 4
+  # verl's process imports its vLLM server (vllm's OpenAI server path): a module missing here stops the stage
+  # at once instead of 450 s later
+  PYTHONPATH=/tmp/vsite:/tmp/site timeout 60 python3 -c "
+import vllm, vllm.entrypoints.openai.api_server, vllm.entrypoints.cli.serve, prometheus_fastapi_instrumentator
+import verl.workers.rollout.vllm_rollout.vllm_async_server
+print('vllm', vllm.__version__, 'server path imports')" >/tmp/runs/imports.log 2>&1
+  rc=$?; grep -vi warn /tmp/runs/imports.log | tail -3; [ $rc = 0 ] || exit 5
   run verl_fixed 500 $B $V --verl-deadline 450
   ;;
 D)
