@@ -192,7 +192,7 @@ def _loop(s: Session, progress: bool, on_step: OnStep | None, shutdown: Shutdown
             where = _save(s, step + 1) if not _due(cfg, step + 1) else checkpoint.step_dir(s.out / "checkpoints",
                                                                                             step + 1)
             raise Stopped(f"stopped by {shutdown.name or 'a signal'} after step {step + 1}; checkpoint {where}; "
-                          f"rerun the same command to resume", shutdown.signum or 15)
+                          f"resume with train.output_dir={s.out}", shutdown.signum or 15)
     return history
 
 
