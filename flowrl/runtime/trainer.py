@@ -82,6 +82,8 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     if cfg.train.device == "cuda" and not cluster_gpus and not torch.cuda.is_available():
         raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
     distributed.check_rendezvous(cfg.train.rendezvous_timeout_s)
+    if cfg.model.path is None and cfg.train.device == "cpu":  # the quick start: the same figures on x86 CPUs
+        threads.pin_cpu_kernels()
     threads.set_cpu_threads(cfg.train.cpu_threads, tiny_model=cfg.model.path is None)  # before any model loads
     rank, world = distributed.setup("cpu" if cluster_gpus else cfg.train.device, cfg.train.node_timeout_s)
     runner.check_world(world)
