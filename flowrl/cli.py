@@ -11,6 +11,7 @@ arguments parse, so `flowrl --help` answers at once.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import warnings
@@ -42,8 +43,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the full traceback of an error")
     plan = sub.choices["plan"]
-    plan.add_argument("--format", choices=("text", "mermaid", "dot"), default="text",
-                      help="the plan as text, or as Mermaid or Graphviz DOT source")
+    plan.add_argument("--format", choices=("text", "json", "mermaid", "dot"), default="text",
+                      help="the plan as text, JSON, or Mermaid or Graphviz DOT source (with --gpus too)")
     plan.add_argument("--gpus", type=int, help="build the pools for this many GPUs and estimate memory per GPU")
     plan.add_argument("--nodes", type=int, default=1, help="nodes the GPUs are on (with --gpus)")
     plan.add_argument("--split", type=float, help="with --gpus: this fraction of the GPUs for the rollout, the "
@@ -269,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
         args.algorithm = choose_algorithm(args)
     trainer.resolve_algorithm(args.algorithm or "grpo")  # imports it first: the roles it registers may be placed
     cfg = config_from_args(args)
+    args.run_folder = cfg.train.output_dir
     if args.command == "plan":
         check_plan_args(args)
         algo = trainer.resolve_algorithm(cfg.algorithm)
@@ -282,10 +284,12 @@ def run(args: argparse.Namespace) -> int:
             from flowrl.runtime.planning import plan_on_gpus
 
             print(plan_on_gpus(cfg, algo, task, args.gpus, args.nodes, args.split, args.gpu_memory_gib,
-                               args.prompt_len, args.gpus_per_node))
+                               args.prompt_len, args.gpus_per_node, fmt=args.format))
             return 0
         plan = trainer.make_plan(cfg, algo, task)
-        print({"text": plan.describe, "mermaid": plan.mermaid, "dot": plan.dot}[args.format]())
+        text = {"text": plan.describe, "mermaid": plan.mermaid, "dot": plan.dot}
+        print(json.dumps({"plan": plan.describe().splitlines()}, indent=2) if args.format == "json"
+              else text[args.format]())
         return 0
     history = trainer.train(cfg, progress=not args.no_progress)
     if history and os.environ.get("RANK", "0") == "0":
@@ -306,6 +310,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     """The arguments; for train and plan, bare KEY=VALUE words are overrides like --set KEY=VALUE."""
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
+    args.run_folder = None  # train: its output folder, once known (the interrupt message names it)
     if args.command in ("train", "plan"):
         if args.algorithm and "=" in args.algorithm:  # `flowrl train train.steps=3`: no algorithm named
             extra, args.algorithm = [args.algorithm, *extra], None
@@ -350,8 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except KeyboardInterrupt as err:
-        print(f"flowrl: interrupted{f' ({err})' if str(err) else ''}; rerun the same command to resume from the "
-              f"last checkpoint", file=sys.stderr)
+        where = f"train.output_dir={args.run_folder}" if args.run_folder else "the same train.output_dir"
+        print(f"flowrl: interrupted{f' ({err})' if str(err) else ''}; resume from the last checkpoint with "
+              f"{where}", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001  (the one place every error becomes one line)
         if args.debug:

@@ -2,6 +2,7 @@
 
 import gc
 import os
+import sys
 from pathlib import Path
 
 # Before torch loads, and inherited by every process a test starts (the CLI, torchrun ranks, Ray's nodes and
@@ -86,3 +87,22 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """After pytest's summary: triton (imported with vllm) is a nanobind module whose leak check prints ~30
+    lines of "nanobind: leaked N functions/types" as the interpreter tears down its modules, a report on
+    triton's bindings, not on anything the tests did; triton offers no switch for it (nanobind's
+    set_leak_warnings is C++ only). At exit (after pytest has put its own stderr back) fd 2 goes to /dev/null."""
+    import atexit
+
+    if "triton" in sys.modules:
+        atexit.register(quiet_stderr)
+
+
+def quiet_stderr():
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)

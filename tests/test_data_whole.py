@@ -91,7 +91,8 @@ def test_a_second_run_on_a_folder_in_use_is_refused_and_sigterm_saves_a_checkpoi
     last = err.strip().splitlines()[-1]
     step = checkpoint.read_state(checkpoint.latest(tmp_path / "checkpoints"))["step"]
     assert last == (f"flowrl: stopped by SIGTERM after step {step}; checkpoint {tmp_path}/checkpoints/"
-                    f"step_{step:06d}; rerun the same command to resume")
+                    f"step_{step:06d}; resume with train.output_dir={tmp_path}")
+    assert err.count("stopping after this step") == 1, err  # the trainer's line once
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == step  # every logged step was saved
     rows = train(config(tmp_path, f"train.steps={step + 1}", "task.name=broken_tasks:SlowReward"),
                  progress=False)  # the lock went with the run

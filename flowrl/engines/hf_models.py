@@ -128,6 +128,7 @@ def atomic_dir(target: str | os.PathLike, marked: bool = False) -> Iterator[path
     target = pathlib.Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    tmp.chmod(0o777 & ~current_umask())  # mkdtemp's 0700 would leave `target` readable by its owner only
     try:
         yield tmp
         if marked:
@@ -135,6 +136,13 @@ def atomic_dir(target: str | os.PathLike, marked: bool = False) -> Iterator[path
         _replace_dir(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def current_umask() -> int:
+    """The process's umask (os.umask can only be read by setting it: set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _replace_dir(src: pathlib.Path, target: pathlib.Path) -> None:

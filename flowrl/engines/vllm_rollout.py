@@ -293,11 +293,15 @@ class StreamedWeightSync:
 
 class AdapterSync:
     """Sends a LoRA actor's adapter (gathered, collective when sharded) to a VLLMRolloutEngine as a LoRARequest;
-    the base weights vLLM loaded at start stay. Logs timing_s/sync."""
+    the base weights vLLM loaded at start stay. Logs timing_s/sync. The adapters are written inside one
+    temporary folder of its own, removed with it (at the latest as the process exits, an error's exit too)."""
+
+    def __init__(self) -> None:
+        self.root = tempfile.TemporaryDirectory(prefix="flowrl-lora-")
 
     def __call__(self, train: TrainEngine, rollout: VLLMRolloutEngine) -> None:
         start = time.perf_counter()
-        folder = tempfile.mkdtemp(prefix="flowrl-lora-")
+        folder = tempfile.mkdtemp(prefix="adapter-", dir=self.root.name)
         rollout.use_adapter(train.save_adapter(folder))
         metrics.log("timing_s/sync", time.perf_counter() - start)
 

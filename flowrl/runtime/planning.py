@@ -30,8 +30,11 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 def plan_on_gpus(cfg: RunConfig, algo: Algorithm, task: Any, gpus: int, nodes: int = 1, split: float | None = None,
-                 gpu_gib: float = 80.0, prompt_len: int = 256, gpus_per_node: int | None = None) -> str:
-    """The plan on `gpus` GPUs (pools, memory per GPU, graph); a PlanError when an estimate does not fit."""
+                 gpu_gib: float = 80.0, prompt_len: int = 256, gpus_per_node: int | None = None,
+                 fmt: str = "text") -> str:
+    """The plan on `gpus` GPUs (pools, memory per GPU, graph) as `fmt` (`flowrl plan --format`: text, json,
+    mermaid or dot; the last two: the header and estimate as comments before the graph's source); a PlanError
+    when an estimate does not fit."""
     inputs = {"prompt_ids", "prompt_mask", "uid", *task.meta_keys}
     classes = cfg.role_classes(algo.roles)
     roles = model_roles(algo, inputs, classes, None)
@@ -45,8 +48,18 @@ def plan_on_gpus(cfg: RunConfig, algo: Algorithm, task: Any, gpus: int, nodes: i
     shape, work, per_gpu = _estimate(cfg, plan, model_config(cfg, task), prompt_len)
     check_fits(plan, per_gpu, int(gpu_gib * GIB))
     pools = {pool.name: pool for pool in plan.pools.values()}
+    if fmt == "json":
+        return json.dumps({"gpus": gpus, "nodes": nodes, "gpu_gib": gpu_gib, "num_params": shape.num_params,
+                           "rows": work.rows, "seq_len": work.seq_len,
+                           "pools": {name: {"world_size": pool.world_size, "device": pool.device,
+                                            "bytes_per_gpu": per_gpu.get(name, {})} for name, pool in pools.items()},
+                           "plan": plan.describe().splitlines()}, indent=2)
     header = (f"{gpus} GPUs on {nodes} node(s), {gpu_gib:g} GiB each; model {shape.num_params / 1e6:.1f}M "
               f"parameters; {work.rows} rows of {work.seq_len} tokens per step")
+    if fmt in ("mermaid", "dot"):
+        comment = "%% " if fmt == "mermaid" else "// "
+        notes = "\n".join(comment + line for line in [header, *describe(per_gpu, pools).splitlines()])
+        return f"{notes}\n{plan.mermaid() if fmt == 'mermaid' else plan.dot()}"
     return "\n".join([header, describe(per_gpu, pools), plan.describe()])
 
 

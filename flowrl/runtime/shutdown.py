@@ -34,7 +34,7 @@ class Shutdown:
     """A context that turns SIGTERM and SIGINT into a request the loop reads with `requested()`."""
 
     def __init__(self, timeout_s: float):
-        self.timeout_s, self.signum = timeout_s, None
+        self.timeout_s, self.signum, self.pid = timeout_s, None, os.getpid()
         self._previous: dict[int, Any] = {}
         self._timer: threading.Timer | None = None
 
@@ -58,6 +58,8 @@ class Shutdown:
         return distributed.mean_over_ranks({"stop": float(self.signum is not None)})["stop"] > 0
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.pid:  # a forked child (a scorer) inherits the handler: the trainer speaks and stops
+            return
         if self.signum is not None:  # the second one: no more waiting
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt("a second Ctrl-C; the last checkpoint is intact")

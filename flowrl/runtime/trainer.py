@@ -84,6 +84,8 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     if cfg.train.device == "cuda" and not cluster_gpus and not torch.cuda.is_available():
         raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
     distributed.check_rendezvous(cfg.executor.rendezvous_timeout_s)
+    if cfg.model.path is None and cfg.train.device == "cpu":  # the quick start: the same figures on x86 CPUs
+        threads.pin_cpu_kernels()
     threads.set_cpu_threads(cfg.executor.cpu_threads, tiny_model=cfg.model.path is None)  # before any model loads
     rank, world = distributed.setup("cpu" if cluster_gpus else cfg.train.device, cfg.executor.node_timeout_s)
     runner.check_world(world)
@@ -204,7 +206,7 @@ def _loop(s: Session, progress: bool, on_step: OnStep | None, shutdown: Shutdown
             where = _save(s, step + 1) if not _due(cfg, step + 1) else checkpoint.step_dir(s.out / "checkpoints",
                                                                                             step + 1)
             raise Stopped(f"stopped by {shutdown.name or 'a signal'} after step {step + 1}; checkpoint {where}; "
-                          f"rerun the same command to resume", shutdown.signum or 15)
+                          f"resume with train.output_dir={s.out}", shutdown.signum or 15)
     return history
 
 
