@@ -216,7 +216,7 @@ def verl_overrides(args: argparse.Namespace) -> list[str]:
     """`algorithm=NAME` and, with --verl or --verl-config, the verl keys' flowrl overrides: each key flowrl
     cannot honour named on stderr, the command it runs as on stdout."""
     if not (args.verl or args.verl_config):
-        return [f"algorithm={args.algorithm}"]
+        return [f"algorithm={args.algorithm}"] if args.algorithm else []  # none named: --config's, or grpo
     from flowrl.config.verl_args import from_verl
 
     mapped = from_verl(args.verl_words, args.verl_config)

@@ -12,6 +12,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # it starts: every local cluster of the session registers its nodes at 127.0.0.1 and listens there only
 # (flowrl.runtime.ray_loopback; test_ray_loopback checks the nodes' addresses).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# One authentication mode for every cluster of the session, all at 127.0.0.1: Ray 2.60 turns token auth on
+# for a new local ray.init() by writing RAY_AUTH_MODE=token into this process's environment and its cached
+# config; test_multinode's two-node cluster (Ray Client) runs with it disabled, and a module that sets it back
+# mid-session leaves the environment (read by the next GCS) and the cached config (the driver) disagreeing:
+# "Failed to start GCS ... InvalidAuthToken".
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -74,7 +74,9 @@ def test_failures_inside_torch_checkpoint_are_one_line_and_leave_no_temporary_fo
 def test_resuming_after_turning_lora_on_is_one_line_naming_the_checkpoint(tmp_path):
     train(config(tmp_path, "train.steps=1"), progress=False)
     with pytest.raises(checkpoint.CheckpointError, match=r"step_000001: role 'actor' does not load into this "
-                                                         r"run's engine \(RuntimeError: Missing key"):
+                                                         r"run's engine \(ModelMismatch: parameter '\S+lora_A\S+' "
+                                                         r"is not in \S+step_000001/actor\); it was saved under other "
+                                                         r"model or engine settings \(LoRA"):
         train(config(tmp_path, "train.steps=2", "roles.actor.lora_rank=4"), progress=False)
     assert checkpoint.latest(tmp_path / "checkpoints").name == "step_000001"
 

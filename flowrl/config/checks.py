@@ -27,7 +27,9 @@ def warn_no_effect(cfg: RunConfig, used_sections: set[str]) -> None:
         warnings.warn(f"train.micro_batch_size={t.micro_batch_size} above train.mini_batch_size={t.mini_batch_size} "
                       f"has no effect: micro-batches never exceed a mini-batch", stacklevel=2)
     trained = sorted(name for name in used_sections if name in ROLES and ROLES.get(name).trainable)
-    budgets = {name: cfg.section(name).engine.model_dump().get("max_tokens_per_micro_batch", 0) for name in trained}
+    engines = {name: getattr(cfg.section(name), "engine", None) for name in trained}  # a controller has none
+    budgets = {name: engine.model_dump().get("max_tokens_per_micro_batch", 0)
+               for name, engine in engines.items() if engine is not None}
     if t.micro_batch_size != default.train.micro_batch_size and budgets and all(budgets.values()):
         named = ", ".join(f"roles.{name}.max_tokens_per_micro_batch={budget}" for name, budget in budgets.items())
         warnings.warn(f"train.micro_batch_size has no effect: {named} groups micro-batches by tokens", stacklevel=2)

@@ -71,6 +71,8 @@ class ConversationTask:
     """SFT conversations or preference pairs as a task: each prompt row carries its data as JSON metadata
     (`conversation`, or `pair`), which the `conversations` role encodes; there is nothing to reward."""
 
+    needs_prompt_tokens = False  # the prompt rows are empty: nothing is generated from them
+
     def __init__(self, rows: list[Any], kind: str, shuffle: bool = True, max_length: int | None = None):
         if kind not in ("sft", "pairs"):
             raise ValueError(f"kind must be 'sft' or 'pairs', got {kind!r}")

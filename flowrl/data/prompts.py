@@ -68,7 +68,7 @@ class PromptStream(Iterator[TensorDict]):
         except Exception as err:  # tokenizers raise their own exception types
             raise ValueError(f"prompt {uid} ({str(prompt)[:80]!r}): the tokenizer cannot encode it: "
                              f"{' '.join(str(err).split())}") from None
-        if not ids:
+        if not ids and getattr(self.task, "needs_prompt_tokens", True):
             raise ValueError(f"prompt {uid} of task {type(self.task).__module__}:{type(self.task).__qualname__} "
                              f"({str(prompt)[:80]!r}) encodes to no tokens; a prompt needs at least one")
         return ids

@@ -39,6 +39,10 @@ METADATA = ".metadata"
 _EXPECTED: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("expected_digests", default=None)
 
 
+class ModelMismatch(ValueError):
+    """A checkpoint that lacks a parameter of the model it is loaded into, or holds it in another shape."""
+
+
 class ChangedFile(ValueError):
     """A checkpoint file whose bytes, as read for loading, are not those its signed manifest lists."""
 
@@ -127,12 +131,11 @@ def check_shapes(folder: pathlib.Path, model_state: dict[str, Any], saved: dict[
     for name, value in model_state.items():
         entry = saved.get(f"model.{name}")
         if entry is None:
-            raise ValueError(f"checkpoint {folder}: parameter {name!r} is not in it (a checkpoint of another model?)")
+            raise ModelMismatch(f"parameter {name!r} is not in {folder}")
         shape = tuple(getattr(entry, "size", ()))
         if isinstance(value, torch.Tensor) and shape != tuple(value.shape):
-            raise ValueError(f"checkpoint {folder}: parameter {name!r} has shape {list(shape)} there but "
-                             f"{list(value.shape)} in the model it is loaded into (a checkpoint of another model "
-                             f"shape?)")
+            raise ModelMismatch(f"parameter {name!r} has shape {list(shape)} in {folder} but {list(value.shape)} "
+                                f"in the model it is loaded into")
 
 
 def read_model(path: str | pathlib.Path) -> dict[str, torch.Tensor]:

@@ -127,6 +127,7 @@ class VLLMRolloutEngine:
         self.config, self.source, self.weights_fresh = config, None, True
         self.sleeping: set[str] = set()  # vLLM's memory tags asleep now: "weights", "kv_cache"
         self.lora: LoRARequest | None = None  # the actor's adapter, once an AdapterSync has sent one
+        self.adapters: AdapterSync | None = None  # the folder the adapters are written in, while the engine lives
         self.tp_ranks = config.tensor_parallel_size
         self.tp_group = tensor_parallel_group(config.tensor_parallel_size)  # N / tp replicas on N ranks
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: the weight sync passes tensors by reference
@@ -173,8 +174,9 @@ class VLLMRolloutEngine:
         """How `train`'s weights reach vLLM: over several ranks each rank receives only the blocks its tensor
         rank keeps (flowrl.engines.reshard_sync.ReshardSync); in one process, streamed whole."""
         self.source = train  # a level-2 sleep frees the weights: waking resends them from here
-        if self.config.max_lora_rank:
-            return AdapterSync()
+        if self.config.max_lora_rank:  # one per engine: vLLM reads an adapter's folder when it first uses it
+            self.adapters = self.adapters or AdapterSync()
+            return self.adapters
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return StreamedWeightSync()
         return ReshardSync(StreamedWeightSync(), self.config.tensor_parallel_size,

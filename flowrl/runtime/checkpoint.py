@@ -237,7 +237,8 @@ def load(path: str | Path, engines: dict[str, TrainEngine]) -> dict[str, Any]:
         try:
             with verified(path):
                 engine.load(str(path / role))
-        except (OSError, RuntimeError, CheckpointException, sharded_checkpoint.ChangedFile) as err:
+        except (OSError, RuntimeError, CheckpointException, sharded_checkpoint.ChangedFile,
+                sharded_checkpoint.ModelMismatch) as err:
             if isinstance(first_failure(err), sharded_checkpoint.ChangedFile):
                 raise CheckpointError(f"checkpoint {path}: {first_failure(err)}") from None
             raise CheckpointError(f"checkpoint {path}: role {role!r} does not load into this run's engine "
