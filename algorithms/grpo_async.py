@@ -20,7 +20,7 @@ class GRPOAsyncConfig(GRPOConfig):
                                                     "trained row may lag the weights); 0 is synchronous GRPO.")
     stream: bool = Field(False, description="Sample each response on its own and train on the first groups to "
                                             "finish, max_staleness bounding each sample's versions "
-                                            "(flowrl.runtime.streaming; roles.rollout.max_in_flight, .partial).")
+                                            "(flowrl.runtime.offpolicy.streaming; roles.rollout.max_in_flight, .partial).")
     rollout_correction: RolloutCorrectionConfig = Field(
         default_factory=lambda: RolloutCorrectionConfig(is_level="token"),
         description="Importance weights against the sampler's (lagging) logprobs; token-level truncated IS by "

@@ -3,12 +3,12 @@
 Runs the tiny built-in model and task (`flowrl train` with no model) through the trainer once per setting,
 `--steps` steps each, with responses up to `--max-new-tokens` long: the untrained tiny model ends a response at
 eos about as often as at any other token, so lengths are long-tailed (most short, some running to the cap). A
-batched step waits for its longest response; a streamed one (`algo.stream=true`, flowrl.runtime.streaming)
+batched step waits for its longest response; a streamed one (`algo.stream=true`, flowrl.runtime.offpolicy.streaming)
 trains on the first `train.batch_size` groups to finish while the long ones go on (their samples at most k
 versions old). In one process nothing overlaps: the local executor pauses generation while it trains. With
 `--ray` the run is on the Ray executor with split pools (actor and ref on pool `train`, the rollout on `gen`):
 batched, step t+k's generation runs beside step t's training; streamed, the rollout's worker keeps sampling
-while the actor trains (flowrl.runtime.ray_streaming), and `done_while_training` counts the groups that finished
+while the actor trains (flowrl.runtime.ray.streaming), and `done_while_training` counts the groups that finished
 meanwhile.
 
 Prints one JSON line per setting: k, stream, steps/s (the first step, which builds and warms up, left out),

@@ -54,7 +54,7 @@ def register_shared_vllm() -> None:
     from safetensors.torch import load_file
 
     from flowrl.engines.configs import ROLLOUT_ENGINES
-    from flowrl.engines.vllm_rollout import VLLMRolloutConfig, VLLMRolloutEngine
+    from flowrl.engines.vllm.rollout import VLLMRolloutConfig, VLLMRolloutEngine
 
     class KeptEngine(VLLMRolloutEngine):
         def close(self) -> None:  # a role's close: the next setting uses it (shutdown() at the process's end)

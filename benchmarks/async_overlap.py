@@ -26,8 +26,8 @@ from flowrl.algorithms import grpo_async
 from flowrl.config import ExecutorSection, RunConfig
 from flowrl.data import PromptStream
 from flowrl.runtime.factory import make_factory
-from flowrl.runtime.executors import RayExecutorConfig
-from flowrl.runtime.ray_executor import RayExecutor
+from flowrl.runtime.executor_configs import RayExecutorConfig
+from flowrl.runtime.ray.executor import RayExecutor
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))  # the fake engines, tokenizer and task the tests use

@@ -67,7 +67,7 @@ def build_model(folder: str, tiny: bool) -> str:
     import torch
 
     from benchmarks.common import QWEN05B, SMALL, qwen_model
-    from flowrl.data.arithmetic import ArithmeticTask
+    from flowrl.data.builtin.arithmetic import ArithmeticTask
 
     return qwen_model(folder, ArithmeticTask.chars, SMALL if tiny else QWEN05B, 2048,
                       torch.float32 if tiny else torch.bfloat16)

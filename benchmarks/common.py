@@ -13,7 +13,7 @@ import torch
 from tensordict import TensorDict
 
 from flowrl.data.batch import prompt_batch
-from flowrl.engines.tiny_model import build_tiny_model
+from flowrl.engines.models.tiny_model import build_tiny_model
 
 
 def bench_model(folder: str, device: str, max_positions: int):

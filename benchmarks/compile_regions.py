@@ -1,5 +1,5 @@
 """Compile time of a train pass: the whole model torch.compile'd against each decoder layer (regional
-compilation, flowrl.engines.regional_compile), on a Qwen2 of N layers with random weights.
+compilation, flowrl.engines.train.regional_compile), on a Qwen2 of N layers with random weights.
 
 Each mode runs in a process of its own with empty inductor caches: a forward and backward at one shape (the
 first compile), then at another (rows and width change, as micro-batches do). Prints one JSON line per mode.

@@ -31,8 +31,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import QWEN05B, SMALL, qwen_model  # noqa: E402
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer  # noqa: E402
-from flowrl.engines.hf_static import StaticCacheRolloutEngine  # noqa: E402
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer  # noqa: E402
+from flowrl.engines.hf.static import StaticCacheRolloutEngine  # noqa: E402
 from flowrl.engines.protocols import SamplingParams  # noqa: E402
 
 CALLS = [("eval", 200, 40, True), ("rollout", 512, 30, False), ("rollout", 512, 50, False),

@@ -13,8 +13,8 @@ import tempfile
 import torch
 
 from flowrl.rl import losses
-from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.engines.hf_models import load_causal_lm
+from flowrl.engines.train.hf_engine import HFTrainEngine
+from flowrl.engines.models.folders import load_causal_lm
 from flowrl.graph.trace import Deferred
 from flowrl.roles import Actor, UpdateSettings
 

@@ -5,7 +5,7 @@ samples (`actor/distill_kl`) is plotted over the run (docs/algorithms.md, On-pol
     flowrl model import SmolLM2-135M-Instruct.Q4_1.gguf --output models/smollm2
     flowrl data wordproblems --output data/wordproblems
     python benchmarks/distill_gpu.py --teacher models/smollm2 --data data/wordproblems --output runs/distill
-    # smoke test on CPU in a minute, a tiny teacher (flowrl.engines.tiny_model) and the arithmetic task:
+    # smoke test on CPU in a minute, a tiny teacher (flowrl.engines.models.tiny_model) and the arithmetic task:
     #   --teacher TINY --device cpu --student-layers 1 --steps 3 --batch-size 4 --max-new-tokens 8 --lr 1e-2
 
 The student is the teacher's LlamaConfig with --student-layers layers (seeded random init); the run is
@@ -33,7 +33,7 @@ def student_from(teacher: str, folder: Path, layers: int, seed: int) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from flowrl.engines.hf_models import load_tokenizer
+    from flowrl.engines.models.folders import load_tokenizer
 
     values = AutoConfig.from_pretrained(teacher).to_dict()
     values["num_hidden_layers"] = layers

@@ -175,10 +175,10 @@ class ForcedLengthQwen2(Qwen2ForCausalLM):
 def register_flowrl_engine() -> None:
     """`roles.rollout.engine=hf_static_lengths`: hf_static with each row's eos_at_B from the draws."""
     from flowrl.engines.configs import ROLLOUT_ENGINES
-    from flowrl.engines.hf_configs import HFStaticRolloutConfig
-    from flowrl.engines.hf_models import load_causal_lm
-    from flowrl.engines.hf_static import StaticCacheRolloutEngine
-    from flowrl.engines.hf_train import HFTrainEngine
+    from flowrl.engines.hf.configs import HFStaticRolloutConfig
+    from flowrl.engines.models.folders import load_causal_lm
+    from flowrl.engines.hf.static import StaticCacheRolloutEngine
+    from flowrl.engines.train.hf_engine import HFTrainEngine
 
     class DrawnLengthEngine(StaticCacheRolloutEngine):
         def generate(self, prompt_ids_BP, prompt_mask_BP, params, *, seed=None):

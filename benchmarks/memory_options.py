@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import make_batch  # noqa: E402
 
 from flowrl.engines.configs import ModelSource  # noqa: E402
-from flowrl.engines.hf_configs import HFTrainConfig  # noqa: E402
-from flowrl.engines.tiny_model import build_tiny_model  # noqa: E402
+from flowrl.engines.hf.configs import HFTrainConfig  # noqa: E402
+from flowrl.engines.models.tiny_model import build_tiny_model  # noqa: E402
 from flowrl.rl.losses import ppo_loss  # noqa: E402
 
 OPTIONS = {"full": {}, "offload_params": {"offload_params": True}, "offload_optimizer": {"offload_optimizer": True},

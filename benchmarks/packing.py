@@ -8,11 +8,11 @@ Workloads, per cap on new tokens (--new-tokens, with --rows rows each): "fixed",
 "long_tail", response lengths drawn from a log-normal with median a quarter of the cap (--sigma), capped at it
 (forced_lengths.draw_lengths: the same draws for every variant). Prompts are --prompt-len tokens.
 
-Variants, one train engine (flowrl.engines.hf_train) switched between them:
+Variants, one train engine (flowrl.engines.train.hf_engine) switched between them:
 - padded: rows left/right padded, --micro-batch-size rows per update micro-batch and --forward-micro-batch-size
   per no-grad one, rows grouped by length and each micro-batch trimmed to its longest row (the engine's default);
 - padded+budget: the same, micro-batches by token budget (rows x longest row) instead of by row count;
-- packed: each row micro-batch's rows as one sequence (flowrl.engines.packing; FlexAttention on CUDA);
+- packed: each row micro-batch's rows as one sequence (flowrl.engines.train.packing; FlexAttention on CUDA);
 - packed+budget: packed micro-batches of at most the budget in real tokens, Karmarkar-Karp balanced.
 The budgets are what a row micro-batch holds at full length: micro-batch size x (prompt + cap), so no variant may
 hold more tokens in one pass than padded does. On "fixed" the budget variants group rows exactly as their row
@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import QWEN05B, SMALL, make_batch  # noqa: E402
 from forced_lengths import draw_lengths  # noqa: E402
 
-from flowrl.engines.hf_configs import HFTrainConfig  # noqa: E402
-from flowrl.engines.hf_train import HFTrainEngine  # noqa: E402
+from flowrl.engines.hf.configs import HFTrainConfig  # noqa: E402
+from flowrl.engines.train.hf_engine import HFTrainEngine  # noqa: E402
 from flowrl.engines.memory import GIB, ModelShape, RankLoad  # noqa: E402
 from flowrl.rl.ops.aggregate import agg_loss, agg_weight  # noqa: E402
 

@@ -19,8 +19,8 @@ import torch
 
 from flowrl.data.dataset import load_rows
 from flowrl.data.prompts import encode_prompt
-from flowrl.data.scorers import gsm8k, gsm8k_flexible
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
+from flowrl.data.scoring.scorers import gsm8k, gsm8k_flexible
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
 
 
 def greedy_responses(model: Any, tokenizer: Any, prompts: list[Any], max_new_tokens: int,

@@ -42,7 +42,7 @@ def tiny_copy(model: str, folder: Path) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from flowrl.engines.hf_models import load_tokenizer
+    from flowrl.engines.models.folders import load_tokenizer
 
     tokenizer = load_tokenizer(model)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,

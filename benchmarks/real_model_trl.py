@@ -30,8 +30,8 @@ import torch  # noqa: E402
 from real_model_eval import greedy_responses  # noqa: E402
 
 from flowrl.data.dataset import load_rows  # noqa: E402
-from flowrl.data.scorers import gsm8k, gsm8k_flexible, resolve  # noqa: E402
-from flowrl.engines.hf_models import load_tokenizer  # noqa: E402
+from flowrl.data.scoring.scorers import gsm8k, gsm8k_flexible, resolve  # noqa: E402
+from flowrl.engines.models.folders import load_tokenizer  # noqa: E402
 
 ACCURACY = "eval/openai/gsm8k/greedy"  # the key flowrl logs, so plot_learning.py reads both runs alike
 

@@ -1,4 +1,4 @@
-"""Streamed GRPO on the Ray executor over R rollout replicas (flowrl.runtime.spread_runner): steps/s against R.
+"""Streamed GRPO on the Ray executor over R rollout replicas (flowrl.runtime.offpolicy.spread_runner): steps/s against R.
 
 The actor and the rollout get a pool each; the rollout pool has R ranks, each a replica. The engines are the
 test fakes; each sample takes a long-tailed time (log-normal, median `--median-s`, drawn from its request's
@@ -29,8 +29,8 @@ from flowrl.algorithms import grpo_async
 from flowrl.config import ExecutorSection, RunConfig
 from flowrl.data import PromptStream
 from flowrl.runtime.factory import make_factory
-from flowrl.runtime.executors import RayExecutorConfig
-from flowrl.runtime.ray_executor import RayExecutor
+from flowrl.runtime.executor_configs import RayExecutorConfig
+from flowrl.runtime.ray.executor import RayExecutor
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))  # the fake engines, tokenizer and task the tests use

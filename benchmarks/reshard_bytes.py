@@ -1,5 +1,5 @@
 """Bytes each rank moves per weight sync: today's path (FSDP2 all-gather of every entry, then for a split pool
-train rank 0's broadcast of each whole entry) against the resharding plan (flowrl.engines.reshard_plan), for
+train rank 0's broadcast of each whole entry) against the resharding plan (flowrl.engines.weights.reshard_plan), for
 the Qwen2.5-0.5B and -1.5B shapes (built on the meta device: no download, no memory).
 
 The plan's counts are what the executor moves: tests/test_reshard.py asserts, on gloo ranks, that each rank's
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from flowrl.engines.reshard_plan import Layout, gather_bytes, plan, sync_bytes
+from flowrl.engines.weights.reshard_plan import Layout, gather_bytes, plan, sync_bytes
 
 SHAPES = {  # Qwen2.5's published configs
     "0.5B": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,

@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import QWEN05B, SMALL, qwen_model  # noqa: E402
 
 from flowrl.data.batch import prompt_batch  # noqa: E402
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer  # noqa: E402
-from flowrl.engines.hf_rollout import HFRolloutEngine  # noqa: E402
-from flowrl.engines.hf_static import StaticCacheRolloutEngine  # noqa: E402
-from flowrl.engines.hf_train import HFTrainEngine  # noqa: E402
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer  # noqa: E402
+from flowrl.engines.hf.rollout import HFRolloutEngine  # noqa: E402
+from flowrl.engines.hf.static import StaticCacheRolloutEngine  # noqa: E402
+from flowrl.engines.train.hf_engine import HFTrainEngine  # noqa: E402
 from flowrl.engines.protocols import SamplingParams  # noqa: E402
 
 

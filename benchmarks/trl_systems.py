@@ -60,7 +60,7 @@ def run_trl(wl: Workload, path: str, vllm: bool = False) -> dict:
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from flowrl.engines.hf_models import load_tokenizer
+    from flowrl.engines.models.folders import load_tokenizer
 
     task = BenchTask(wl.prompt_len)
     examples = [task.example(0, i) for i in range(wl.prompts * (wl.warmup + wl.steps))]
@@ -108,7 +108,7 @@ class PlainLoop:
     def __init__(self, wl: Workload, path: str):
         from transformers import AutoModelForCausalLM, GenerationConfig
 
-        from flowrl.engines.hf_models import load_tokenizer
+        from flowrl.engines.models.folders import load_tokenizer
 
         dtype = getattr(torch, wl.dtype_name)
         load = lambda: AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")  # noqa: E731

@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import QWEN05B, SMALL, qwen_model  # noqa: E402
 from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource  # noqa: E402
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer  # noqa: E402
-from flowrl.engines.hf_train import HFTrainEngine  # noqa: E402
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer  # noqa: E402
+from flowrl.engines.train.hf_engine import HFTrainEngine  # noqa: E402
 from flowrl.engines.protocols import SamplingParams  # noqa: E402
-from flowrl.runtime import gc_heap  # noqa: E402
+from flowrl.runtime.observe import gc_heap  # noqa: E402
 
 
 def main() -> None:

@@ -19,14 +19,14 @@ import time
 
 import torch
 
-from flowrl.data.arithmetic import ArithmeticTask
+from flowrl.data.builtin.arithmetic import ArithmeticTask
 from flowrl.data.batch import prompt_batch
 from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
-from flowrl.engines.hf_rollout import HFRolloutEngine
-from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
+from flowrl.engines.hf.rollout import HFRolloutEngine
+from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
-from flowrl.engines.tiny_model import build_tiny_model
+from flowrl.engines.models.tiny_model import build_tiny_model
 
 
 def tokens_per_second(engine, batch, params, repeats: int) -> tuple[float, float, object]:

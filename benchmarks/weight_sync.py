@@ -7,7 +7,7 @@ above what it held before (VmHWM; glibc's mmap threshold fixed so freed tensors 
 - state_dict: every train rank gathers the full state dict to the CPU (get_model_state_dict), rank 0's goes
   through Ray's object store, and the rollout loads it (flowrl up to ff2c5ef);
 - collective: every train rank gathers one entry at a time and rank 0 broadcasts buckets over a gloo group
-  of its own with the rollout rank, which loads each bucket as it lands (flowrl.engines.weight_transport).
+  of its own with the rollout rank, which loads each bucket as it lands (flowrl.engines.weights.buckets).
 
     python benchmarks/weight_sync.py --shape 0.5b --shape 1.5b --json out.json
 
@@ -40,11 +40,11 @@ def run(shape: str, bucket_mb: int, repeats: int, systems: list[str]) -> list[di
 
     import host_memory as hm
     from flowrl.config import ExecutorSection, load_run_config
-    from flowrl.data.arithmetic import ArithmeticTask
+    from flowrl.data.builtin.arithmetic import ArithmeticTask
     from flowrl.graph.algorithm import ALGORITHMS
     from flowrl.runtime.factory import make_factory
-    from flowrl.runtime.executors import RayExecutorConfig
-    from flowrl.runtime.ray_executor import RayExecutor
+    from flowrl.runtime.executor_configs import RayExecutorConfig
+    from flowrl.runtime.ray.executor import RayExecutor
     from flowrl.runtime.trainer import make_plan
 
     folder = tempfile.mkdtemp(prefix=f"flowrl-sync-{shape}-")

@@ -20,7 +20,7 @@ _PUBLIC = {
     "RoleConfig": "flowrl.graph",
     "GraphError": "flowrl.errors", "PlanError": "flowrl.errors", "LocalExecutor": "flowrl.runtime.executor",
     "Placement": "flowrl.plan", "Plan": "flowrl.plan", "Pool": "flowrl.plan", "compile_plan": "flowrl.plan",
-    "connect": "flowrl.runtime.ray_cluster", "train": "flowrl.runtime.trainer", "load_run_config": "flowrl.config",
+    "connect": "flowrl.runtime.ray.cluster", "train": "flowrl.runtime.trainer", "load_run_config": "flowrl.config",
     # what a user algorithm needs (docs/concepts.md, "The user's surface")
     "GRPOConfig": "flowrl.rl.algorithm_configs", "PPOConfig": "flowrl.rl.algorithm_configs",
     "ActorCriticConfig": "flowrl.rl.algorithm_configs", "critic_free_step": "flowrl.rl.subgraphs",

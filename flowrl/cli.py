@@ -95,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("runs", nargs="+", metavar="RUN", help="a run's train.output_dir, or its metrics.jsonl")
     plot.add_argument("--output", default="metrics.png", help="the PNG to write (beside it, the plotted series "
                                                               "as .json)")
-    trust = sub.add_parser("trust", help="sign a run folder's checkpoints with your key (flowrl.runtime.signing): "
+    trust = sub.add_parser("trust", help="sign a run folder's checkpoints with your key (flowrl.runtime.store.signing): "
                                          "only signed ones resume or export")
     trust.add_argument("folder", help="a step folder, a checkpoints folder or a run's output_dir")
     return parser
@@ -239,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(algorithm_lines()))
         return 0
     if args.command == "data" and args.kind == "wordproblems":
-        from flowrl.data import wordproblems
+        from flowrl.data.builtin import wordproblems
 
         return wordproblems.main(args)
     if args.command == "data":
@@ -247,22 +247,22 @@ def run(args: argparse.Namespace) -> int:
 
         return prepare.main(args)
     if args.command == "model":
-        from flowrl.engines.model_import import import_model
+        from flowrl.engines.models.model_import import import_model
 
         print(f"imported {args.source} -> {import_model(args.source, args.output, args.dtype)}")
         return 0
     if args.command == "export":
-        from flowrl.runtime.export import export
+        from flowrl.runtime.store.export import export
 
         print(f"exported {export(args.checkpoint, args.output, task=args.task)}")
         return 0
     if args.command == "plot":
-        from flowrl.runtime.plotting import plot_runs
+        from flowrl.runtime.observe.plotting import plot_runs
 
         print(f"plotted {len(args.runs)} run(s) -> {plot_runs(args.runs, args.output)}")
         return 0
     if args.command == "trust":
-        from flowrl.runtime.checkpoint import trust
+        from flowrl.runtime.store.checkpoint import trust
 
         print(f"signed {', '.join(str(p) for p in trust(args.folder))}")
         return 0
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001  (the one place every error becomes one line)
         if args.debug:
             raise
-        from flowrl.runtime.resume import RunFinished
+        from flowrl.runtime.store.resume import RunFinished
         from flowrl.runtime.shutdown import Stopped
 
         if isinstance(err, RunFinished):

@@ -1,6 +1,6 @@
 """Tasks with the mistakes a user makes, for the one-line error tests."""
 
-from flowrl.data.arithmetic import ArithmeticTask
+from flowrl.data.builtin.arithmetic import ArithmeticTask
 
 
 class NoReward:

@@ -10,7 +10,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Before anything imports Ray (it reads the variable at import), for this process and the nodes and drivers
 # it starts: every local cluster of the session registers its nodes at 127.0.0.1 and listens there only
-# (flowrl.runtime.ray_loopback; test_ray_loopback checks the nodes' addresses).
+# (flowrl.runtime.ray.loopback; test_ray_loopback checks the nodes' addresses).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # One authentication mode for every cluster of the session, all at 127.0.0.1: Ray 2.60 turns token auth on
 # for a new local ray.init() by writing RAY_AUTH_MODE=token into this process's environment and its cached
@@ -22,7 +22,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from flowrl.engines.tiny_model import build_tiny_model
+from flowrl.engines.models.tiny_model import build_tiny_model
 
 
 def pytest_collection_finish(session):
@@ -74,7 +74,7 @@ def gqa_model_path(tiny_model_path, tmp_path_factory):
     """The tiny model's tokenizer with a grouped-query model (4 query heads over 2 key/value heads)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from flowrl.engines.hf_models import load_tokenizer
+    from flowrl.engines.models.folders import load_tokenizer
 
     config = Qwen2Config(vocab_size=len(load_tokenizer(tiny_model_path)), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -31,7 +31,7 @@ from typing import Any
 import flowrl as fl
 from flowrl.config import RunConfig
 from flowrl.data import PromptStream
-from flowrl.engines.hf_configs import HFTrainConfig
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.engines.memory import GIB, ModelShape, RankLoad, kv_cache
 from flowrl.engines.protocols import SamplingParams
 from flowrl.graph.role import ROLES, RoleSpec
@@ -40,7 +40,7 @@ from flowrl.plan.costs import CostModel, DeviceKind
 from flowrl.plan.memory import OVERHEAD, VLLM_ASLEEP, Fit, Roles
 from flowrl.plan.simulate import GraphNode, graph_nodes, node_seconds
 from flowrl.roles import Actor, Critic, Ref, Reward, Rollout
-from flowrl.runtime import buffering
+from flowrl.runtime.offpolicy import buffering
 from flowrl.runtime.executor import LocalExecutor
 from flowrl.runtime.factory import make_factory
 from fakes import ROLE_CLASSES, FakeRolloutEngine, FakeTokenizer, FakeTrainEngine, ParityTask

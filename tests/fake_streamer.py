@@ -1,4 +1,4 @@
-"""A fake StreamingEngine (flowrl.engines.streaming) for streamed-rollout tests: deterministic, no thread.
+"""A fake StreamingEngine (flowrl.engines.streaming.protocol) for streamed-rollout tests: deterministic, no thread.
 
 Each request's response is what the batch engine gives for that one row under the request's seed, handed out
 one token at a time (an await between tokens). `stall(i)` scripts the i-th request to arrive (0-based): None
@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from flowrl.engines.protocols import FinishReason
-from flowrl.engines.streaming import Request, Sample
+from flowrl.engines.streaming.protocol import Request, Sample
 
 Stall = Callable[[int], "tuple[int, int] | None"]
 

@@ -186,7 +186,7 @@ def fake_specs(forward_s: float = 0.0, ref_exits: bool = False, generate_s: floa
     `ref_exits`: the reference's worker process ends in its first forward; `generate_s` / `update_s`: how long
     each generation / actor update takes; `rollout`: Rollout fields to set (partial, make_streamer: a
     ThreadedStreamer by default)."""
-    from flowrl.engines.thread_streamer import ThreadedStreamer
+    from flowrl.engines.streaming.thread_streamer import ThreadedStreamer
     from flowrl.roles import Actor, Ref, Reward, Rollout
 
     class FakeActor(Actor):

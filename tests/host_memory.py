@@ -7,7 +7,7 @@ import re
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from flowrl.engines.hf_models import load_tokenizer
+from flowrl.engines.models.folders import load_tokenizer
 
 MB = 1 << 20
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter

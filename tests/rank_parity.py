@@ -19,7 +19,7 @@ from tensordict import TensorDict
 
 import flowrl as fl
 from flowrl.data.batch import concat, response_lengths
-from flowrl.engines.thread_streamer import ThreadedStreamer
+from flowrl.engines.streaming.thread_streamer import ThreadedStreamer
 from flowrl.graph.context import CallInfo
 from flowrl.roles import Actor, Rollout
 from flowrl.graph.role import SPEC_ATTR

@@ -10,13 +10,13 @@ import torch
 from flowrl import metrics
 from flowrl.config import load_run_config
 from flowrl.data.batch import prompt_batch
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
-from flowrl.engines.hf_rollout import HFRolloutEngine
-from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
+from flowrl.engines.hf.rollout import HFRolloutEngine
+from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.service.episodes import Call, episode_tokens
 from flowrl.engines.protocols import FinishReason
-from flowrl.engines.thread_streamer import ThreadedStreamer
+from flowrl.engines.streaming.thread_streamer import ThreadedStreamer
 from flowrl.graph.context import CallInfo, calling
 from flowrl.roles import Rollout
 from flowrl.roles.agents import AgentSpec

@@ -10,17 +10,17 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from flowrl.data import bwrap
-from flowrl.data.calculator import CalculatorEnv, CalculatorTask
-from flowrl.data.envs import EnvSpec, EnvStep
-from flowrl.engines.agent_loop import run_episodes
-from flowrl.engines.async_agent_loop import play_episodes, run_episodes_async
+from flowrl.data.isolation import bwrap
+from flowrl.data.builtin.calculator import CalculatorEnv, CalculatorTask
+from flowrl.data.multiturn.envs import EnvSpec, EnvStep
+from flowrl.engines.agents.loop import run_episodes
+from flowrl.engines.agents.async_loop import play_episodes, run_episodes_async
 from flowrl.engines.configs import ModelSource
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
-from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
+from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.protocols import FinishReason, SamplingParams
-from flowrl.engines.streaming import Sample
-from flowrl.engines.tiny_model import build_char_tokenizer, build_tiny_model
+from flowrl.engines.streaming.protocol import Sample
+from flowrl.engines.models.tiny_model import build_char_tokenizer, build_tiny_model
 from flowrl.roles import Rollout
 from flowrl.roles.configs import RolloutConfig
 from test_multiturn import calculator_prompts

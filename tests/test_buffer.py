@@ -10,7 +10,7 @@ from flowrl.algorithms import grpo, grpo_async
 from flowrl.config import load_run_config
 from flowrl.data import PromptStream
 from flowrl.rl import losses, stages
-from flowrl.runtime.buffering import drop_stale
+from flowrl.runtime.offpolicy.buffering import drop_stale
 from flowrl.runtime.trainer import train
 from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask
 from test_planner_executor import make_roles
@@ -144,7 +144,7 @@ def test_on_the_real_engines_k0_equals_grpo_and_k1_resumes_exactly(tmp_path):
 
 
 def test_producers_overlap_consumers_only_on_pools_of_their_own():
-    from flowrl.runtime import buffering
+    from flowrl.runtime.offpolicy import buffering
     from flowrl.runtime.scheduling import scheduled
 
     cfg = {"group_size": 2, "max_staleness": 1, "kl_coef": 0.0}

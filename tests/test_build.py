@@ -3,7 +3,7 @@
 import torch
 
 from flowrl.engines.configs import ModelSource, TrainEngineConfig
-from flowrl.engines.hf_models import load_causal_lm
+from flowrl.engines.models.folders import load_causal_lm
 
 
 def test_gradient_checkpointing_recomputes_layers_and_keeps_state_dict_keys(tiny_model_path):

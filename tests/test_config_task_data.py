@@ -5,7 +5,7 @@ import pytest
 
 from flowrl.config import load_run_config, used_sections, warn_no_effect
 from flowrl.data import PromptStream
-from flowrl.data.arithmetic import ArithmeticTask
+from flowrl.data.builtin.arithmetic import ArithmeticTask
 from fakes import FakeTokenizer
 
 
@@ -65,7 +65,7 @@ def test_an_engine_section_warns_only_when_no_role_builds_on_it(algorithm, warne
     from types import SimpleNamespace
 
     import flowrl.algorithms  # noqa: F401 (registers the prebuilt algorithms, whatever ran before)
-    from flowrl.data.arithmetic import ArithmeticTask
+    from flowrl.data.builtin.arithmetic import ArithmeticTask
     from flowrl.graph.algorithm import ALGORITHMS
     from flowrl.runtime.trainer import make_plan
 
@@ -80,7 +80,7 @@ def test_an_engine_section_warns_only_when_no_role_builds_on_it(algorithm, warne
 
 
 def test_chat_template_wraps_prompts(tiny_model_path):
-    from flowrl.engines.hf_models import load_tokenizer
+    from flowrl.engines.models.folders import load_tokenizer
 
     tok = load_tokenizer(tiny_model_path)
     with pytest.raises(ValueError, match="task.chat_template: the tokenizer has no chat template"):
@@ -93,7 +93,7 @@ def test_chat_template_wraps_prompts(tiny_model_path):
 
 
 def test_executor_is_validated_and_ray_stays_optional():
-    from flowrl.runtime.executors import executor_config
+    from flowrl.runtime.executor_configs import executor_config
 
     with pytest.raises(ValueError, match=r"executor\.name: unknown 'dask'; registered: \[.*'local', 'ray'"):
         executor_config(load_run_config(None, ["executor.name=dask"]))

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from fakes import FakeTrainEngine
 from flowrl.config import load_run_config
-from flowrl.runtime import checkpoint
+from flowrl.runtime.store import checkpoint
 from flowrl.runtime.shutdown import Stopped
 from flowrl.runtime.trainer import train
 

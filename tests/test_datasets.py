@@ -9,8 +9,8 @@ import pytest
 from flowrl.config import load_run_config
 from flowrl.data import PromptStream
 from flowrl.data.dataset import DatasetTask, load_rows
-from flowrl.data.scoring_pool import ScoringPool
-from flowrl.engines.sharded_checkpoint import read_model
+from flowrl.data.scoring.pool import ScoringPool
+from flowrl.engines.train.sharded_checkpoint import read_model
 from flowrl.runtime.data_tasks import run_task
 from flowrl.runtime.trainer import train
 from fakes import FakeTokenizer

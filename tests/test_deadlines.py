@@ -16,14 +16,14 @@ from tensordict import TensorDict
 
 from flowrl import metrics
 from flowrl.config import load_run_config
-from flowrl.data import bwrap
-from flowrl.data.calculator import PythonEnv
-from flowrl.data.envs import EnvStep
-from flowrl.data.http_reward import HttpScorer
-from flowrl.data.scoring_pool import Sample, ScoringPool
-from flowrl.engines.agent_loop import run_episodes
+from flowrl.data.isolation import bwrap
+from flowrl.data.builtin.calculator import PythonEnv
+from flowrl.data.multiturn.envs import EnvStep
+from flowrl.data.scoring.http_reward import HttpScorer
+from flowrl.data.scoring.pool import Sample, ScoringPool
+from flowrl.engines.agents.loop import run_episodes
 from flowrl.engines.protocols import FinishReason, SamplingParams
-from flowrl.engines.tiny_model import build_char_tokenizer
+from flowrl.engines.models.tiny_model import build_char_tokenizer
 from flowrl.runtime import distributed
 from flowrl.runtime.trainer import train
 from reward_servers import serve
@@ -99,7 +99,7 @@ def test_a_reward_server_that_trickles_its_answer_hits_the_total_deadline():
 
 
 def test_a_ray_address_nothing_listens_on_is_one_line_at_once(monkeypatch):
-    from flowrl.runtime.ray_executor import init_ray
+    from flowrl.runtime.ray.executor import init_ray
 
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free_port()}")
     began = time.monotonic()
@@ -160,7 +160,7 @@ def test_vllm_lora_options_that_contradict_each_other_are_refused_before_vllm_st
 
 
 def test_a_reward_function_under_its_deadline_still_logs_into_the_step():
-    from flowrl.data.scoring_pool import call_with_deadline
+    from flowrl.data.scoring.pool import call_with_deadline
 
     with metrics.collect() as logged:
         assert call_with_deadline(lambda x: metrics.log("judge/calls", x) or x, (3.0,), 5.0, "f") == 3.0
@@ -168,7 +168,7 @@ def test_a_reward_function_under_its_deadline_still_logs_into_the_step():
 
 
 def test_a_vllm_start_up_that_hangs_stops_the_run_in_one_line_within_the_timeout(tmp_path, monkeypatch):
-    vllm_rollout = pytest.importorskip("flowrl.engines.vllm_rollout")
+    vllm_rollout = pytest.importorskip("flowrl.engines.vllm.rollout")
     started = []
 
     def hang(**_):  # a start-up that never ends (a stuck device, a lock held by a dead process, ...)

@@ -1,4 +1,4 @@
-"""hf_static's decode step compiled per decoder layer (flowrl.engines.decode_regions): the same tokens and
+"""hf_static's decode step compiled per decoder layer (flowrl.engines.hf.decode_regions): the same tokens and
 logprobs as the whole-model step, one layer graph for every layer, and the layers' own compiled calls (the
 train engine's, in the hybrid engine) left as they were. Dynamo's guards decide the graph count, not the
 backend: torch.compile gets backend="eager" here (inductor on CPU takes tens of seconds)."""
@@ -9,11 +9,11 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
-from flowrl.engines import hf_static
-from flowrl.engines.decode_regions import RegionalDecodeStep, WholeDecodeStep, supports_regions
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
+from flowrl.engines.hf import static as hf_static
+from flowrl.engines.hf.decode_regions import RegionalDecodeStep, WholeDecodeStep, supports_regions
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
 from flowrl.engines.protocols import SamplingParams
-from flowrl.engines.hf_static import StaticCacheRolloutEngine
+from flowrl.engines.hf.static import StaticCacheRolloutEngine
 from test_engine_hf_static import prompts
 
 

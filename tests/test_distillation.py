@@ -24,7 +24,7 @@ from tensordict import TensorDict
 
 import verl_reference as verl
 from flowrl.config import load_run_config
-from flowrl.engines.tiny_model import build_tiny_model
+from flowrl.engines.models.tiny_model import build_tiny_model
 from flowrl.rl.distillation import STUDENT_AT_TEACHER_TOPK, DistillTerm
 from flowrl.rl.loss_terms import Loss
 from flowrl.rl.ops.distillation import estimator_loss, forward_kl_topk
@@ -139,7 +139,7 @@ def peaked_teacher(tmp_path):
     distribution far from the near-uniform student's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from flowrl.data.arithmetic import ArithmeticTask
+    from flowrl.data.builtin.arithmetic import ArithmeticTask
 
     base = build_tiny_model(tmp_path / "base", chars=ArithmeticTask.chars, seed=7)
     model = AutoModelForCausalLM.from_pretrained(base)

@@ -83,14 +83,14 @@ def test_the_readmes_versions_are_the_pinned_ones():
 
 
 def test_vllms_cpu_head_size_and_the_tiny_model_setting():
-    sizes = one(r"CPU_HEAD_SIZES = \(([0-9, ]+)\)", (ROOT / "flowrl/engines/vllm_rollout.py").read_text())[1]
+    sizes = one(r"CPU_HEAD_SIZES = \(([0-9, ]+)\)", (ROOT / "flowrl/engines/vllm/rollout.py").read_text())[1]
     smallest = min(int(s) for s in sizes.split(","))
     said = one(r"head size of at least (\d+)\n.*?model's\n(\d+) heads: `--set model.tiny_hidden_size=(\d+)`", README)
     assert int(said[1]) == smallest and int(said[3]) // int(said[2]) == smallest
 
 
 def test_the_static_rollouts_buckets_and_kept_shapes_are_the_codes():
-    from flowrl.engines import hf_static
+    from flowrl.engines.hf import static as hf_static
 
     text = (DOCS / "configuration.md").read_text()
     assert int(one(r"rounded up to a multiple of (\d+)\s+tokens", text)[1]) == hf_static.PROMPT_BUCKET
@@ -106,8 +106,8 @@ def test_the_graph_size_bound_is_the_tests():
 def test_the_tool_sandboxs_defaults_on_the_multiturn_page_are_the_codes():
     import inspect
 
-    from flowrl.data.calculator import CalculatorEnv
-    from flowrl.data.sandbox import run_python
+    from flowrl.data.builtin.calculator import CalculatorEnv
+    from flowrl.data.isolation.sandbox import run_python
 
     said = {name: float(value) for name, value in
             re.findall(r"`(\w+)` \(([0-9.]+)[,)]", (DOCS / "multiturn.md").read_text())}

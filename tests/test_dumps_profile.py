@@ -9,9 +9,9 @@ import torch
 from tensordict import TensorDict
 
 from flowrl.config import load_run_config
-from flowrl.engines.hf_models import load_tokenizer
-from flowrl.runtime.dumps import Dumps
-from flowrl.runtime.profiling import node_table
+from flowrl.engines.models.folders import load_tokenizer
+from flowrl.runtime.store.dumps import Dumps
+from flowrl.runtime.observe.profiling import node_table
 from flowrl.runtime.trainer import train
 
 datasets = pytest.importorskip("datasets", reason="reading the dumps back needs datasets: pip install -e '.[data]'")

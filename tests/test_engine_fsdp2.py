@@ -10,12 +10,12 @@ import torch.multiprocessing as mp
 from tensordict import TensorDict
 from torch.distributed.tensor import DTensor
 
-from flowrl.engines.hf_rollout import HFRolloutEngine
-from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.hf.rollout import HFRolloutEngine
+from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
 from flowrl import metrics as fl_metrics
-from flowrl.engines.weight_sync import StreamedSync
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
+from flowrl.engines.weights.in_process import StreamedSync
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
 from fakes import TokenMeanNLL, TokenSumNLL
 import cli_process
 

@@ -2,11 +2,11 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from flowrl.engines.hf_rollout import HFRolloutEngine, mask_after_eos
-from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.hf.rollout import HFRolloutEngine, mask_after_eos
+from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
-from flowrl.engines.weight_sync import StreamedSync, SharedModuleSync, choose_weight_sync
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
+from flowrl.engines.weights.in_process import StreamedSync, SharedModuleSync, choose_weight_sync
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
 from fakes import TokenMeanNLL
 
 PROMPTS = ["12+3=", "7*8=", "9-4=", "1+1=", "22+22=", "5=", "3*3=", "60-7="]

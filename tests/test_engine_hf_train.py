@@ -4,8 +4,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer, load_value_model
+from flowrl.engines.train.hf_engine import HFTrainEngine
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer, load_value_model
 from fakes import TokenMeanNLL
 
 PAD = 0

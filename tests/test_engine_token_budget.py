@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from flowrl.engines.configs import ModelSource
-from flowrl.engines.hf_configs import HFTrainConfig
-from flowrl.engines.hf_models import load_causal_lm
-from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.hf.configs import HFTrainConfig
+from flowrl.engines.models.folders import load_causal_lm
+from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.rl.ops.aggregate import AGG_MODES, SUM_MODES, agg_loss, agg_weight
 from test_engine_hf_train import ROWS, make_batch
 from test_resources_options import per_gpu

@@ -12,14 +12,14 @@ from tensordict import TensorDict
 pytest.importorskip("vllm")
 
 from flowrl.config import load_run_config  # noqa: E402
-from flowrl.data.arithmetic import ArithmeticTask  # noqa: E402
+from flowrl.data.builtin.arithmetic import ArithmeticTask  # noqa: E402
 from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource  # noqa: E402
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer  # noqa: E402
-from flowrl.engines.hf_rollout import HFRolloutEngine  # noqa: E402
-from flowrl.engines.hf_train import HFTrainEngine  # noqa: E402
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer  # noqa: E402
+from flowrl.engines.hf.rollout import HFRolloutEngine  # noqa: E402
+from flowrl.engines.train.hf_engine import HFTrainEngine  # noqa: E402
 from flowrl.engines.protocols import FinishReason, SamplingParams  # noqa: E402
 from flowrl.engines.sampling import SAMPLED_WITH, sampling_columns  # noqa: E402
-from flowrl.engines.tiny_model import build_tiny_model  # noqa: E402
+from flowrl.engines.models.tiny_model import build_tiny_model  # noqa: E402
 from flowrl.graph.algorithm import ALGORITHMS  # noqa: E402
 from flowrl.runtime.trainer import train  # noqa: E402
 from crash import train_until_crash  # noqa: E402
@@ -146,7 +146,7 @@ def test_logprobs_come_flat_and_read_as_nested_ones(engine, model_path):
 
     from vllm.logprobs import FlatLogprobs, Logprob
 
-    from flowrl.engines.vllm_process import token_logprobs
+    from flowrl.engines.vllm.process import token_logprobs
 
     assert engine.sampling(SamplingParams(max_new_tokens=4), seed=1).flat_logprobs
     tokenizer = load_tokenizer(model_path)
@@ -250,7 +250,7 @@ def test_a_closed_engine_leaves_the_engines_built_since_working(model_path):
 def test_the_modules_vllm_imports_inside_its_first_reload_are_imported_at_start(tmp_path, monkeypatch):
     import sys
 
-    from flowrl.engines.vllm_process import RELOAD_IMPORTS, preload
+    from flowrl.engines.vllm.process import RELOAD_IMPORTS, preload
     (tmp_path / "flowrl_preload_probe.py").write_text("import sys\nsys.flowrl_preload_runs = "
                                                       "getattr(sys, 'flowrl_preload_runs', 0) + 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))

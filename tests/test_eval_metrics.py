@@ -2,7 +2,7 @@
 
 import pytest
 
-from flowrl.data.eval_metrics import greedy_metrics, sampled_metrics
+from flowrl.data.scoring.eval_metrics import greedy_metrics, sampled_metrics
 
 
 def test_greedy_accuracy_per_source():

@@ -9,9 +9,9 @@ import pytest
 import flowrl as fl
 from flowrl.algorithms import grpo
 from flowrl.config import load_run_config
-from flowrl.engines.transports import TRANSPORTS, CollectiveTransportConfig, TransportConfig
-from flowrl.engines.weight_sync import StreamedSync
-from flowrl.runtime.executors import (EXECUTORS, ExecutorConfig, LocalExecutorConfig, RayExecutorConfig,
+from flowrl.engines.weights.registry import TRANSPORTS, CollectiveTransportConfig, TransportConfig
+from flowrl.engines.weights.in_process import StreamedSync
+from flowrl.runtime.executor_configs import (EXECUTORS, ExecutorConfig, LocalExecutorConfig, RayExecutorConfig,
                                       executor_config)
 from fakes import ROLE_CLASSES
 from test_planner_executor import INPUTS, make_roles

@@ -6,8 +6,8 @@ import os
 import tempfile
 
 from flowrl import cli
-from flowrl.engines.hf_models import atomic_dir
-from flowrl.engines.vllm_rollout import AdapterSync
+from flowrl.engines.models.folders import atomic_dir
+from flowrl.engines.vllm.rollout import AdapterSync
 
 
 def test_plan_on_gpus_honours_format(capsys):

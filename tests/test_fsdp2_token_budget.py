@@ -7,8 +7,8 @@ import pathlib
 import torch
 import torch.distributed as dist
 
-from flowrl.engines.hf_models import load_causal_lm
-from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.models.folders import load_causal_lm
+from flowrl.engines.train.hf_engine import HFTrainEngine
 from fakes import TokenMeanNLL
 from test_engine_fsdp2 import WORLD, assert_states_close, make_batch, spawn_and_join
 

@@ -1,5 +1,5 @@
 """executor.gc_freeze: the local executor freezes the process's heap after its first step and thaws it at close; the
-collector's seconds are logged per node (flowrl.runtime.gc_heap)."""
+collector's seconds are logged per node (flowrl.runtime.observe.gc_heap)."""
 
 import gc
 import weakref
@@ -10,8 +10,8 @@ import flowrl as fl
 from flowrl.algorithms import grpo
 from flowrl.config import load_run_config
 from flowrl.data import PromptStream
-from flowrl.runtime import gc_heap
-from flowrl.runtime.executors import executor_config
+from flowrl.runtime.observe import gc_heap
+from flowrl.runtime.executor_configs import executor_config
 from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask
 from test_planner_executor import INPUTS, make_roles
 

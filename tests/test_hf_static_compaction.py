@@ -6,8 +6,8 @@ import functools
 import torch
 
 from flowrl import metrics
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
-from flowrl.engines.hf_static import StaticCacheRolloutEngine
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
+from flowrl.engines.hf.static import StaticCacheRolloutEngine
 from flowrl.engines.protocols import FinishReason, SamplingParams
 from test_engine_hf_static import prompts
 
@@ -79,7 +79,7 @@ def test_the_compiled_step_compiles_once_for_all_shapes_of_a_sampling(tiny_model
         assert torch.equal(out["response_ids"], expected["response_ids"])
         assert torch.allclose(out["rollout_logprobs"], expected["rollout_logprobs"], atol=1e-5)
     assert sorted(compiled._caches) == [(4, 72), (4, 104), (8, 72), (8, 104), (16, 72), (16, 104)]
-    # two graphs: one decoder layer, traced once for all of the model's layers (flowrl.engines.decode_regions),
+    # two graphs: one decoder layer, traced once for all of the model's layers (flowrl.engines.hf.decode_regions),
     # and sampling
     assert model.config.num_hidden_layers >= 2
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2

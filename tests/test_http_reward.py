@@ -7,8 +7,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from flowrl.config import load_run_config
-from flowrl.data.http_reward import HttpScorer
-from flowrl.data.scoring_pool import Sample
+from flowrl.data.scoring.http_reward import HttpScorer
+from flowrl.data.scoring.pool import Sample
 from flowrl.runtime.data_tasks import run_task
 
 

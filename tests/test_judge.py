@@ -8,9 +8,9 @@ from tensordict import TensorDict
 from flowrl import metrics
 from flowrl.config import load_run_config
 from flowrl.data.batch import left_pad
-from flowrl.engines.hf_configs import HFRolloutConfig
+from flowrl.engines.hf.configs import HFRolloutConfig
 from flowrl.engines.configs import ModelSource
-from flowrl.engines.hf_models import load_tokenizer
+from flowrl.engines.models.folders import load_tokenizer
 from flowrl.roles.judge import Judge, JudgeSettings, parse_score
 from flowrl.runtime.trainer import train
 

@@ -1,5 +1,5 @@
 """At k = 0 (fully on-policy) one run trains alike on every executor: one process, two torchrun (gloo) ranks, and
-Ray with the rollout streamed from 4 replicas (flowrl.runtime.spread_runner) on a pool of its own.
+Ray with the rollout streamed from 4 replicas (flowrl.runtime.offpolicy.spread_runner) on a pool of its own.
 
 The engine is deterministic per sample (rank_parity.SampleSeededRollout: each sample generated alone, seeded by
 its prompt's uid and its place in the group), so which process, rank or replica samples a prompt, and when,

@@ -91,10 +91,10 @@ def test_no_import_cycles():
 
 
 @pytest.mark.parametrize("path", [*sorted((ROOT / "plan").glob("*.py")),
-                                  *(ROOT / "runtime" / f for f in ("executor.py", "ray_executor.py",
-                                                                    "ray_pools.py", "ray_nodes.py",
-                                                                    "ray_worker.py", "scheduling.py",
-                                                                    "buffering.py"))])
+                                  *(ROOT / "runtime" / f for f in ("executor.py", "ray/executor.py",
+                                                                    "ray/pools.py", "ray/nodes.py",
+                                                                    "ray/worker.py", "scheduling.py",
+                                                                    "offpolicy/buffering.py"))])
 def test_the_planner_and_executors_name_no_role_and_no_field(path):
     """(runtime/ and config/ as a whole: test_runtime_and_config_name_no_role below.)"""
     strings = {node.value for node in ast.walk(ast.parse(path.read_text()))
@@ -116,8 +116,8 @@ ROLE_LITERALS_ALLOWED = {  # (module, role name): why the literal stays
     ("config/presets.py", "rollout"): "the `cuda` preset is data naming the sections it fills, as a config file does",
     ("config/loading.py", "rollout"): "the `cuda` preset's rollout section: its role's own keys",
     ("runtime/data_tasks.py", "reward"): "data.reward, the data section's field, as a task's keyword",
-    ("runtime/export.py", "reward"): "data.reward, the data section's field",
-    ("runtime/plotting.py", "reward"): "a panel's title (the reward/mean metric)",
+    ("runtime/store/export.py", "reward"): "data.reward, the data section's field",
+    ("runtime/observe/plotting.py", "reward"): "a panel's title (the reward/mean metric)",
     ("runtime/trainer.py", "reward"): "the step line's label of the reward/mean metric",
 }
 

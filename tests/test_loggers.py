@@ -7,8 +7,8 @@ import time
 import pytest
 
 from flowrl.config import load_run_config
-from flowrl.runtime import loggers as loggers_module
-from flowrl.runtime.loggers import open_loggers
+from flowrl.runtime.observe import loggers as loggers_module
+from flowrl.runtime.observe.loggers import open_loggers
 
 ROWS = [{"step": 0, "eval/reward/mean": 0.25}, {"step": 1, "reward/mean": 0.5, "reward/mean#2": 1.0},
         {"step": 2, "reward/mean": 0.75}]

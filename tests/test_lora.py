@@ -5,15 +5,15 @@ import pytest
 import torch
 
 from flowrl.config import validate, RunConfig
-from flowrl.engines import sharded_checkpoint
+from flowrl.engines.train import sharded_checkpoint
 from flowrl.engines.configs import ModelSource
-from flowrl.engines.hf_configs import HFTrainConfig
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
-from flowrl.engines.hf_rollout import HFRolloutEngine
-from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.engines.lora import BaseModelEngine
+from flowrl.engines.hf.configs import HFTrainConfig
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
+from flowrl.engines.hf.rollout import HFRolloutEngine
+from flowrl.engines.train.hf_engine import HFTrainEngine
+from flowrl.engines.train.lora import BaseModelEngine
 from flowrl.engines.protocols import SamplingParams
-from flowrl.engines.weight_sync import StreamedSync
+from flowrl.engines.weights.in_process import StreamedSync
 from fakes import TokenMeanNLL
 from test_engine_fsdp2 import ROWS, make_batch
 

@@ -7,13 +7,13 @@ import torch
 pytest.importorskip("vllm")
 pytest.importorskip("peft")
 
-from flowrl.data.arithmetic import ArithmeticTask  # noqa: E402
+from flowrl.data.builtin.arithmetic import ArithmeticTask  # noqa: E402
 from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource  # noqa: E402
-from flowrl.engines.hf_configs import HFTrainConfig  # noqa: E402
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer  # noqa: E402
-from flowrl.engines.hf_rollout import HFRolloutEngine  # noqa: E402
+from flowrl.engines.hf.configs import HFTrainConfig  # noqa: E402
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer  # noqa: E402
+from flowrl.engines.hf.rollout import HFRolloutEngine  # noqa: E402
 from flowrl.engines.protocols import SamplingParams  # noqa: E402
-from flowrl.engines.tiny_model import build_tiny_model  # noqa: E402
+from flowrl.engines.models.tiny_model import build_tiny_model  # noqa: E402
 from fakes import TokenMeanNLL  # noqa: E402
 from test_engine_fsdp2 import make_batch  # noqa: E402
 

@@ -1,5 +1,5 @@
 """A loss is a sum of terms, each declaring the batch fields it reads and the model outputs it needs; the train
-engine computes only the outputs a loss needs, from one output table (flowrl.engines.model_outputs), so a new
+engine computes only the outputs a loss needs, from one output table (flowrl.engines.train.model_outputs), so a new
 per-token statistic is one table entry plus the term that uses it."""
 
 from dataclasses import dataclass
@@ -12,9 +12,9 @@ from tensordict import TensorDict
 
 import flowrl as fl
 from fakes import ROLE_CLASSES
-from flowrl.engines.hf_models import load_causal_lm
-from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.engines.model_outputs import TOKEN_OUTPUTS, check_outputs
+from flowrl.engines.models.folders import load_causal_lm
+from flowrl.engines.train.hf_engine import HFTrainEngine
+from flowrl.engines.train.model_outputs import TOKEN_OUTPUTS, check_outputs
 from flowrl.rl.correction import RolloutCorrection
 from flowrl.rl.distillation import DistillTerm  # noqa: F401 (registers the "distill" term)
 from flowrl.rl.loss_terms import TERMS, EntropyTerm, KLTerm, Loss, PolicyTerm, ValueTerm

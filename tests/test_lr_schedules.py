@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from flowrl.config import load_run_config
-from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.engines.lr_schedules import lr_factor
+from flowrl.engines.train.hf_engine import HFTrainEngine
+from flowrl.engines.train.lr_schedules import lr_factor
 
 
 def test_factors_by_hand():

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from flowrl.cli import main
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
-from flowrl.engines.model_import import import_model
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
+from flowrl.engines.models.model_import import import_model
 
 gguf = pytest.importorskip("gguf", reason="writing a GGUF file needs the gguf package: pip install -e '.[real-model]'")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402

@@ -3,8 +3,8 @@ import json
 import pytest
 import torch
 
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer, load_value_model
-from flowrl.engines.tiny_model import build_tiny_model
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer, load_value_model
+from flowrl.engines.models.tiny_model import build_tiny_model
 
 
 def test_roundtrip_through_auto_loading(tiny_model_path):

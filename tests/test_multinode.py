@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from flowrl.config import load_run_config
-from flowrl.engines.tiny_model import build_tiny_model
+from flowrl.engines.models.tiny_model import build_tiny_model
 from flowrl.errors import PlanError
 from flowrl.runtime.trainer import train
 from fakes import ParityTask
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("grpc")  # Ray Client: the `ray` extra's ray[client]
-from flowrl.runtime import ray_cluster  # noqa: E402  (needs ray)
+from flowrl.runtime.ray import cluster as ray_cluster  # noqa: E402  (needs ray)
 from ray.cluster_utils import Cluster  # noqa: E402
 
 NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "remote_cluster.ipynb"

@@ -8,14 +8,14 @@ from tensordict import TensorDict
 
 from flowrl.config import load_run_config
 from flowrl.data.batch import prompt_batch
-from flowrl.data.calculator import CalculatorTask
-from flowrl.data.envs import EnvSpec, EnvStep
-from flowrl.engines.agent_loop import run_episodes
+from flowrl.data.builtin.calculator import CalculatorTask
+from flowrl.data.multiturn.envs import EnvSpec, EnvStep
+from flowrl.engines.agents.loop import run_episodes
 from flowrl.engines.configs import ModelSource
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
-from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
+from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.protocols import FinishReason, SamplingParams
-from flowrl.engines.tiny_model import build_char_tokenizer, build_tiny_model
+from flowrl.engines.models.tiny_model import build_char_tokenizer, build_tiny_model
 from flowrl.roles import Rollout
 from flowrl.roles.configs import RolloutConfig
 from flowrl.runtime.trainer import setup, train

@@ -15,9 +15,9 @@ import pytest
 
 import cli_process
 from flowrl.config import load_run_config
-from flowrl.runtime import checkpoint
-from flowrl.runtime.export import export
-from flowrl.runtime.run_lock import RunLock
+from flowrl.runtime.store import checkpoint
+from flowrl.runtime.store.export import export
+from flowrl.runtime.store.run_lock import RunLock
 from flowrl.runtime.trainer import train
 
 TESTS = str(Path(__file__).parent)

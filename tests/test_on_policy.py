@@ -4,10 +4,10 @@ import torch
 
 from flowrl.rl import losses
 from flowrl.data.batch import prompt_batch
-from flowrl.engines.hf_rollout import HFRolloutEngine
-from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.hf.rollout import HFRolloutEngine
+from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
 from flowrl.graph.trace import Deferred
 from flowrl.roles import Actor, UpdateSettings
 

@@ -5,11 +5,11 @@ import torch
 
 import flowrl as fl
 from flowrl.config import load_run_config
-from flowrl.data.arithmetic import ArithmeticTask
+from flowrl.data.builtin.arithmetic import ArithmeticTask
 from flowrl.engines.configs import ROLLOUT_ENGINES
-from flowrl.engines.hf_configs import HFRolloutConfig
-from flowrl.engines.hf_models import load_value_model
-from flowrl.engines.tiny_model import build_tiny_model
+from flowrl.engines.hf.configs import HFRolloutConfig
+from flowrl.engines.models.folders import load_value_model
+from flowrl.engines.models.tiny_model import build_tiny_model
 from flowrl.errors import GraphError
 from flowrl.graph.role import ROLES
 from flowrl.runtime.trainer import make_plan, train

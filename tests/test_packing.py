@@ -1,18 +1,18 @@
-"""Packed sequences (flowrl.engines.packing): rows as one sequence with per-row attention give the padded
+"""Packed sequences (flowrl.engines.train.packing): rows as one sequence with per-row attention give the padded
 layout's outputs and gradients, under flowrl_sdpa, LoRA, a critic head and a rollout engine sharing the module."""
 
 import pytest
 import torch
 from tensordict import TensorDict
 
-from flowrl.engines.attention import NAME as FLOWRL_SDPA
+from flowrl.engines.hf.attention import NAME as FLOWRL_SDPA
 from flowrl.engines.configs import ModelSource
-from flowrl.engines.hf_configs import HFTrainConfig
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer, load_value_model
-from flowrl.engines.hf_static import StaticCacheRolloutEngine
-from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.engines.lora import BaseModelEngine
-from flowrl.engines.packing import _wants_block_mask, document_ids, pack
+from flowrl.engines.hf.configs import HFTrainConfig
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer, load_value_model
+from flowrl.engines.hf.static import StaticCacheRolloutEngine
+from flowrl.engines.train.hf_engine import HFTrainEngine
+from flowrl.engines.train.lora import BaseModelEngine
+from flowrl.engines.train.packing import _wants_block_mask, document_ids, pack
 from flowrl.engines.protocols import SamplingParams
 from fakes import TokenMeanNLL
 from test_engine_hf_train import ROWS, make_batch, reference_logprobs

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from flowrl import cli
-from flowrl.runtime.plotting import PANELS
+from flowrl.runtime.observe.plotting import PANELS
 
 matplotlib = pytest.importorskip("matplotlib")
 from matplotlib.colors import to_rgb  # noqa: E402

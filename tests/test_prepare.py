@@ -9,7 +9,7 @@ import pytest
 from flowrl.cli import main
 from flowrl.data.dataset import DatasetTask, load_rows
 from flowrl.data.prepare import last_boxed
-from flowrl.data.scoring_pool import ScoringPool
+from flowrl.data.scoring.pool import ScoringPool
 
 
 def jsonl(path, rows):

@@ -1,4 +1,4 @@
-"""train.balance_batch (flowrl.engines.rank_balance): rows moved between a pool's ranks so each holds as many rows
+"""train.balance_batch (flowrl.engines.train.rank_balance): rows moved between a pool's ranks so each holds as many rows
 and near-equal tokens. Partitions checked by hand; two gloo ranks on CPU, one holding every long row, train the
 actor with and without it: the tokens even out, and outputs and final weights are the same."""
 
@@ -11,9 +11,9 @@ import torch.distributed as dist
 
 from flowrl import metrics
 from flowrl.config import load_run_config, warn_no_effect
-from flowrl.engines.hf_models import load_causal_lm
-from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.engines.rank_balance import balanced_shares, exchange, max_over_mean
+from flowrl.engines.models.folders import load_causal_lm
+from flowrl.engines.train.hf_engine import HFTrainEngine
+from flowrl.engines.train.rank_balance import balanced_shares, exchange, max_over_mean
 from flowrl.roles.actor import Actor
 from flowrl.roles.context import UpdateSettings
 from test_engine_fsdp2 import WORLD, assert_states_close, make_batch, spawn_and_join

@@ -15,8 +15,8 @@ from flowrl.runtime.trainer import train
 from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask, fake_specs
 
 ray = pytest.importorskip("ray")
-from flowrl.runtime.ray_executor import RayExecutor  # noqa: E402  (needs ray)
-from flowrl.runtime.executors import RayExecutorConfig  # noqa: E402
+from flowrl.runtime.ray.executor import RayExecutor  # noqa: E402  (needs ray)
+from flowrl.runtime.executor_configs import RayExecutorConfig  # noqa: E402
 
 RAY = RayExecutorConfig(device="cpu", options=ExecutorSection(name="ray", ship_files=False, gc_freeze=False))
 INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer"}

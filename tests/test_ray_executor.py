@@ -19,8 +19,8 @@ from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask, fake_specs
 from transformers import AutoModelForCausalLM
 
 ray = pytest.importorskip("ray")
-from flowrl.runtime.ray_executor import RayExecutor  # noqa: E402  (needs ray)
-from flowrl.runtime.executors import RayExecutorConfig  # noqa: E402
+from flowrl.runtime.ray.executor import RayExecutor  # noqa: E402  (needs ray)
+from flowrl.runtime.executor_configs import RayExecutorConfig  # noqa: E402
 
 RAY = RayExecutorConfig(device="cpu", options=ExecutorSection(name="ray", ship_files=False, gc_freeze=False))
 INPUTS = {"prompt_ids", "prompt_mask", "uid", "answer"}
@@ -188,7 +188,7 @@ TWO_POOLS = fl.Placement(pools=[fl.Pool(name="a", roles=["actor", "rollout"]), f
 
 
 def test_the_watchdog_names_a_node_that_hangs():
-    from flowrl.runtime.ray_executor import NodeTimeout
+    from flowrl.runtime.ray.executor import NodeTimeout
 
     executor = fake_executor(TWO_POOLS, forward_s=30.0, node_timeout_s=1.5)
     try:
@@ -200,7 +200,7 @@ def test_the_watchdog_names_a_node_that_hangs():
 
 
 def test_a_worker_that_dies_is_named():
-    from flowrl.runtime.ray_executor import WorkerDied
+    from flowrl.runtime.ray.executor import WorkerDied
 
     executor = fake_executor(TWO_POOLS, ref_exits=True)
     try:
@@ -241,9 +241,9 @@ def test_split_pools_stream_the_weights_in_buckets_without_a_state_dict(tmp_path
     where the state-dict path it replaced took the whole model (134 MB) on every train rank and on the rollout
     rank."""
     import host_memory as hm
-    from flowrl.data.arithmetic import ArithmeticTask
-    from flowrl.engines.hf_models import load_tokenizer
-    from flowrl.engines.hf_rollout import HFRolloutEngine
+    from flowrl.data.builtin.arithmetic import ArithmeticTask
+    from flowrl.engines.models.folders import load_tokenizer
+    from flowrl.engines.hf.rollout import HFRolloutEngine
     from flowrl.engines.protocols import SamplingParams
     from flowrl.graph.algorithm import ALGORITHMS
     from flowrl.runtime.trainer import make_plan

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
-from flowrl.runtime.ray_loopback import LOOPBACK_ENV  # noqa: E402
+from flowrl.runtime.ray.loopback import LOOPBACK_ENV  # noqa: E402
 
 CLUSTER = """
 import json, psutil, ray
@@ -55,7 +55,7 @@ def test_every_node_of_the_sessions_local_cluster_is_at_127_0_0_1(ray_local):
 
 USER = """
 import json, os
-from flowrl.runtime.ray_executor import init_ray
+from flowrl.runtime.ray.executor import init_ray
 import ray
 init_ray(num_cpus=1)
 print(json.dumps({"set": os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"),
@@ -66,7 +66,7 @@ ray.shutdown()
 JOIN = """
 import os
 os.environ["RAY_ADDRESS"] = "10.0.0.1:6379"
-from flowrl.runtime import ray_loopback
+from flowrl.runtime.ray import loopback as ray_loopback
 print(ray_loopback.use_for_a_local_cluster(), os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"))
 """
 

@@ -1,4 +1,4 @@
-"""fl.buffer(stream=True) on the Ray executor (flowrl.runtime.ray_streaming): with the rollout on its own pool the
+"""fl.buffer(stream=True) on the Ray executor (flowrl.runtime.ray.streaming): with the rollout on its own pool the
 engine keeps sampling in the rollout worker while the actor trains, the weights of the next version are synced
 into the paused engine, and rows carry the versions that sampled them.
 
@@ -17,15 +17,15 @@ import flowrl as fl
 from flowrl.algorithms import grpo_async
 from flowrl.config import ExecutorSection, RunConfig
 from flowrl.data import PromptStream
-from flowrl.engines.thread_streamer import ThreadedStreamer
+from flowrl.engines.streaming.thread_streamer import ThreadedStreamer
 from flowrl.runtime.factory import make_factory
 from fake_streamer import FakeStreamer
 from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask, fake_specs
 from test_ray_buffer import INPUTS, SPLIT
 
 ray = pytest.importorskip("ray")
-from flowrl.runtime.ray_executor import RayExecutor  # noqa: E402  (needs ray)
-from flowrl.runtime.executors import RayExecutorConfig  # noqa: E402
+from flowrl.runtime.ray.executor import RayExecutor  # noqa: E402  (needs ray)
+from flowrl.runtime.executor_configs import RayExecutorConfig  # noqa: E402
 
 RAY = RayExecutorConfig(device="cpu", options=ExecutorSection(name="ray", ship_files=False, gc_freeze=False))
 
@@ -78,7 +78,7 @@ WIDE = fl.Placement(pools=[fl.Pool(name="train", roles=["actor"]), fl.Pool(name=
 
 
 def test_two_rollout_replicas_stream_the_rows_one_replica_does():
-    """Each rank of the rollout pool is a replica (flowrl.runtime.spread_runner); a group is seeded by its draw and
+    """Each rank of the rollout pool is a replica (flowrl.runtime.offpolicy.spread_runner); a group is seeded by its draw and
     row alone, so on a deterministic engine the trained rows equal one replica's."""
     streamer = {"make_streamer": lambda engine: FakeStreamer(engine)}
     one, two = run(2, **{"rollout": streamer}), run(2, placement=WIDE, rollout=streamer)

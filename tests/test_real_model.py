@@ -21,10 +21,10 @@ GGUF = Path(list(SPEC.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q
 from flowrl.config import load_run_config  # noqa: E402
 from flowrl.data.dataset import DatasetTask, load_rows  # noqa: E402
 from flowrl.data.prompts import PromptStream  # noqa: E402
-from flowrl.data.scoring_pool import ScoringPool  # noqa: E402
-from flowrl.data.wordproblems import write  # noqa: E402
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer  # noqa: E402
-from flowrl.engines.model_import import import_model  # noqa: E402
+from flowrl.data.scoring.pool import ScoringPool  # noqa: E402
+from flowrl.data.builtin.wordproblems import write  # noqa: E402
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer  # noqa: E402
+from flowrl.engines.models.model_import import import_model  # noqa: E402
 from flowrl.runtime.trainer import train  # noqa: E402
 
 SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import cli_process
 from flowrl.config import load_run_config
-from flowrl.runtime import checkpoint
-from flowrl.runtime.resume import RunFinished
+from flowrl.runtime.store import checkpoint
+from flowrl.runtime.store.resume import RunFinished
 from flowrl.runtime.trainer import train
 
 FAST = ["eval.every=0", "checkpoint.export=false", "train.batch_size=8"]
@@ -195,15 +195,15 @@ def test_plan_refuses_zero_gpus_and_a_negative_env_timeout_refuses_the_first_epi
     plan = forked_cli("plan", "grpo", "--gpus", "0", cwd=tmp_path)
     assert plan.returncode == 2 and plan.stderr.strip() == ("flowrl: error: placement: --gpus 0 must be a positive "
                                                             "multiple of --nodes 1"), plan.stderr
-    from flowrl.data.calculator import CalculatorEnv
+    from flowrl.data.builtin.calculator import CalculatorEnv
 
     with pytest.raises(ValueError, match=r"^roles.rollout.env_options.timeout_s: expected a number > 0, got -1$"):
         CalculatorEnv(None, timeout_s=-1)
 
 
 def test_scorers_and_reward_servers_refuse_absurd_rewards_naming_the_row(tmp_path):
-    from flowrl.data.http_reward import HttpScorer
-    from flowrl.data.scoring_pool import Sample, ScoringPool
+    from flowrl.data.scoring.http_reward import HttpScorer
+    from flowrl.data.scoring.pool import Sample, ScoringPool
     from reward_servers import scores, serve
 
     (tmp_path / "score.py").write_text("def nan(**_):\n    return float('nan')\n")

@@ -2,7 +2,7 @@
 
 from flowrl.algorithms import dapo, grpo
 from flowrl.config import load_run_config
-from flowrl.data.arithmetic import ArithmeticTask
+from flowrl.data.builtin.arithmetic import ArithmeticTask
 from flowrl.runtime.trainer import make_plan
 import cli_process
 

@@ -1,4 +1,4 @@
-"""The resharding plan (flowrl.engines.reshard_plan) by hand, and its executor (flowrl.engines.reshard_exec)
+"""The resharding plan (flowrl.engines.weights.reshard_plan) by hand, and its executor (flowrl.engines.weights.reshard)
 over gloo ranks against today's path: FSDP2's full tensors read by vLLM's loaders (tests/vllm_tp_reference.py)."""
 
 import time
@@ -9,11 +9,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from flowrl.engines.fsdp import full_tensors, shard_model
-from flowrl.engines.reshard_exec import Moved, local_shards, loader_view, reshard
-from flowrl.engines.reshard_plan import (Box, Layout, Piece, bucketed, check_layout, fsdp_rows, gather_bytes,
+from flowrl.engines.train.fsdp import full_tensors, shard_model
+from flowrl.engines.weights.reshard import Moved, local_shards, loader_view, reshard
+from flowrl.engines.weights.reshard_plan import (Box, Layout, Piece, bucketed, check_layout, fsdp_rows, gather_bytes,
                                          kept_box, plan, plan_param, sync_bytes)
-from flowrl.engines.weight_transport import WeightSyncTimeout
+from flowrl.engines.weights.buckets import WeightSyncTimeout
 from cli_process import START_METHOD
 from vllm_tp_reference import vllm_params
 

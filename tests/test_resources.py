@@ -73,7 +73,7 @@ def test_placement_auto_builds_the_pools_from_the_cluster_gpus():
                       grpo, ParityTask(), gpus=4)
     assert {r: (p.name, p.world_size) for r, p in split.pools.items()} == {
         "actor": ("train", 3), "ref": ("train", 3), "rollout": ("generate", 1)}
-    from flowrl.runtime.executors import executor_config
+    from flowrl.runtime.executor_configs import executor_config
 
     with pytest.warns(UserWarning, match="executor.rollout_share has no effect"):
         local = load_run_config(None, ["executor.rollout_share=0.5"])

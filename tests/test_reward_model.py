@@ -5,11 +5,11 @@ import torch
 
 from flowrl.data.batch import prompt_batch
 from flowrl.config import load_run_config
-from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.engines.hf_models import load_tokenizer, load_value_model
-from flowrl.engines.tiny_model import build_tiny_model
+from flowrl.engines.train.hf_engine import HFTrainEngine
+from flowrl.engines.models.folders import load_tokenizer, load_value_model
+from flowrl.engines.models.tiny_model import build_tiny_model
 from flowrl.roles import RewardModel
-from flowrl.data.arithmetic import ArithmeticTask
+from flowrl.data.builtin.arithmetic import ArithmeticTask
 from flowrl.runtime.trainer import train
 
 

@@ -10,7 +10,7 @@ from tensordict import TensorDict
 
 from flowrl.config import load_run_config
 from flowrl.data.batch import prompt_batch
-from flowrl.engines.hf_models import load_tokenizer, load_value_model
+from flowrl.engines.models.folders import load_tokenizer, load_value_model
 from flowrl.data.conversations import encode_conversation
 from flowrl.rl.sft_loss import BradleyTerryLoss, bradley_terry, pair_margins
 from flowrl.roles.conversations import Conversations

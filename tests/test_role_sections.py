@@ -12,7 +12,7 @@ import pytest
 import flowrl as fl
 from flowrl import cli
 from flowrl.config import load_run_config, used_sections, warn_no_effect
-from flowrl.data.arithmetic import ArithmeticTask
+from flowrl.data.builtin.arithmetic import ArithmeticTask
 from flowrl.errors import GraphError
 from flowrl.graph.role import ROLES
 from flowrl.runtime.trainer import make_plan, resolve_algorithm
@@ -110,7 +110,7 @@ def test_the_role_decorator_takes_a_config_bare_or_with_arguments():
 
 def test_a_role_loads_its_own_model_when_its_section_names_one(tmp_path):
     """The reference defaults to the run's model (the actor's); roles.ref.model gives it another folder."""
-    from flowrl.engines.tiny_model import build_tiny_model
+    from flowrl.engines.models.tiny_model import build_tiny_model
     from flowrl.runtime.factory import make_factory
 
     policy, other = (build_tiny_model(tmp_path / name, chars=ArithmeticTask.chars, seed=seed)

@@ -13,10 +13,10 @@ from tensordict import TensorDict
 import flowrl as fl
 from flowrl import losses, stages
 from flowrl.config import load_run_config
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
-from flowrl.engines.hf_rollout import HFRolloutEngine
-from flowrl.engines.hf_static import StaticCacheRolloutEngine
-from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
+from flowrl.engines.hf.rollout import HFRolloutEngine
+from flowrl.engines.hf.static import StaticCacheRolloutEngine
+from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.sampling import RowSampling, apply_sampling, sampling_columns, truncate
 from flowrl.runtime.trainer import train

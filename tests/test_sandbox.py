@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from flowrl.data import bwrap
-from flowrl.data.envs import EnvSpec
-from flowrl.data.sandbox import ToolResult, run_python
+from flowrl.data.isolation import bwrap
+from flowrl.data.multiturn.envs import EnvSpec
+from flowrl.data.isolation.sandbox import ToolResult, run_python
 
 
 def test_prints_what_the_code_prints():
@@ -47,7 +47,7 @@ def test_no_network_but_its_own_loopback():
 
 
 def test_processes_run_as_nobody_and_end_with_the_call():
-    """nobody, or a spare uid beside it where a process on the host runs as nobody (flowrl.data.bwrap.uid_slot)."""
+    """nobody, or a spare uid beside it where a process on the host runs as nobody (flowrl.data.isolation.bwrap.uid_slot)."""
     result = run_python("import subprocess; print(int(subprocess.run(['id', '-u'], capture_output=True).stdout))")
     assert not result.error and int(result.output) in (bwrap.NOBODY, *bwrap._SPARE_UIDS), result
 

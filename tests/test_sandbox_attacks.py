@@ -1,4 +1,4 @@
-"""Hostile code in the python tool (flowrl.data.sandbox): each attack runs in the sandbox, then the test checks
+"""Hostile code in the python tool (flowrl.data.isolation.sandbox): each attack runs in the sandbox, then the test checks
 on the host that the harm did not happen.
 
 Every attack is followed by the same host-side checks (`Targets.assert_intact`): a run folder's checkpoint is
@@ -26,8 +26,8 @@ from typing import Callable
 
 import pytest
 
-from flowrl.data import bwrap
-from flowrl.data.sandbox import ToolResult, run_python
+from flowrl.data.isolation import bwrap
+from flowrl.data.isolation.sandbox import ToolResult, run_python
 
 SECRET = f"flowrl-secret-{uuid.uuid4().hex}"
 

@@ -5,12 +5,12 @@ import textwrap
 
 import pytest
 
-from flowrl.data.scorers import extract_gsm8k, resolve, scorer_name
-from flowrl.data.scoring_pool import Sample, ScoringPool
+from flowrl.data.scoring.scorers import extract_gsm8k, resolve, scorer_name
+from flowrl.data.scoring.pool import Sample, ScoringPool
 
 
 def test_gsm8k_format_gives_a_wrong_marked_answer_verls_format_score():
-    from flowrl.data.scorers import resolve
+    from flowrl.data.scoring.scorers import resolve
 
     score = resolve("gsm8k_format")
     assert score("openai/gsm8k", "3 + 4 = 7\n#### 7", "7") == 1.0
@@ -70,7 +70,7 @@ def samples(spec, responses):
 def test_a_scorer_from_a_file_path_scores_in_the_pool(tmp_path, workers):
     pool = ScoringPool(workers, timeout_s=20)
     assert pool.score(samples(f"{scorer_file(tmp_path)}:length", ["ab", "", "abcd"])) == [12.0, 10.0, 14.0]
-    assert resolve("flowrl.data.scorers:exact_match")("x", "1", "1") == 1.0  # module:function
+    assert resolve("flowrl.data.scoring.scorers:exact_match")("x", "1", "1") == 1.0  # module:function
     pool.close()
 
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from flowrl.data.batch import left_pad
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
-from flowrl.engines.hf_rollout import HFRolloutEngine
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
+from flowrl.engines.hf.rollout import HFRolloutEngine
 from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.service.endpoint import Endpoint
-from flowrl.engines.thread_streamer import ThreadedStreamer
+from flowrl.engines.streaming.thread_streamer import ThreadedStreamer
 
 GREEDY = SamplingParams(max_new_tokens=6, greedy=True)
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"

@@ -7,7 +7,7 @@ import pytest
 
 from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.service.router import Router
-from flowrl.engines.streaming import Request, Sample
+from flowrl.engines.streaming.protocol import Request, Sample
 from flowrl.engines.protocols import FinishReason
 
 PARAMS = SamplingParams(max_new_tokens=4)

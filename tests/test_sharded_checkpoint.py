@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from flowrl.engines import lora, sharded_checkpoint
-from flowrl.engines.hf_configs import LORA_TARGETS
-from flowrl.engines.hf_models import load_causal_lm
-from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.train import lora, sharded_checkpoint
+from flowrl.engines.hf.configs import LORA_TARGETS
+from flowrl.engines.models.folders import load_causal_lm
+from flowrl.engines.train.hf_engine import HFTrainEngine
 from fakes import TokenMeanNLL
 from test_engine_fsdp2 import ROWS, WORLD, make_batch, spawn_and_join
 

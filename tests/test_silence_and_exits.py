@@ -12,7 +12,7 @@ import pytest
 import cli_process
 from flowrl.config import load_run_config
 from flowrl.data.prompts import PromptStream
-from flowrl.engines.tiny_model import build_char_tokenizer
+from flowrl.engines.models.tiny_model import build_char_tokenizer
 from flowrl.runtime.evaluation import sample_count
 
 FAST = ["eval.every=0", "checkpoint.export=false", "train.batch_size=4", "train.steps=1"]

@@ -1,4 +1,4 @@
-"""SpreadRunner (flowrl.runtime.spread_runner): groups spread over replicas by load, gathered in draw order,
+"""SpreadRunner (flowrl.runtime.offpolicy.spread_runner): groups spread over replicas by load, gathered in draw order,
 pauses and resumes reaching every replica."""
 
 import threading
@@ -7,8 +7,8 @@ import pytest
 from tensordict import TensorDict
 import torch
 
-from flowrl.runtime.spread_runner import SpreadRunner
-from flowrl.runtime.stream_runner import Group
+from flowrl.runtime.offpolicy.spread_runner import SpreadRunner
+from flowrl.runtime.offpolicy.stream_runner import Group
 
 
 class Replica:

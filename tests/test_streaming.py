@@ -1,4 +1,4 @@
-"""Streamed rollouts (fl.buffer(stream=True), flowrl.runtime.streaming): a step trains on the first groups to
+"""Streamed rollouts (fl.buffer(stream=True), flowrl.runtime.offpolicy.streaming): a step trains on the first groups to
 finish, k bounds each sample's versions, partial rollouts keep per-token versions and logprobs, and k = 0
 trains the synchronous run's rows.
 
@@ -18,10 +18,10 @@ from flowrl import metrics
 from flowrl.algorithms import grpo_async
 from flowrl.data import PromptStream
 from flowrl.engines.protocols import FinishReason, SamplingParams
-from flowrl.engines.streaming import Request, Sample
+from flowrl.engines.streaming.protocol import Request, Sample
 from flowrl.graph.context import CallInfo, calling
-from flowrl.runtime import checkpoint, resume
-from flowrl.runtime.stream_runner import Group
+from flowrl.runtime.store import checkpoint, resume
+from flowrl.runtime.offpolicy.stream_runner import Group
 from flowrl.runtime.trainer import train
 from fake_streamer import FakeStreamer
 from fakes import ROLE_CLASSES, FakeTokenizer, ParityTask

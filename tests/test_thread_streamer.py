@@ -1,16 +1,16 @@
-"""ThreadedStreamer (flowrl.engines.thread_streamer): requests one by one over a batch engine, pause/resume, abort."""
+"""ThreadedStreamer (flowrl.engines.streaming.thread_streamer): requests one by one over a batch engine, pause/resume, abort."""
 
 import asyncio
 import threading
 
 import pytest
 
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
-from flowrl.engines.hf_rollout import HFRolloutEngine
-from flowrl.engines.hf_static import StaticCacheRolloutEngine
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
+from flowrl.engines.hf.rollout import HFRolloutEngine
+from flowrl.engines.hf.static import StaticCacheRolloutEngine
 from flowrl.engines.protocols import FinishReason, SamplingParams
-from flowrl.engines.streaming import Request
-from flowrl.engines.thread_streamer import ThreadedStreamer
+from flowrl.engines.streaming.protocol import Request
+from flowrl.engines.streaming.thread_streamer import ThreadedStreamer
 from fake_streamer import unpadded
 from fakes import FakeRolloutEngine
 

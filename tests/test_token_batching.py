@@ -1,10 +1,10 @@
-"""Token-budget micro-batches (flowrl.engines.token_batching): partitions checked by hand."""
+"""Token-budget micro-batches (flowrl.engines.train.token_batching): partitions checked by hand."""
 
 import pytest
 import torch
 from tensordict import TensorDict
 
-from flowrl.engines.token_batching import budget_micro_batches, karmarkar_karp, token_micro_batches
+from flowrl.engines.train.token_batching import budget_micro_batches, karmarkar_karp, token_micro_batches
 
 
 def sums(lengths, parts):

@@ -1,4 +1,4 @@
-"""The train engine's [B, R, K] outputs (flowrl.engines.model_outputs): a distribution's top-k logprobs and
+"""The train engine's [B, R, K] outputs (flowrl.engines.train.model_outputs): a distribution's top-k logprobs and
 their ids, and the logprobs at ids a batch column holds (on-policy distillation's forward top-k KL). Each
 equals an unpadded reference forward of the row, whichever way the engine computes it: full logits, chunks
 of the hidden states, packed rows."""
@@ -6,9 +6,9 @@ of the hidden states, packed rows."""
 import pytest
 import torch
 
-from flowrl.engines.hf_models import load_causal_lm
-from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.engines.model_outputs import check_outputs, logprobs_at, topk_outputs
+from flowrl.engines.models.folders import load_causal_lm
+from flowrl.engines.train.hf_engine import HFTrainEngine
+from flowrl.engines.train.model_outputs import check_outputs, logprobs_at, topk_outputs
 from test_engine_hf_train import ROWS, make_batch
 
 K = 3

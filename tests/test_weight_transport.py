@@ -1,4 +1,4 @@
-"""Weight transports (flowrl.engines.weight_transport): buckets, a collective between processes, and the
+"""Weight transports (flowrl.engines.weights.buckets): buckets, a collective between processes, and the
 streamed in-process sync of torchrun ranks, with the host memory each needs (issue 23)."""
 
 import os
@@ -12,12 +12,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import Qwen2ForCausalLM
 
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
-from flowrl.engines.hf_static import StaticCacheRolloutEngine
-from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
+from flowrl.engines.hf.static import StaticCacheRolloutEngine
+from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
-from flowrl.engines.weight_sync import StreamedSync
-from flowrl.engines.weight_transport import CollectiveTransport, SyncGroup, WeightSyncTimeout, buckets
+from flowrl.engines.weights.in_process import StreamedSync
+from flowrl.engines.weights.buckets import CollectiveTransport, SyncGroup, WeightSyncTimeout, buckets
 from cli_process import START_METHOD  # ranks forked from a server that imported flowrl once
 from host_memory import MB, build_wide_model, fix_mmap_threshold, peak_during
 

@@ -8,8 +8,8 @@ import pytest
 from flowrl.cli import main
 from flowrl.data.dataset import DatasetTask, load_rows
 from flowrl.data.prepare import GSM8K_INSTRUCTION
-from flowrl.data.scoring_pool import ScoringPool
-from flowrl.data.wordproblems import KINDS, step, write
+from flowrl.data.scoring.pool import ScoringPool
+from flowrl.data.builtin.wordproblems import KINDS, step, write
 
 STEP = re.compile(r"(\d+) ([-+*]) (\d+) = <<(\d+)([-+*])(\d+)=(\d+)>>(\d+)")
 

@@ -12,10 +12,10 @@ from tensordict import TensorDict
 
 from flowrl import metrics
 from flowrl.engines.configs import ModelSource
-from flowrl.engines.hf_models import load_causal_lm, load_tokenizer
-from flowrl.engines.hf_train import HFTrainEngine
+from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
+from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
-from flowrl.engines.vllm_rollout import VLLMRolloutConfig
+from flowrl.engines.vllm.rollout import VLLMRolloutConfig
 
 
 def main(path: Path, out: Path) -> None:

@@ -52,7 +52,7 @@ class TrainConfig(Section):
     balance_batch: bool = Field(False, description="Before each train engine pass (update, old and reference "
                                 "logprobs, values) on a pool of several ranks, move rows between the ranks so "
                                 "each holds as many rows and near-equal tokens (verl's trainer.balance_batch; "
-                                "flowrl.engines.rank_balance): an update's optimizer steps keep their rows, so "
+                                "flowrl.engines.train.rank_balance): an update's optimizer steps keep their rows, so "
                                 "the weights are the same. Off by default, so recorded runs are unchanged.")
     seed: int = Field(0, description="Seed of data order, sampling and the tiny model.")
     output_dir: str = Field("runs/flowrl", description="Checkpoints, metrics.jsonl and the tiny model go here.")
@@ -65,7 +65,7 @@ class TrainConfig(Section):
     loggers: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=lambda: ["console", "jsonl"], description="Where step metrics go: console (the step "
         "line), jsonl (metrics.jsonl), tensorboard, wandb (offline unless WANDB_MODE says otherwise), mlflow "
-        "(local store); see flowrl.runtime.loggers.")
+        "(local store); see flowrl.runtime.observe.loggers.")
 
     @field_validator("loggers", mode="before")
     @classmethod
@@ -99,9 +99,9 @@ class EvalConfig(Section):
 
 
 class ExecutorSection(Section):
-    """Which executor runs the plan (flowrl.runtime.executors.EXECUTORS) and how its processes start and wait."""
+    """Which executor runs the plan (flowrl.runtime.executor_configs.EXECUTORS) and how its processes start and wait."""
 
-    name: str = Field("local", description="A registered name (flowrl.runtime.executors.EXECUTORS): "
+    name: str = Field("local", description="A registered name (flowrl.runtime.executor_configs.EXECUTORS): "
                       "'local': every role in this process (one rank, or one per torchrun rank); 'ray': one "
                       "Ray actor per rank of each placement pool, started from this one process (needs the "
                       "`ray` extra).")
@@ -126,7 +126,7 @@ class ExecutorSection(Section):
                             "left (gc.freeze; in each Ray worker too), so later collections skip the run's "
                             "long-lived objects (models, compiled graphs, vLLM's engine), as vLLM does after its "
                             "start: on an H200 a GRPO step of the 0.5B shape took 2.92 s against 3.19 s without it "
-                            "(flowrl.runtime.gc_heap). timing_s/gc/<node> logs the collector's seconds either way.")
+                            "(flowrl.runtime.observe.gc_heap). timing_s/gc/<node> logs the collector's seconds either way.")
     cpu_threads: int = Field(0, ge=0, description="Threads of torch's CPU ops in each process (torchrun rank, "
                              "Ray worker); 0: OMP_NUM_THREADS if set, else 1 for the built-in tiny model, else "
                              "the cores of the process's CPU affinity shared among the ranks on its node "
@@ -144,14 +144,14 @@ class DebugConfig(Section):
 
     dump_rollouts_every: int = Field(0, ge=0, description="Write every this many steps' rows (prompt, response, "
                                      "reward, advantages, policy_version, step) to train.output_dir/rollouts/ as "
-                                     "jsonl (flowrl.runtime.dumps; 0: off).")
+                                     "jsonl (flowrl.runtime.store.dumps; 0: off).")
     dump_eval: bool = Field(False, description="Write each evaluation's rows to train.output_dir/eval/ as jsonl.")
     dump_max_rows: int = Field(1024, ge=1, description="Rows per dump file at most; the rest are left out "
                                                        "(logged).")
     dump_max_bytes: int = Field(8_000_000, ge=1, description="Bytes per dump file at most.")
     profile_steps: list[int] = Field(default_factory=list, description="[a, b]: run steps a..b (1-based) "
                                      "under the torch profiler; train.output_dir/profile/ gets a Chrome trace, the "
-                                     "operator table and a per-node time table (flowrl.runtime.profiling); "
+                                     "operator table and a per-node time table (flowrl.runtime.observe.profiling); "
                                      "[]: off.")
 
     @field_validator("profile_steps")
@@ -163,7 +163,7 @@ class DebugConfig(Section):
 
 
 class TaskConfig(Section):
-    name: str = Field("arithmetic", description="'arithmetic', 'calculator' (built in; see flowrl.data.calculator) "
+    name: str = Field("arithmetic", description="'arithmetic', 'calculator' (built in; see flowrl.data.builtin.calculator) "
                                                 "or your own task: 'module:attribute' (a module beside you needs no "
                                                 "PYTHONPATH) or 'path/to/file.py:attribute' (see flowrl.data.tasks).")
     max_operand: int = Field(4, ge=1, le=99, description="Arithmetic and calculator tasks: operands are drawn from "
@@ -185,7 +185,7 @@ class DataConfig(Section):
     reward: str = Field("auto", description="'auto' scores each row by its data_source (gsm8k, math); or a "
                                             "scorer: gsm8k, gsm8k_format, gsm8k_flexible, math, exact_match, "
                                             "module:function, file.py:function, or an http(s):// reward server "
-                                            "(flowrl.data.http_reward).")
+                                            "(flowrl.data.scoring.http_reward).")
     val_reward: str | None = Field(None, description="The evaluation's scorer for data.val_files (the names of "
                                    "data.reward, no reward server); None: data.reward. A training reward with "
                                    "format credit (gsm8k_format) is not an accuracy: evaluate with gsm8k.")

@@ -5,7 +5,7 @@ A row holds `data_source`, `prompt` (chat messages or a string), `ability`,
 PromptStream maps to (epoch, position) = divmod(i, len(rows)); each epoch is
 its own permutation drawn from (seed, epoch), so a resumed stream, which
 restores its next index, continues at the same row. Rewards come from the
-scorer named for each row's data_source (flowrl.data.scorers), run in a
+scorer named for each row's data_source (flowrl.data.scoring.scorers), run in a
 process pool.
 """
 
@@ -17,9 +17,9 @@ import random
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from flowrl.data.http_reward import is_url
-from flowrl.data.scorers import resolve, scorer_name
-from flowrl.data.scoring_pool import Sample, ScoringPool
+from flowrl.data.scoring.http_reward import is_url
+from flowrl.data.scoring.scorers import resolve, scorer_name
+from flowrl.data.scoring.pool import Sample, ScoringPool
 
 log = logging.getLogger(__name__)
 Prompt = str | list[dict[str, str]]

@@ -7,7 +7,7 @@ from typing import Any, Iterator
 from tensordict import TensorDict
 
 from flowrl.data.batch import prompt_batch
-from flowrl.data.scoring_pool import call_with_deadline
+from flowrl.data.scoring.pool import call_with_deadline
 
 
 class PromptStream(Iterator[TensorDict]):

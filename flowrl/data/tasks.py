@@ -4,7 +4,7 @@ A task is any object with `meta_keys` (per-prompt metadata columns the reward
 needs), `chars` (the alphabet of the built-in tiny model; unused with
 model.path), `example(seed, index) -> (prompt text, metadata)` and
 `reward(responses, metadata) -> scores`. `task.name` picks a built-in one (arithmetic; calculator, the multi-turn tool
-task of flowrl.data.calculator) or
+task of flowrl.data.builtin.calculator) or
 names your own as "package.module:attribute" (a class or factory called with
 no arguments).
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from flowrl.data.arithmetic import ArithmeticTask
-from flowrl.data.calculator import CalculatorTask
+from flowrl.data.builtin.arithmetic import ArithmeticTask
+from flowrl.data.builtin.calculator import CalculatorTask
 from flowrl.data.imports import import_attribute
 
 

@@ -7,7 +7,7 @@ entry's config class, so each engine adds its own options (and their
 documentation) without touching the run config. Entries may be registered
 lazily as "module:Class", so an engine's imports cost nothing until chosen:
 
-    ROLLOUT_ENGINES.register("vllm", "flowrl.engines.vllm_rollout:VLLMRolloutConfig")
+    ROLLOUT_ENGINES.register("vllm", "flowrl.engines.vllm.rollout:VLLMRolloutConfig")
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from flowrl.engines import memory
 from flowrl.engines.memory import ModelShape, RankLoad
 from flowrl.engines.protocols import RolloutEngine, SamplingParams, TrainEngine
-from flowrl.engines.streaming import StreamingEngine
+from flowrl.engines.streaming.protocol import StreamingEngine
 from flowrl.graph.registry import Registry
 
 Head = Literal["actor", "critic", "reward"]  # what the model outputs: logprobs, values, or a scalar score
@@ -107,12 +107,12 @@ class RolloutEngineConfig(EngineConfig):
 
 TRAIN_ENGINES = TrainEngineConfig.registry
 ROLLOUT_ENGINES = RolloutEngineConfig.registry
-TRAIN_ENGINES.register("hf", "flowrl.engines.hf_configs:HFTrainConfig")
-ROLLOUT_ENGINES.register("hf", "flowrl.engines.hf_configs:HFRolloutConfig")
-ROLLOUT_ENGINES.register("hf_static", "flowrl.engines.hf_configs:HFStaticRolloutConfig")
-ROLLOUT_ENGINES.register("vllm", "flowrl.engines.vllm_rollout:VLLMRolloutConfig")
-# How a rollout engine becomes a StreamingEngine (flowrl.engines.streaming), in one place: a worker thread over
+TRAIN_ENGINES.register("hf", "flowrl.engines.hf.configs:HFTrainConfig")
+ROLLOUT_ENGINES.register("hf", "flowrl.engines.hf.configs:HFRolloutConfig")
+ROLLOUT_ENGINES.register("hf_static", "flowrl.engines.hf.configs:HFStaticRolloutConfig")
+ROLLOUT_ENGINES.register("vllm", "flowrl.engines.vllm.rollout:VLLMRolloutConfig")
+# How a rollout engine becomes a StreamingEngine (flowrl.engines.streaming.protocol), in one place: a worker thread over
 # any batch `generate`, or vLLM's own scheduler (a config picks one by its STREAMER)
 STREAMERS: Registry[Callable[[RolloutEngine], StreamingEngine]] = Registry("streaming engine")
-STREAMERS.register("thread", "flowrl.engines.thread_streamer:ThreadedStreamer")
-STREAMERS.register("vllm", "flowrl.engines.vllm_streamer:VLLMStreamer")
+STREAMERS.register("thread", "flowrl.engines.streaming.thread_streamer:ThreadedStreamer")
+STREAMERS.register("vllm", "flowrl.engines.vllm.streamer:VLLMStreamer")

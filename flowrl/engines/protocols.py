@@ -9,7 +9,7 @@ size [B]):
   every generated token, the eos token included, and 0 on padding.
 - loss_mask_BR: 1 on the response tokens the losses count (the policy's own
   tokens; tool output spliced into a response is in response_mask only, see
-  flowrl.engines.agent_loop).
+  flowrl.engines.agents.loop).
 - rollout_logprobs_BR: the sampler's logprob of each response token under the
   distribution it was sampled from (temperature, top-k, top-p applied).
 - finish_reason_B: a FinishReason per row; policy_version_B: the update count
@@ -54,7 +54,7 @@ class LossFn(Protocol):
     """A loss the train engine evaluates on each micro-batch.
 
     `out` holds the model outputs named in `needs`, each [B, R] aligned to the
-    response (flowrl.engines.model_outputs: an actor's "logprobs", "entropy",
+    response (flowrl.engines.train.model_outputs: an actor's "logprobs", "entropy",
     ...; a critic's "values"), and nothing else: the engine computes only
     those; `reads` are the batch fields it reads. Returns the micro-batch
     loss and detached scalar metrics: 0-d tensors (or floats), which the
@@ -88,7 +88,7 @@ class TrainEngine(Protocol):
     def forward(self, batch: TensorDict, *, temperature: float = 1.0, micro_batch_size: int = 8,
                 outputs: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
         """No-grad outputs aligned to the response, 0 on padding, each [B, R]: those named in `outputs`
-        (flowrl.engines.model_outputs); None: "logprobs" (actor), "values" (critic) or "scores" (reward)."""
+        (flowrl.engines.train.model_outputs); None: "logprobs" (actor), "values" (critic) or "scores" (reward)."""
         ...
 
     def update(self, batch: TensorDict, loss_fn: LossFn, *, temperature: float = 1.0,
@@ -112,7 +112,7 @@ class TrainEngine(Protocol):
 
     def weight_shards(self) -> Any:
         """This rank's shards for a sync that moves each rank only what it keeps (a
-        flowrl.engines.reshard_sync.WeightShards), or None where a sync must gather the full tensors."""
+        flowrl.engines.weights.reshard_sync.WeightShards), or None where a sync must gather the full tensors."""
         ...
 
     def save(self, path: str) -> None: ...

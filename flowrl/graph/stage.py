@@ -66,7 +66,7 @@ trains on the same rows at any world size (flowrl.runtime.scheduling)."""
 
 
 def buffer(batch: TensorDict, max_staleness: int = 0, stream: bool = False) -> TensorDict:
-    """Eagerly a no-op; executors run the nodes before it ahead of those after it (flowrl.runtime.buffering)."""
+    """Eagerly a no-op; executors run the nodes before it ahead of those after it (flowrl.runtime.offpolicy.buffering)."""
     return batch
 
 
@@ -85,4 +85,4 @@ executor with the rollout on its own pool generates step t+k's batch while step 
 one-step-off-policy). Rows whose `policy_version` lags the trained weights by more than k are dropped and
 counted (`buffer/dropped`). `max_staleness=0` is the synchronous step exactly. `stream=True` samples each
 response on its own and trains on the first groups to finish, k bounding each sample's versions
-(flowrl.runtime.streaming; the local executor)."""
+(flowrl.runtime.offpolicy.streaming; the local executor)."""

@@ -1,6 +1,6 @@
 """The memory model of a candidate: bytes per GPU in each phase of a step, and what the engines refuse at build.
 
-Train pool, per GPU (the train engines' own estimates, flowrl.engines.hf_configs.HFTrainConfig.estimate_memory,
+Train pool, per GPU (the train engines' own estimates, flowrl.engines.hf.configs.HFTrainConfig.estimate_memory,
 sharded over the pool by FSDP2):
 - resident between passes: each trained role's weights and AdamW moments (not with offload_optimizer: they
   wait on the CPU), each frozen role's weights (none where a LoRA actor lends its base);
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flowrl.engines.hf_configs import HFTrainConfig
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.engines.memory import GIB, ModelShape, RankLoad, kv_cache
 from flowrl.plan.candidates import Candidate, Work
 from flowrl.plan.cluster import ClusterConfig

@@ -96,7 +96,7 @@ def step_seconds(nodes: list[GraphNode], seconds: dict[str, float], cand: Candid
                  step_fixed_s: float) -> float:
     """The step: a list schedule (each side runs one node at a time, in trace order, after its
     predecessors). A buffer on split pools runs the weight syncs first, then the producers of step t+k beside
-    the consumers of step t (flowrl.runtime.buffering), where the two share no pool."""
+    the consumers of step t (flowrl.runtime.offpolicy.buffering), where the two share no pool."""
     if cand.colocated:
         return step_fixed_s + sum(seconds.values())
     if buffer_depth >= 1:

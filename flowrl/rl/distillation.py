@@ -7,7 +7,7 @@ estimator (ops.distillation.estimator_loss), or with forward top-k KL
 the teacher's top-k logprobs and ids (`teacher.logprobs(batch, topk=K)`)
 against the student's logprobs at those ids, which the train engine gathers
 chunk by chunk in the update's own forward pass (the model output
-logprobs_at("teacher_topk_ids"), flowrl.engines.model_outputs); it also logs
+logprobs_at("teacher_topk_ids"), flowrl.engines.train.model_outputs); it also logs
 verl's top-k masses, distill_teacher_mass and distill_student_mass. Supervised, the clamped
 per-token estimate itself is the loss (verl's use_policy_gradient=False, as
 arXiv:2306.13649); with policy_gradient, its negative (detached) is each
@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 from tensordict import TensorDict
 
-from flowrl.engines.model_outputs import logprobs_at
+from flowrl.engines.train.model_outputs import logprobs_at
 from flowrl.rl.loss_terms import TERMS, TermResult
 from flowrl.rl.ops.distillation import (LOG_PROB_MIN_CLAMP, LOSS_MAX_CLAMP, TOPK_KINDS, check_kind, estimator_loss,
                                         forward_kl_topk, topk_mass)

@@ -1,7 +1,7 @@
 """A loss is a sum of terms: `Loss((PolicyTerm(objective), KLTerm(0.001), EntropyTerm(0.01)))`.
 
 Each term declares the batch fields it `reads` and the model outputs it `needs`
-(flowrl.engines.model_outputs: "logprobs", "entropy", "values", ...) and gives a
+(flowrl.engines.train.model_outputs: "logprobs", "entropy", "values", ...) and gives a
 per-token loss [B, T]. `Loss` aggregates every term with one `loss_agg_mode`
 (ops.aggregate) and adds them, each times its `coef`; its `reads` and `needs` are
 the terms' unions, so the train engine computes only the outputs some term asks

@@ -11,9 +11,9 @@ from tensordict import TensorDict
 
 from flowrl import metrics
 from flowrl.data.batch import MODEL_INPUT
-from flowrl.engines.model_outputs import check_outputs, topk_outputs
+from flowrl.engines.train.model_outputs import check_outputs, topk_outputs
 from flowrl.engines.protocols import LossFn, TrainEngine
-from flowrl.engines.rank_balance import exchange
+from flowrl.engines.train.rank_balance import exchange
 from flowrl.engines.sampling import SAMPLED_WITH
 from flowrl.graph.role import graph_method, role
 from flowrl.graph.trace import Deferred
@@ -39,7 +39,7 @@ def _logprobs(engine: TrainEngine, s: UpdateSettings, batch: TensorDict) -> torc
 def _forward(engine: TrainEngine, s: UpdateSettings, batch: TensorDict, balance: bool = True,
              **kwargs: Any) -> dict[str, torch.Tensor]:
     """engine.forward over this rank's rows; with train.balance_batch (and `balance`) over rows balanced across
-    the pool's ranks (flowrl.engines.rank_balance), its outputs brought back to these rows."""
+    the pool's ranks (flowrl.engines.train.rank_balance), its outputs brought back to these rows."""
     moved = exchange(batch, batch.batch_size[0]) if s.balance_batch and balance else None
     out = engine.forward(batch if moved is None else moved.rows, micro_batch_size=s.forward_rows, **kwargs)
     return out if moved is None else moved.restore(out)
@@ -47,7 +47,7 @@ def _forward(engine: TrainEngine, s: UpdateSettings, batch: TensorDict, balance:
 
 def _balanced(s: UpdateSettings, batch: TensorDict) -> TensorDict:
     """The rows an update of this rank runs on: with train.balance_batch, each mini-batch's rows over the pool's
-    ranks balanced by tokens (the same rows per optimizer step: flowrl.engines.rank_balance), else `batch`."""
+    ranks balanced by tokens (the same rows per optimizer step: flowrl.engines.train.rank_balance), else `batch`."""
     moved = exchange(batch, s.mini_batch_size) if s.balance_batch else None
     return batch if moved is None else moved.rows
 
@@ -63,7 +63,7 @@ def _logprobs_writes(outputs: tuple[str, ...] = (), **_: Any) -> tuple[str, ...]
 
 
 def _extra_outputs(outputs: tuple[str, ...]) -> tuple[str, ...]:
-    """`outputs` checked against the actor's output table (flowrl.engines.model_outputs) when the graph is
+    """`outputs` checked against the actor's output table (flowrl.engines.train.model_outputs) when the graph is
     traced, before any model loads; "logprobs" is always computed (written as old_logprobs)."""
     if isinstance(outputs, str):
         raise ValueError(f"outputs: a tuple of model output names, e.g. ({outputs!r},), got the string {outputs!r}")
@@ -87,7 +87,7 @@ class Actor:
 
     @graph_method(reads=POLICY_INPUT, writes=_logprobs_writes, defer_to="update")
     def logprobs(self, batch: TensorDict, outputs: tuple[str, ...] = ()) -> TensorDict:
-        """Old logprobs, and each of `outputs` (other outputs of the actor's table, flowrl.engines.model_outputs,
+        """Old logprobs, and each of `outputs` (other outputs of the actor's table, flowrl.engines.train.model_outputs,
         e.g. "entropy") of the current policy under its own name. When only actor.update reads them,
         the plan folds this call into it (its `deferred`)."""
         return self._logprobs(batch, outputs)
@@ -145,7 +145,7 @@ class Teacher:
         """The teacher's logprobs of the sampled tokens, under the distribution each row was sampled with;
         with `topk`, also its `topk` largest logprobs at each token and their token ids, [B, R, topk] each
         (teacher_topk_logprobs, teacher_topk_ids: forward top-k KL, flowrl.rl.distillation), from the same
-        forward pass, computed chunk by chunk (flowrl.engines.model_outputs)."""
+        forward pass, computed chunk by chunk (flowrl.engines.train.model_outputs)."""
         top = topk_outputs(topk) if topk else ()
         out = _forward(self.engine, self.settings, batch, outputs=("logprobs", *top))
         batch["teacher_logprobs"] = out["logprobs"]

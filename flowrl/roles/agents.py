@@ -23,7 +23,7 @@ from flowrl.data.imports import import_attribute
 from flowrl.engines.protocols import FinishReason, SamplingParams
 from flowrl.engines.service import agents
 from flowrl.engines.service.episodes import EpisodeTokens, episode_tokens
-from flowrl.engines.streaming import StreamingEngine
+from flowrl.engines.streaming.protocol import StreamingEngine
 
 AGENT_FIELDS = ("num_turns", "tool_error", "token_versions")  # what rollout.agents adds to generate's fields
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, SerializeAsAny, field_validator, model_serializer, model_validator
 
-from flowrl.data.envs import EnvSpec, load_env
+from flowrl.data.multiturn.envs import EnvSpec, load_env
 from flowrl.roles.agents import AgentSpec
 from flowrl.engines.configs import EngineConfig, Head, RolloutEngineConfig, TrainEngineConfig
 from flowrl.graph.role_config import RoleConfig
@@ -132,7 +132,7 @@ class RolloutConfig(GeneratorConfig):
     POLICY: ClassVar[bool] = True
     env: str | None = Field(None, description="The environment `rollout.interact` plays episodes in: 'calculator', "
                                               "'python', 'chat_tools' (built in) or 'module:attribute' "
-                                              "(flowrl.data.envs); max_new_tokens is then per turn.")
+                                              "(flowrl.data.multiturn.envs); max_new_tokens is then per turn.")
     env_options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment's "
                                         "factory, e.g. {'timeout_s': 1.0} for the sandboxed tools.")
     max_turns: int = Field(4, ge=1, description="Most model turns per episode (finish_reason MAX_TURNS).")
@@ -141,7 +141,7 @@ class RolloutConfig(GeneratorConfig):
     env_workers: int = Field(8, ge=0, description="Threads stepping a turn's environments at once (tools wait on "
                                                   "subprocesses); 0 steps them one by one.")
     async_episodes: bool = Field(False, description="Each episode of `interact` a coroutine of its own over the "
-                                 "engine as a StreamingEngine (flowrl.engines.async_agent_loop): tools run while "
+                                 "engine as a StreamingEngine (flowrl.engines.agents.async_loop): tools run while "
                                  "other episodes generate; False plays all episodes turn by turn.")
     env_step_timeout_s: float | None = Field(60.0, gt=0, description="Deadline of one environment step: a step "
                                              "past it ends its episode with reward 0 and a tool_error, counted in "

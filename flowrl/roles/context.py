@@ -11,7 +11,7 @@ from functools import cached_property
 from typing import Any
 
 from flowrl.engines.configs import ModelSource
-from flowrl.engines.hf_models import load_tokenizer
+from flowrl.engines.models.folders import load_tokenizer
 
 
 @dataclass

@@ -25,7 +25,7 @@ from pydantic import Field, field_validator
 
 from flowrl import metrics
 from flowrl.data.batch import left_pad
-from flowrl.engines.hf_models import load_tokenizer
+from flowrl.engines.models.folders import load_tokenizer
 from flowrl.engines.protocols import RolloutEngine, SamplingParams
 from flowrl.graph.role import graph_method, role
 from flowrl.roles.configs import GeneratorConfig

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from tensordict import TensorDict
 
 from flowrl import metrics
-from flowrl.engines.hf_models import atomic_dir
+from flowrl.engines.models.folders import atomic_dir
 from flowrl.graph.role import graph_method, role
 from flowrl.rl.ops import kl as kl_ops
 from flowrl.rl.ops import rewards as reward_ops

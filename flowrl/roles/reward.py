@@ -11,7 +11,7 @@ from transformers import AutoConfig
 
 from flowrl import metrics
 from flowrl.data.batch import MODEL_INPUT, column
-from flowrl.data.scoring_pool import call_with_deadline, check_reward
+from flowrl.data.scoring.pool import call_with_deadline, check_reward
 from flowrl.engines.protocols import RewardFn, TrainEngine
 from flowrl.graph.role import graph_method, role
 from flowrl.roles.configs import TrainRoleConfig

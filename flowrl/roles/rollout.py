@@ -13,12 +13,12 @@ from tensordict import NonTensorStack, TensorDict
 
 from flowrl import metrics
 from flowrl.data.batch import column, repeat_rows, response_lengths, right_pad
-from flowrl.data.envs import EnvSpec
-from flowrl.engines.agent_loop import run_episodes
-from flowrl.engines.async_agent_loop import run_episodes_async
+from flowrl.data.multiturn.envs import EnvSpec
+from flowrl.engines.agents.loop import run_episodes
+from flowrl.engines.agents.async_loop import run_episodes_async
 from flowrl.engines.protocols import FinishReason, RolloutEngine, SamplingParams, WeightSync
 from flowrl.engines.sampling import SAMPLED_WITH, sampling_columns
-from flowrl.engines.streaming import Request, Sample, StreamingEngine
+from flowrl.engines.streaming.protocol import Request, Sample, StreamingEngine
 from flowrl.errors import GraphError
 from flowrl.graph.context import CallInfo, calling, current_call
 from flowrl.graph.role import graph_method, role
@@ -64,7 +64,7 @@ class Rollout:
     tokenizer: Any = None  # what environments decode turns and encode observations with
     meta_keys: tuple[str, ...] = ()  # the task's metadata columns, handed to each episode's reset
     pad_id: int = 0  # the tokenizer's pad token, right of streamed responses (`generate`'s engine pads its own)
-    max_in_flight: int = 64  # streamed rollouts (flowrl.runtime.streaming): roles.rollout.max_in_flight,
+    max_in_flight: int = 64  # streamed rollouts (flowrl.runtime.offpolicy.streaming): roles.rollout.max_in_flight,
     partial: bool = False  # roles.rollout.partial,
     stream_timeout_s: float = 600.0  # roles.rollout.stream_timeout_s
     make_streamer: Callable[[RolloutEngine], StreamingEngine] | None = None  # the engine config's `streamer`
@@ -88,7 +88,7 @@ class Rollout:
                   check=_check_episode, rows_per_input="n")
     def interact(self, batch: TensorDict, n: int = 1, key: str = "scores", metric: str = "reward",
                  **sampling: Any) -> TensorDict:
-        """n episodes per prompt row in roles.rollout.env (flowrl.engines.agent_loop; flowrl.engines.async_agent_loop
+        """n episodes per prompt row in roles.rollout.env (flowrl.engines.agents.loop; flowrl.engines.agents.async_loop
         with roles.rollout.async_episodes), adjacent; `key` holds each
         episode's summed reward (logged as `<metric>/mean`), `num_turns` and `tool_error` its turns and first
         tool error; max_new_tokens bounds each turn."""

@@ -1,4 +1,4 @@
 """The runtime layer: executors, role factories, the training loop, checkpoints.
 
-Ray is optional: flowrl.runtime.ray_executor imports it and is imported only when asked for.
+Ray is optional: flowrl.runtime.ray.executor imports it and is imported only when asked for.
 """

@@ -8,9 +8,9 @@ from typing import Any
 from flowrl.config import RunConfig
 from flowrl.data.conversations import ConversationTask, table_kind
 from flowrl.data.dataset import DatasetTask, load_rows, prompt_text
-from flowrl.data.http_reward import HttpScorer, is_url
+from flowrl.data.scoring.http_reward import HttpScorer, is_url
 from flowrl.data.prompts import encode_prompt
-from flowrl.data.scoring_pool import ScoringPool
+from flowrl.data.scoring.pool import ScoringPool
 from flowrl.data.tasks import make_task
 
 

@@ -8,7 +8,7 @@ environment. The prompts come from a seed the training stream never
 uses (or are data.val_files' rows), so the set stays the same across a run and
 its resumes. Rows with a `data_source` add `eval/<source>/greedy`; with
 eval.samples = k, k sampled responses per prompt add mean@k and pass@k
-(flowrl.data.eval_metrics).
+(flowrl.data.scoring.eval_metrics).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from tensordict import TensorDict
 
 from flowrl.data.batch import column
-from flowrl.data.eval_metrics import greedy_metrics, sampled_metrics
+from flowrl.data.scoring.eval_metrics import greedy_metrics, sampled_metrics
 from flowrl.graph.algorithm import Algorithm, algorithm
 from flowrl.graph.role import role_spec
 from flowrl.plan.placement import Placement

@@ -3,7 +3,7 @@
 `Executor` is the base of both: the step (stream, pipeline or plain nodes, the
 first step's heap freeze), the public `run_nodes` each implements, and one
 `VersionBook` of policy versions made from the plan (a view for another plan
-shares it). `flowrl.runtime.ray_executor.RayExecutor` is the other one, with
+shares it). `flowrl.runtime.ray.executor.RayExecutor` is the other one, with
 each pool's roles in Ray actors. Both run nodes in an order the plan's edges allow.
 """
 
@@ -22,7 +22,8 @@ from flowrl.graph.context import StepCalls
 from flowrl.graph.role import close_role
 from flowrl.graph.trace import Node
 from flowrl.plan.planner import Plan
-from flowrl.runtime import buffering, gc_heap, streaming
+from flowrl.runtime.offpolicy import buffering, streaming
+from flowrl.runtime.observe import gc_heap
 from flowrl.runtime.scheduling import Spread, call_node, fill_index, run_step, scheduled
 
 
@@ -44,7 +45,7 @@ class Executor(ABC):
     """What the trainer needs from an executor, and the step both run: through the plan's stream, else its
     pipeline, else its plain nodes (fill included), each through `run_nodes`. After the first step with
     `gc_freeze` set, `freeze_heap()` once: that step made what lives as long as the run (compiles;
-    flowrl.runtime.gc_heap). `flowrl.runtime.ray_executor.RayExecutor` is the other one, with each pool's roles
+    flowrl.runtime.observe.gc_heap). `flowrl.runtime.ray.executor.RayExecutor` is the other one, with each pool's roles
     in Ray actors."""
 
     def __init__(self, plan: Plan, nodes: list[Node], spread: Spread, gc_freeze: bool, book: VersionBook | None):
@@ -98,7 +99,7 @@ class Executor(ABC):
     @abstractmethod
     def train_engines(self) -> dict[str, TrainEngine]:
         """What a checkpoint saves and loads (save/load of the trainable roles, and of the buffered batches
-        under flowrl.runtime.buffering.BUFFER when the plan buffers)."""
+        under flowrl.runtime.offpolicy.buffering.BUFFER when the plan buffers)."""
 
     @abstractmethod
     def save_pretrained(self, role: str, path: str, tokenizer: Any = None) -> None:
@@ -109,7 +110,7 @@ class Executor(ABC):
 
 
 class LocalExecutor(Executor):
-    """`gc_freeze`: after its first step, freeze the process's heap (flowrl.runtime.gc_heap; thawed at close if
+    """`gc_freeze`: after its first step, freeze the process's heap (flowrl.runtime.observe.gc_heap; thawed at close if
     nothing was frozen before)."""
 
     def __init__(self, plan: Plan, roles: dict[str, Any], world_size: int = 1, gc_freeze: bool = False,

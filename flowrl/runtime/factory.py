@@ -16,7 +16,7 @@ from typing import Any
 from flowrl.config import RunConfig
 from flowrl.data.dataset import DatasetTask
 from flowrl.engines.configs import ModelSource
-from flowrl.engines.tiny_model import build_tiny_model
+from flowrl.engines.models.tiny_model import build_tiny_model
 from flowrl.graph.role import RoleSpec
 from flowrl.plan.placement import Pool
 from flowrl.plan.planner import Plan

@@ -17,7 +17,7 @@ import transformers
 
 from flowrl.config import RunConfig, validate
 from flowrl.engines.configs import EngineConfig
-from flowrl.engines.tiny_model import build_tiny_model
+from flowrl.engines.models.tiny_model import build_tiny_model
 from flowrl.errors import MissingField, PlanError
 from flowrl.graph.algorithm import Algorithm
 from flowrl.graph.role import role_spec

@@ -20,18 +20,20 @@ from flowrl.data.imports import import_attribute
 from flowrl.data.prompts import PromptStream
 from flowrl.data.redact import redact
 from flowrl.data.tasks import Task, check_task
-from flowrl.engines.hf_models import load_tokenizer
+from flowrl.engines.models.folders import load_tokenizer
 from flowrl.graph.algorithm import ALGORITHMS, Algorithm
 from flowrl.roles.configs import RolloutConfig
 from flowrl.runtime.data_tasks import eval_task, fit_prompts, run_task
-from flowrl.runtime import checkpoint, distributed, dumps, profiling, resume, threads
+from flowrl.runtime import distributed, threads
+from flowrl.runtime.store import checkpoint, dumps, resume
+from flowrl.runtime.observe import profiling
 from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan, plays_episodes, sample_count
 from flowrl.runtime.executor import Executor
-from flowrl.runtime.executors import executor_config
-from flowrl.runtime.loggers import Loggers, open_loggers
+from flowrl.runtime.executor_configs import executor_config
+from flowrl.runtime.observe.loggers import Loggers, open_loggers
 from flowrl.runtime.planning import check_memory, make_plan
 from flowrl.runtime.plan_record import PlanRecord
-from flowrl.runtime.run_lock import RunLock
+from flowrl.runtime.store.run_lock import RunLock
 from flowrl.runtime.shutdown import Shutdown, Stopped
 from flowrl.runtime.factory import make_factory, model_path
 
@@ -148,7 +150,7 @@ def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
           on_step: OnStep | None = None, task: Task | None = None) -> list[dict[str, float]]:
     """Run cfg.train.steps steps (resuming if a checkpoint exists); returns this run's metrics per step.
 
-    The output folder is locked while it runs (flowrl.runtime.run_lock); SIGTERM and SIGINT stop it after the
+    The output folder is locked while it runs (flowrl.runtime.store.run_lock); SIGTERM and SIGINT stop it after the
     step in progress, with a checkpoint (flowrl.runtime.shutdown: raises Stopped)."""
     _check_writable(Path(cfg.train.output_dir))
     lock = RunLock(cfg.train.output_dir).acquire() if os.environ.get("RANK", "0") == "0" else None

@@ -41,7 +41,7 @@ from fastapi.responses import JSONResponse
 
 from flowrl.engines.protocols import FinishReason, SamplingParams
 from flowrl.engines.service.episodes import Call, EpisodeBook
-from flowrl.engines.streaming import Request, StreamingEngine
+from flowrl.engines.streaming.protocol import Request, StreamingEngine
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k")

@@ -1,4 +1,4 @@
-"""Router: one StreamingEngine over R replica StreamingEngines (flowrl.engines.streaming).
+"""Router: one StreamingEngine over R replica StreamingEngines (flowrl.engines.streaming.protocol).
 
 Each request goes to one replica:
 
@@ -21,7 +21,7 @@ import asyncio
 from collections import OrderedDict
 from typing import Sequence
 
-from flowrl.engines.streaming import Request, Sample, StreamingEngine
+from flowrl.engines.streaming.protocol import Request, Sample, StreamingEngine
 
 
 class Router:

@@ -1,0 +1,1 @@
+"""The built-in tasks: arithmetic, the calculator tool task, generated word problems."""

@@ -1,0 +1,1 @@
+"""The OS sandbox of model-written code: bubblewrap, seccomp, the python tool's runner."""

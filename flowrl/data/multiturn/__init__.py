@@ -1,0 +1,1 @@
+"""What a multi-turn rollout talks to: environments, chat tools, tool-call formats."""

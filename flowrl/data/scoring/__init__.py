@@ -1,0 +1,1 @@
+"""Scoring rows: rule scorers, the worker pool, HTTP reward servers, evaluation metrics."""

@@ -1,0 +1,1 @@
+"""Multi-turn agent loops over a rollout engine (batch and asyncio)."""

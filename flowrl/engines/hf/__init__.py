@@ -1,0 +1,1 @@
+"""The transformers rollout engines: `generate`, and the static-cache compiled decode."""

@@ -1,0 +1,1 @@
+"""Model folders: loading, writing, importing (GGUF), and the built-in tiny model."""

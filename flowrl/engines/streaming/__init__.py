@@ -1,0 +1,1 @@
+"""Streaming rollouts: the protocol, the shared request worker, the thread streamer."""

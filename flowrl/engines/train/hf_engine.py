@@ -1,0 +1,421 @@
+"""HFTrainEngine: the TrainEngine protocol over a transformers model.
+
+One engine per rank. With torch.distributed initialised and world size > 1
+the model is sharded with FSDP2 (`fully_shard` on each decoder layer, then the
+root) over a 1-D mesh of all ranks; this works on CPU with gloo as well as on
+GPUs with NCCL. Every rank then passes its own rows: `mini_batch_size` and
+`micro_batch_size` count rows per rank, and all ranks must hold equally many.
+
+update() is exact: micro-batch losses of a mean (`loss_fn.combine == "mean"`)
+are weighted by `loss_fn.weight(mb)` over the mini-batch's total weight
+(summed over ranks), those of a sum ("sum", token-sum) are added, so one
+step's gradient is the gradient of the loss on the whole mini-batch, however
+it is split (over ranks too: FSDP averages gradients, so each rank's loss is
+scaled by the world size). So micro-batches may also be formed by a token
+budget instead of a row count (flowrl.engines.train.token_batching; every rank runs
+as many), and each may run packed, its rows as one sequence with per-row
+attention (flowrl.engines.train.packing).
+
+Checkpoints are sharded (flowrl.engines.train.sharded_checkpoint): every rank writes
+its own shards and a checkpoint loads at any world size. Options: CPU offload
+of the sharded parameters (FSDP2's CPUOffloadPolicy) or of the optimizer state
+between steps, and LoRA (flowrl.engines.train.lora), where only the adapters train,
+save and load, and the weight sync and export read merged weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from typing import Iterator, Literal
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor
+
+from flowrl.engines.train import lora as lora_utils, sharded_checkpoint
+from flowrl.engines.hf.attention import use_flowrl_sdpa
+from flowrl.engines.train.fsdp import full_tensors, move_optimizer_state, shard_device, shard_model
+from flowrl.engines.train.logprobs import full_logits_logprobs, token_logprobs
+from flowrl.engines.train.lr_schedules import check_schedule, lr_factor
+from flowrl.engines.train.model_outputs import check_outputs, default_outputs, gathered_columns
+from flowrl.engines.train.model_inputs import column_multiple, masked_inputs, packed_inputs, trim_padding, used_columns
+from flowrl.engines.train.packing import packed_outputs
+from flowrl.engines.protocols import LossFn
+from flowrl.engines.train.regional_compile import CompiledLayers
+from flowrl.engines.weights.reshard import local_shards
+from flowrl.engines.weights.reshard_sync import WeightShards, model_heads
+from flowrl.engines.train.token_batching import budget_micro_batches
+from flowrl.engines.sampling import RowSampling, apply_sampling
+from flowrl.engines.models.folders import atomic_dir
+
+
+class HFTrainEngine:
+    """Actor (logprobs, entropy) or critic (values) engine; AdamW, warmup then constant LR.
+
+    The LR ramps linearly over `warmup_steps` steps: step s (from 0) uses
+    lr * min(1, (s + 1) / warmup_steps). `eps` is AdamW's epsilon.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, kind: Literal["actor", "critic", "reward"], lr: float = 1e-6,
+                 weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 grad_clip: float = 1.0, warmup_steps: int = 0, device: str | torch.device = "cpu",
+                 by_length: bool = True, logprob_chunk_tokens: int = 0, lr_schedule: str = "constant",
+                 lr_decay_steps: int = 0, compile: bool = False, offload_params: bool = False,
+                 offload_optimizer: bool = False, lora: bool = False, max_tokens_per_micro_batch: int = 0,
+                 forward_max_tokens_per_micro_batch: int = 0, packing: bool = False):
+        """by_length: group rows of similar length into micro-batches (and trim their padding); False keeps
+        the batch's row order, as fixed-width micro-batches of verl without dynamic batch size do.
+        logprob_chunk_tokens: compute actor logprobs `chunk` tokens at a time from the hidden states
+        (flowrl.engines.train.logprobs), never holding the full fp32 logits; 0 computes full logits (and so do
+        FSDP2-sharded engines).
+        compile: run this engine's passes with each decoder layer torch.compile'd (one compile serves all
+        layers; FSDP2: the whole model) and compiled logprob chunks; the module is compiled only while the
+        passes run (a rollout engine sharing it is unaffected).
+        offload_params: FSDP2's CPU offload (sharded parameters, gradients and optimizer state on the CPU);
+        needs world size > 1 off the CPU. offload_optimizer: AdamW's state waits on the CPU between steps.
+        lora: `model` is a peft LoRA model (flowrl.engines.train.lora.apply).
+        max_tokens_per_micro_batch: group an update's rows into micro-batches of at most this many tokens
+        (flowrl.engines.train.token_batching) instead of `micro_batch_size` rows; forward_max_tokens_per_micro_batch
+        the same for no-grad passes (0: max_tokens_per_micro_batch). 0: rows.
+        packing: each micro-batch's rows run as one sequence with per-row attention (flowrl.engines.train.packing)."""
+        _check_args(kind=kind, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip, warmup_steps=warmup_steps)
+        self.kind, self.by_length, self.logprob_chunk_tokens = kind, by_length, logprob_chunk_tokens
+        self.max_tokens, self.packing = max_tokens_per_micro_batch, packing
+        self.forward_max_tokens = forward_max_tokens_per_micro_batch or max_tokens_per_micro_batch
+        self.grad_clip = grad_clip
+        self.world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        self.sharded = self.world_size > 1
+        self.device = shard_device(torch.device(device)) if self.sharded else torch.device(device)
+        self.column_multiple = column_multiple(self.device)  # widths aligned on CUDA (model_inputs.COLUMN_MULTIPLE)
+        self.model, self.lora, self.offload_optimizer = model, lora, offload_optimizer and self.device.type != "cpu"
+        use_flowrl_sdpa(model)  # unpadded causal passes run SDPA's flash kernel, compiled too
+        if offload_params and not self.sharded and self.device.type != "cpu":
+            raise ValueError("offload_params needs FSDP2, which shards over 2 or more ranks (torchrun); with one "
+                             "process set it false")
+        if self.sharded:  # fully_shard moves each group to the device as it shards it: no full copy there
+            shard_model(self.model, self.device.type, self.world_size, offload=offload_params)
+        else:
+            self.model.to(self.device)
+        self.compiled = compile
+        # one process: each decoder layer compiled (flowrl.engines.train.regional_compile); FSDP2: the whole model
+        self._layers = CompiledLayers(self.model) if compile and not self.sharded else None
+        self._whole = compile and not self._layers
+        self._model_fn = torch.compile(self.model) if self._whole else self.model
+        self._decoder_fn = torch.compile(self.model.get_decoder()) if self._whole and kind == "actor" else None
+        self.hyperparameters = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+        trained = [p for p in self.model.parameters() if p.requires_grad] or list(self.model.parameters())
+        # one fused kernel per step on CUDA (torchtitan's default too); torch's foreach loop elsewhere
+        self.optimizer = torch.optim.AdamW(trained, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                           fused=self.device.type == "cuda" and not offload_params or None)
+        check_schedule(lr_schedule, warmup_steps, lr_decay_steps)  # then decay (flowrl.engines.train.lr_schedules)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(
+            lr_factor, warmup_steps=warmup_steps, schedule=lr_schedule, decay_steps=lr_decay_steps))
+
+    @torch.no_grad()
+    def forward(self, batch: TensorDict, *, temperature: float = 1.0, micro_batch_size: int = 8,
+                outputs: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
+        """No-grad outputs aligned to the response, on the device of batch["prompt_ids"]: each of `outputs`
+        (flowrl.engines.train.model_outputs; None: an actor's "logprobs", a critic's "values", a reward model's
+        "scores"). An actor's are computed chunk-wise, under each row's sampling distribution (its
+        SAMPLED_WITH columns, flowrl.engines.sampling; rows without them: `temperature`, untruncated)."""
+        _check_positive(temperature=temperature, micro_batch_size=micro_batch_size)
+        outputs = check_outputs(self.kind, outputs or default_outputs(self.kind))
+        self._check_same_rows(batch.batch_size[0])
+        groups = self._micro_batches(batch, micro_batch_size, self.forward_max_tokens)
+        outs = [self._outputs(batch[rows], temperature, outputs) for rows in groups]
+        order = torch.cat(groups)
+        home = batch["prompt_ids"].device
+        unsort = torch.empty_like(order)
+        unsort[order] = torch.arange(order.numel())
+        return {key: torch.cat([out[key] for out in outs])[unsort.to(self.device)].to(home) for key in outs[0]}
+
+    def update(self, batch: TensorDict, loss_fn: LossFn, *, temperature: float = 1.0,
+               mini_batch_size: int = 8, micro_batch_size: int = 8, epochs: int = 1,
+               shuffle_seed: int | None = None, old_logprobs_from_current: bool = False) -> dict[str, float]:
+        """One optimizer step per mini-batch per epoch; mean metrics plus grad_norm, lr, skipped_steps.
+
+        old_logprobs_from_current: each micro-batch's old logprobs are its current ones, detached
+        (the on-policy single-step case, where they are equal; saves a forward pass).
+        """
+        _check_positive(temperature=temperature, mini_batch_size=mini_batch_size,
+                        micro_batch_size=micro_batch_size, epochs=epochs)
+        if loss_fn.combine not in ("mean", "sum"):
+            raise ValueError(f"loss_fn.combine must be 'mean' or 'sum', got {loss_fn.combine!r}")
+        check_outputs(self.kind, loss_fn.needs)
+        num_rows = batch.batch_size[0]
+        self._check_same_rows(num_rows)
+        generator = None if shuffle_seed is None else torch.Generator().manual_seed(shuffle_seed)
+        sums: dict[str, list] = {}  # key: [running sum (float or 0-d tensor), count]
+        grad_norms, skipped, lr = [], 0, self.scheduler.get_last_lr()[0]
+        for _ in range(epochs):
+            order = torch.arange(num_rows) if generator is None else torch.randperm(num_rows, generator=generator)
+            for rows in order.split(mini_batch_size):
+                lr = self.scheduler.get_last_lr()[0]
+                with self._compiling():  # the backward passes too (activation checkpointing recomputes)
+                    grad_norm = self._step(batch[rows], loss_fn, temperature, micro_batch_size, sums,
+                                           old_logprobs_from_current)
+                skipped += grad_norm is None
+                grad_norms += [] if grad_norm is None else [grad_norm]
+        metrics = {key: float(total) / count for key, (total, count) in sums.items()}
+        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        metrics["lr"] = lr
+        metrics["skipped_steps"] = float(skipped)
+        return metrics
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded parameters as CPU copies, on every rank (collective when sharded); merged under LoRA."""
+        if self.lora:
+            return {key: value.to("cpu", copy=True) for key, value in self.named_full_tensors()}
+        if not self.sharded:
+            return {key: value.detach().to("cpu", copy=True) for key, value in self.model.state_dict().items()}
+        # cpu_offload=True would leave every rank but 0 with an empty dict; each rank needs the weights.
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return {key: value.detach().cpu() for key, value in state.items()}
+
+    def named_full_tensors(self, merge: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each state-dict entry unsharded on this engine's device, one at a time (a streamed weight sync reads
+        these); collective when sharded, so every rank iterates them all. Under LoRA, the base model's
+        entries with the adapters merged (`merge`=False: the peft model's own entries)."""
+        tensors = full_tensors(self.model, self.device if self.sharded else None)
+        return lora_utils.merged(tensors, lora_utils.scaling(self.model)) if self.lora and merge else tensors
+
+    def weight_shards(self) -> WeightShards | None:
+        """This rank's FSDP2 shards of each entry, for a sync that moves each rank only what it keeps
+        (flowrl.engines.weights.reshard_sync); None where the sync must gather: unsharded, or LoRA (merged weights
+        exist only whole)."""
+        if not self.sharded or self.lora:
+            return None
+        entries = [(name, tuple(t.shape), t.dtype) for name, t in self.model.state_dict().items()]
+        return WeightShards(entries, local_shards(self.model), *model_heads(self.model.config), self.device)
+
+    def save_adapter(self, folder: str) -> str:
+        """The LoRA adapter in peft's format to `folder`, on every rank (collective when sharded)."""
+        if not self.lora:
+            raise ValueError("this train engine has no LoRA adapter to save (its lora_rank is 0)")
+        tensors = lora_utils.adapter_tensors(self.named_full_tensors(merge=False))
+        return str(lora_utils.save_adapter(self.model, tensors, folder))
+
+    def save(self, path: str) -> None:
+        """Model (under LoRA: the adapters only), optimizer and scheduler state to folder `path`: every rank
+        writes its own shards (collective), and the folder appears whole or not at all."""
+        sharded_checkpoint.save(path, self.model, self.optimizer, self.scheduler, trainable_only=self.lora)
+
+    def load(self, path: str) -> None:
+        """Restores what save() wrote, at any world size (collective)."""
+        sharded_checkpoint.load(path, self.model, self.optimizer, self.scheduler, trainable_only=self.lora)
+        if self.offload_optimizer:
+            move_optimizer_state(self.optimizer, "cpu")
+        self._apply_hyperparameters()
+
+    def _apply_hyperparameters(self) -> None:
+        """After loading a checkpoint, this engine's own settings win over the saved ones (a resumed run with a
+        new lr trains with it); the schedule's position is the checkpoint's."""
+        h = self.hyperparameters
+        self.scheduler.base_lrs = [h["lr"]] * len(self.optimizer.param_groups)
+        factors = [fn(self.scheduler.last_epoch) for fn in self.scheduler.lr_lambdas]
+        for group, factor in zip(self.optimizer.param_groups, factors):
+            group.update(initial_lr=h["lr"], lr=h["lr"] * factor, weight_decay=h["weight_decay"], betas=h["betas"],
+                         eps=h["eps"])
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def save_pretrained(self, path: str, tokenizer=None) -> None:
+        """Exports full HF weights (and the tokenizer, if given) to folder `path`; rank 0 writes. Under LoRA the
+        base model with the adapters merged."""
+        if self.lora:
+            model, state = self.model.get_base_model(), self.full_state_dict()
+        else:
+            model = self.model
+            state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self._rank() == 0:
+            with atomic_dir(path, marked=True) as tmp:
+                model.save_pretrained(tmp, state_dict=state)
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(tmp)
+        if self.sharded:
+            dist.barrier()
+
+    def _outputs(self, mb: TensorDict, temperature: float, outputs: tuple[str, ...],
+                 span: tuple[int, int] | None = None,
+                 sampling: RowSampling | None = None) -> dict[str, torch.Tensor]:
+        """Outputs [B, R] on this engine's device for the micro-batch (on any device), 0 on padding, computed
+        without the columns that are padding in every row: `span`, else found from mb's masks (on the host
+        when mb is there, so no device sync); each row's sampling likewise: `sampling`, else read from mb."""
+        trimmed = trim_padding(mb, span or used_columns(mb), self.column_multiple,
+                               gathered_columns(outputs)).to(self.device)
+        mask = trimmed["response_mask"].bool()
+        sampling = (sampling or RowSampling.of(mb, temperature)).to(self.device)
+        with self._compiling():
+            out = self._outputs_dense(trimmed, sampling, outputs)
+        width = mb["response_mask"].shape[1]  # a negative pad cuts the aligning columns (COLUMN_MULTIPLE) off
+        return {key: _response_width(value, mask, width) for key, value in out.items()}
+
+    def _outputs_dense(self, mb: TensorDict, sampling: RowSampling,
+                       outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """Outputs of the trimmed micro-batch; an actor's under each row's sampling distribution."""
+        if self.packing:
+            return packed_outputs(self, mb, sampling, outputs)
+        response_ids, ids = mb["response_ids"], {column: mb[column] for column in gathered_columns(outputs)}
+        num_prompt, num_response = mb["prompt_ids"].shape[1], response_ids.shape[1]
+        temperature_N, truncation = sampling.per_token(num_response)
+        if self.kind == "actor" and not (self.logprob_chunk_tokens and not self.sharded):
+            # FSDP2 runs lm_head inside the root module's forward: the full model, padding masked
+            inputs = self._dynamic(masked_inputs(mb))
+            keep = num_response + 1
+            if self._whole:  # as indices, of a dynamic size: an int is guarded on, a compile per response width
+                width = inputs["input_ids"].shape[1]
+                keep = self._dynamic({"keep": torch.arange(width - keep, width, device=self.device)})["keep"]
+            logits_BRV = self._model_fn(**inputs, logits_to_keep=keep).logits[:, :-1]
+            logits_NV = apply_sampling(logits_BRV.reshape(-1, logits_BRV.shape[-1]), temperature_N, truncation,
+                                       response_ids.reshape(-1))
+            return full_logits_logprobs(logits_NV.view(logits_BRV.shape), response_ids, outputs, ids)
+        input_ids, column_BL = packed_inputs(mb)
+        self._dynamic({"input_ids": input_ids})
+        # the column of each response token, and of the token before it, which predicts it
+        at_BR = column_BL[:, num_prompt:]
+        before_BR = (at_BR - 1).clamp(min=0)
+        if self.kind in ("critic", "reward"):
+            head_BL = self._model_fn(input_ids=input_ids, use_cache=False).logits[..., 0]
+            if self.kind == "critic":  # the value of the state before each response token
+                return {"values": head_BL.gather(1, before_BR).float()}
+            # the score after each response token (a reward model reads the last one)
+            return {"scores": head_BL.gather(1, at_BR).float()}
+        decoder = self.model.get_decoder() if self._decoder_fn is None else self._decoder_fn
+        hidden_BLH = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
+        hidden_BRH = hidden_BLH.gather(1, before_BR[..., None].expand(-1, -1, hidden_BLH.shape[-1]))
+        return token_logprobs(hidden_BRH, self.model.get_output_embeddings().weight, response_ids, temperature_N,
+                              outputs, self.logprob_chunk_tokens, compiled=self.compiled, truncation=truncation,
+                              ids=ids)
+
+    def _compiling(self) -> contextlib.AbstractContextManager:
+        """The block runs the compiled decoder layers (compile on, one process)."""
+        return self._layers.active() if self._layers else contextlib.nullcontext()
+
+    def _dynamic(self, inputs: dict) -> dict:
+        """The whole model compiled (FSDP2): the micro-batch's rows and width are dynamic from the first compile
+        (as hf_static's decode step: _mark_dynamic), so a pass compiles once per grad mode; torch.compile's
+        default compiled the first shape static, then again dynamic at the next micro-batch shape (each a full
+        inductor compile, 20-40 s for a 0.5B model on a cold H200). Marked dims are not duck-sized with the
+        model's own. Compiled layers are dynamic by their own compile (flowrl.engines.train.regional_compile)."""
+        if self._whole:
+            for value in inputs.values():
+                if isinstance(value, torch.Tensor):
+                    for dim in range(min(value.dim(), 2)):
+                        torch._dynamo.maybe_mark_dynamic(value, dim)
+        return inputs
+
+    def _step(self, mini: TensorDict, loss_fn: LossFn, temperature: float, micro_batch_size: int,
+              sums: dict[str, list], old_from_current: bool = False) -> float | None:
+        """One optimizer step on a mini-batch; the grad norm, or None when the step was skipped."""
+        groups = self._micro_batches(mini, micro_batch_size, self.max_tokens)
+        micro = [mini[rows] for rows in groups]
+        weights = [float(loss_fn.weight(mb)) for mb in micro]
+        total = self._all_reduce_sum(sum(weights))
+        if total <= 0:
+            return None
+        # what needs the host is read before the mini-batch moves in one go: no device sync per micro-batch
+        spans = [used_columns(mb) for mb in micro]
+        samplings = [RowSampling.of(mb, temperature) for mb in micro]
+        self.optimizer.zero_grad(set_to_none=True)
+        on_device = mini.to(self.device)
+        for mb, span, sampling, weight in zip([on_device[rows] for rows in groups], spans, samplings, weights):
+            out = self._outputs(mb, temperature, tuple(loss_fn.needs), span=span, sampling=sampling)
+            if weight == 0:  # keep FSDP's collectives in step with the other ranks; no NaN from 0/0
+                sum(value.sum() for value in out.values()).mul(0.0).backward()
+                continue
+            if old_from_current:
+                mb = mb.clone(False)
+                mb.set("old_logprobs", out["logprobs"].detach(), inplace=False)
+            loss, metrics = loss_fn(out, mb)
+            share = 1.0 if loss_fn.combine == "sum" else weight / total
+            (loss * (share * self.world_size)).backward()
+            for key, value in metrics.items():  # summed where they are; read once, after the update
+                entry = sums.setdefault(key, [0.0, 0])
+                entry[0] = entry[0] + (value.detach() if isinstance(value, torch.Tensor) else value)
+                entry[1] += 1
+        return self._clip_and_step()
+
+    def _clip_and_step(self) -> float | None:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
+        if isinstance(norm, DTensor):  # FSDP2: a partial norm over shards; reduce it across ranks
+            norm = norm.full_tensor()
+        if not math.isfinite(norm.item()):
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, norm)
+        if self.offload_optimizer:  # AdamW's moments come to the device for the step only
+            move_optimizer_state(self.optimizer, self.device)
+        self.optimizer.step()
+        if self.offload_optimizer:
+            move_optimizer_state(self.optimizer, "cpu")
+        self.scheduler.step()
+        return norm.item()
+
+    def _micro_batches(self, batch: TensorDict, micro_batch_size: int, max_tokens: int) -> list[torch.Tensor]:
+        """Row indices of each micro-batch: `max_tokens` per micro-batch when set (as many on every rank), else
+        `micro_batch_size` rows in `_order`."""
+        if max_tokens:
+            return budget_micro_batches(batch, max_tokens, packed=self.packing, agree=self._all_reduce_max)
+        return list(self._order(batch).split(micro_batch_size))
+
+    def _order(self, batch: TensorDict) -> torch.Tensor:
+        """Rows longest first (with `by_length`), so each micro-batch's padding trims away; the loss is a
+        weighted sum over micro-batches, so their makeup leaves the step unchanged."""
+        if not self.by_length:
+            return torch.arange(batch.batch_size[0])
+        lengths = batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)
+        return torch.argsort(lengths.cpu(), descending=True, stable=True)
+
+    def _rank(self) -> int:
+        return dist.get_rank() if self.sharded else 0
+
+    def _all_reduce_max(self, value: int) -> int:
+        if not self.sharded:
+            return value
+        tensor = torch.tensor([value], device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return int(tensor.item())
+
+    def _all_reduce_sum(self, value: float) -> float:
+        if not self.sharded:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor.item()
+
+    def _check_same_rows(self, num_rows: int) -> None:
+        """FSDP2 runs collectives per micro-batch, so unequal row counts would hang; fail instead."""
+        if not self.sharded:
+            return
+        extremes = torch.tensor([num_rows, -num_rows], device=self.device)
+        dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+        if extremes[0].item() != -extremes[1].item():
+            raise ValueError(f"batch rows differ across ranks (max {extremes[0].item()}, "
+                             f"min {-extremes[1].item()}); every rank must pass equally many rows")
+
+
+def _response_width(value_BR: torch.Tensor, mask_BR: torch.Tensor, width: int) -> torch.Tensor:
+    """An output ([B, R] or [B, R, K]) with 0 on padding, cut or padded to `width` response columns."""
+    mask = mask_BR.view(*mask_BR.shape, *(1,) * (value_BR.dim() - 2))
+    pad = (0, 0) * (value_BR.dim() - 2) + (0, width - value_BR.shape[1])
+    return torch.nn.functional.pad(torch.where(mask, value_BR, 0), pad)
+
+
+def _check_args(*, kind: str, lr: float, weight_decay: float, grad_clip: float, warmup_steps: int) -> None:
+    if kind not in ("actor", "critic", "reward"):
+        raise ValueError(f"kind must be 'actor', 'critic' or 'reward', got {kind!r}")
+    _check_positive(lr=lr, grad_clip=grad_clip)
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")

@@ -1,0 +1,1 @@
+"""The vLLM rollout engine, in this process, and its streaming form."""

@@ -1,0 +1,142 @@
+"""What the in-process vLLM engine (flowrl.engines.vllm.rollout) needs around vLLM; imports no vLLM.
+
+- `_start_within`: vLLM's start-up under a deadline; `_close_at_exit`: the engine closed at the interpreter's exit.
+- `tensor_parallel_group` and `_gather_rows`: every rank of a tensor-parallel engine sends the same requests
+  (tensor_parallel_size k on a pool of N ranks: N / k data-parallel replicas, each gathering its own rows).
+- `token_logprobs`: the sampler's logprob of each token of a vLLM completion; `flat_logprobs_option`: asks for
+  them flat.
+- `_device_used_gib`: the device memory in use (what a sleep frees).
+- `RotaryReloadFilter`: drops the warning vLLM's reload_weights logs for rotary layers (RELOAD_LOGGER).
+- `preload(RELOAD_IMPORTS)`: imports at start-up what vLLM imports inside its first reload_weights.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from flowrl.data.scoring.pool import call_with_deadline
+from flowrl.engines.weights.reshard_plan import check_layout
+
+if TYPE_CHECKING:
+    from flowrl.engines.vllm.rollout import VLLMRolloutEngine
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"  # vLLM's reload_weights, layer by layer
+GIB = 1 << 30
+# vLLM 0.26's V2 model runner imports the V1 runner's module (7,800 lines, a dozen speculative-decoding
+# proposers) inside its first reload_weights: on the H200 the first weight sync of a run spent 0.33 s of its
+# 0.54 s in the reload call but outside vLLM's own reload timer (0.15 s), the later ones none (docs/benchmarks.md,
+# 2026-12-04, sixth session).
+RELOAD_IMPORTS = ("vllm.v1.worker.gpu_model_runner",)
+
+
+def preload(modules: tuple[str, ...]) -> list[str]:
+    """Imports each of `modules` that this install has (a vLLM without one skips it); the ones imported."""
+    loaded = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+        loaded.append(name)
+    return loaded
+
+
+class RotaryReloadFilter(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights" after every weight sync, and nothing else.
+
+    A rotary layer holds its cos/sin cache but no checkpoint weights, so each `reload_weights` finds nothing
+    to load for it and (rightly) puts its tensors back; vLLM warns about that. Any other layer that fails to
+    load still warns.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and isinstance(record.args, tuple)
+                    and str(record.args[0]).endswith("RotaryEmbedding"))
+
+
+def _start_within(start: Any, timeout_s: float, cuda: bool) -> Any:
+    """start() (vLLM's constructor) under a deadline (flowrl.data.scoring.pool.call_with_deadline): a hung
+    start-up stops the run in one line. vLLM runs in this process, so there is nothing to kill: the thread is
+    abandoned and ends with the process. The thread starts on the caller's CUDA device (the current device is per
+    thread), and the device vLLM's worker left current there is made current here, as when vLLM started in this
+    thread."""
+    device = torch.cuda.current_device() if cuda else None
+
+    def on_device() -> tuple[Any, int | None]:
+        if device is not None:
+            torch.cuda.set_device(device)
+        return start(), (torch.cuda.current_device() if device is not None else None)
+
+    llm, left = call_with_deadline(on_device, (), timeout_s, "vLLM's start-up", timed_out=(
+        f"vLLM did not start within {timeout_s:g} s (roles.rollout.start_timeout_s); the run stops here (rerun the "
+        f"same command to resume)"))
+    if left is not None:
+        torch.cuda.set_device(left)
+    return llm
+
+
+def token_logprobs(completion: Any) -> list[float]:
+    """The sampler's logprob of each token of a vLLM CompletionOutput (asked with logprobs=0: the sampled
+    token's only; processed: after temperature, top-k, top-p). Flat logprobs (`flat_logprobs`) hold one
+    entry per token in order, the sampled token's, read as they are; else one dict per token."""
+    flat = completion.logprobs
+    if hasattr(flat, "start_indices"):  # vllm.logprobs.FlatLogprobs
+        if flat.end_indices != list(range(1, len(completion.token_ids) + 1)):
+            raise ValueError("vLLM returned more than the sampled token's logprob per position (logprobs=0)")
+        return list(flat.logprobs)
+    return [step[token].logprob for step, token in zip(flat, completion.token_ids)]
+
+
+def flat_logprobs_option(sampling_params: type) -> dict:
+    """vLLM's flat logprobs where this vLLM has them (0.26 does): a completion's logprobs as a few lists of
+    numbers, not a dict and an object per token (131k of each for 512 rows of 256 tokens). On the H200 the
+    garbage collector's time inside such a call fell from 0.17-0.27 s to 0.06-0.07 s (benchmarks/
+    vllm_engine_speed.py, 2026-12-04)."""
+    return {"flat_logprobs": True} if "flat_logprobs" in getattr(sampling_params, "__struct_fields__", ()) else {}
+
+
+def _device_used_gib(cuda: bool) -> float:
+    """Memory in use on the current CUDA device, every allocator's (vLLM's sleep-mode pool is not torch's);
+    0 off CUDA."""
+    if not cuda:
+        return 0.0
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / GIB
+
+
+def tensor_parallel_group(size: int) -> Any:
+    """The process group whose ranks form this rank's tensor-parallel engine: None for an engine of one rank;
+    the world when one engine spans it; else, for `size` dividing the world, world / size data-parallel
+    replicas of consecutive ranks [r // size * size, +size) (vLLM's external launcher puts the replicas
+    outermost and the tensor ranks innermost), a gloo group made here by every rank at once."""
+    if size == 1:
+        return None
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    check_layout(world, size)  # one line for a layout that does not divide, before vLLM starts
+    if world == size:
+        return dist.group.WORLD
+    group, _ = dist.new_subgroups(group_size=size, backend="gloo")
+    return group
+
+
+def _close_at_exit(engine: "weakref.ref[VLLMRolloutEngine]") -> None:
+    if (alive := engine()) is not None:
+        alive.close()
+
+
+def _gather_rows(group: Any, prompts: list, seeds: list) -> tuple[slice, tuple[list, list]]:
+    """Every rank of a tensor-parallel engine (`group`, tensor_parallel_group's; None: one rank) must send the
+    same requests: the rows of all its ranks, and this rank's slice of them."""
+    if group is None:
+        return slice(None), (prompts, seeds)
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, (prompts, seeds), group=group)
+    start = sum(len(p) for p, _ in gathered[:dist.get_rank(group)])
+    return slice(start, start + len(prompts)), ([p for ps, _ in gathered for p in ps],
+                                                [s for _, ss in gathered for s in ss])

@@ -1,0 +1,1 @@
+"""What a run shows: loggers, plots, profiles, and the garbage collector's heap."""

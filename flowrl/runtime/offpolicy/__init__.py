@@ -1,0 +1,1 @@
+"""Bounded staleness: `fl.buffer`, streamed rollouts and their runner."""

@@ -1,0 +1,1 @@
+"""The run folder: checkpoints, resume, the lock, signatures, export, dumps."""
