@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--verl-config", metavar="FILE.yaml", help="verl's config tree (as --verl's keys; a word wins)")
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the full traceback of an error")
+    sub.choices["train"].add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                                      help="run N ranks on this machine (torchrun's launcher, without its output)")
     plan = sub.choices["plan"]
     plan.add_argument("--format", choices=("text", "json", "mermaid", "dot"), default="text",
                       help="the plan as text, JSON, or Mermaid or Graphviz DOT source (with --gpus too)")
@@ -271,6 +273,12 @@ def run(args: argparse.Namespace) -> int:
     trainer.resolve_algorithm(args.algorithm or "grpo")  # imports it first: the roles it registers may be placed
     cfg = config_from_args(args)
     args.run_folder = cfg.train.output_dir
+    if args.command == "train" and args.nproc_per_node != 1 and "RANK" not in os.environ:
+        from flowrl.runtime.launch import run_ranks, without_nproc
+
+        if args.nproc_per_node < 1:
+            raise ValueError(f"--nproc-per-node: expected 1 or more ranks, got {args.nproc_per_node}")
+        return run_ranks(args.nproc_per_node, [*without_nproc(args.argv), "--output-dir", cfg.train.output_dir])
     if args.command == "plan":
         check_plan_args(args)
         algo = trainer.resolve_algorithm(cfg.algorithm)
@@ -310,6 +318,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     """The arguments; for train and plan, bare KEY=VALUE words are overrides like --set KEY=VALUE."""
     parser = _parser()
     args, extra = parser.parse_known_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     args.run_folder = None  # train: its output folder, once known (the interrupt message names it)
     if args.command in ("train", "plan"):
         if args.algorithm and "=" in args.algorithm:  # `flowrl train train.steps=3`: no algorithm named
