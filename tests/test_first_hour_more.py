@@ -1,9 +1,14 @@
 """Issue 48's first-hour points: `flowrl plan --gpus` honours --format, written model folders follow the umask,
-LoRA adapters for vLLM stay inside a folder of their own, the interrupt names the run folder to resume from."""
+LoRA adapters for vLLM stay inside a folder of their own, the interrupt names the run folder to resume from, a
+SIGTERM to a run's whole process group (its scorers too) is said once."""
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 
 from flowrl import cli
 from flowrl.engines.models.folders import atomic_dir
@@ -61,3 +66,27 @@ def test_the_interrupt_names_the_run_folder(tmp_path, monkeypatch, capsys):
     assert f"with train.output_dir={tmp_path / 'run'}" in capsys.readouterr().err
     assert cli.main(["train", "grpo"]) == 130  # the default folder, runs/grpo-<time>
     assert "with train.output_dir=runs/grpo-" in capsys.readouterr().err
+
+
+def test_sigterm_to_the_process_group_of_a_run_with_scorers_is_said_once(tmp_path):
+    """Ctrl-C, `kill -- -PGID`, a scheduler's stop: every process of the group gets the signal, the forked
+    scorers too; only the trainer speaks (its two lines once) and stops with a checkpoint."""
+    rows = [{"data_source": "exact", "prompt": [{"role": "user", "content": f"{i}+0="}],
+             "reward_model": {"ground_truth": str(i)}} for i in range(4)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sets = ["eval.every=0", "checkpoint.export=false", "train.batch_size=4", "train.steps=400", "checkpoint.every=0",
+            f"data.train_files={tmp_path / 't.jsonl'}", "data.reward=exact_match", "data.reward_workers=2", "algo.group_size=2",
+            "roles.rollout.max_new_tokens=3"]
+    run = subprocess.Popen([sys.executable, "-m", "flowrl", "train", "grpo", "--no-progress", "--output-dir",
+                            str(tmp_path / "run"), *sets], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "run" / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        assert run.poll() is None, run.communicate()[1]
+        time.sleep(0.2)
+    os.killpg(run.pid, signal.SIGTERM)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 128 + signal.SIGTERM, err
+    lines = [line for line in err.splitlines() if line.startswith("flowrl")]
+    assert len(lines) == 2 and lines[0].startswith("flowrl: SIGTERM: stopping after this step with a checkpoint"), err
+    assert lines[1].startswith("flowrl: stopped by SIGTERM after step "), err
