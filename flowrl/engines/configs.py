@@ -41,6 +41,7 @@ class EngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
     registry: ClassVar[Registry[type["EngineConfig"]]]
+    SECTION: ClassVar[str | None] = None  # the one role section this engine serves (`flowrl config` shows it there)
     engine: str = Field("hf", description="Engine, by registered name.")
 
     @model_validator(mode="wrap")

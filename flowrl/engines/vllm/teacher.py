@@ -19,7 +19,7 @@ from __future__ import annotations
 import atexit
 import os
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 from pydantic import ConfigDict, Field
@@ -46,6 +46,7 @@ class VLLMTeacherConfig(TrainEngineConfig):
     """`roles.teacher.engine=vllm`: the teacher's model in vLLM, scoring only (a frozen role's engine)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+    SECTION: ClassVar[str | None] = "teacher"
     max_logprobs: int = Field(256, ge=1, description="Largest top-k one request may ask (vLLM's max_logprobs; "
                               "algo.topk must not exceed it).")
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="Share of GPU memory this vLLM may take "
