@@ -128,13 +128,16 @@ def engine_lines() -> list[str]:
         for name in registry:
             if name == default.engine:
                 continue
+            where, others = section, " (and the other train engines)" * (role == "actor")
             try:
-                options = [line for line in config_lines(registry.get(name), f"{section}.")
-                           if line not in shown and not line.startswith(f"{section}.engine ")]
+                chosen = registry.get(name)
+                if chosen.SECTION is not None:  # an engine of one role (the vLLM teacher)
+                    where, others = f"roles.{chosen.SECTION}", ""
+                options = [line for line in config_lines(chosen, f"{where}.")
+                           if line not in shown and not line.startswith(f"{where}.engine ")]
             except ValueError as err:  # an engine whose package is missing
                 options = [f"  ({err})"]
-            lines += [f"# {section}.engine={name}{' (and the other train engines)' * (role == 'actor')}: its "
-                      f"options beside the ones above", *options]
+            lines += [f"# {where}.engine={name}{others}: its options beside the ones above", *options]
     return lines
 
 

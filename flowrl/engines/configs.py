@@ -41,6 +41,7 @@ class EngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
     registry: ClassVar[Registry[type["EngineConfig"]]]
+    SECTION: ClassVar[str | None] = None  # the one role section this engine serves (`flowrl config` shows it there)
     engine: str = Field("hf", description="Engine, by registered name.")
 
     @model_validator(mode="wrap")
@@ -72,6 +73,11 @@ class TrainEngineConfig(EngineConfig):
     def lends_base(self) -> bool:
         """Whether a frozen engine built with this trained one as `base_of` reads its module (no own weights)."""
         return False
+
+    def closer(self, engine: TrainEngine) -> Callable[[], None]:
+        """What the run's end calls to release `engine` (built by this config) beyond plain tensors: nothing,
+        but for an inference server's process state (roles.teacher.engine=vllm)."""
+        return lambda: None
 
 
 class RolloutEngineConfig(EngineConfig):
@@ -108,6 +114,7 @@ class RolloutEngineConfig(EngineConfig):
 TRAIN_ENGINES = TrainEngineConfig.registry
 ROLLOUT_ENGINES = RolloutEngineConfig.registry
 TRAIN_ENGINES.register("hf", "flowrl.engines.hf.configs:HFTrainConfig")
+TRAIN_ENGINES.register("vllm", "flowrl.engines.vllm.teacher:VLLMTeacherConfig")  # scoring only: the teacher
 ROLLOUT_ENGINES.register("hf", "flowrl.engines.hf.configs:HFRolloutConfig")
 ROLLOUT_ENGINES.register("hf_static", "flowrl.engines.hf.configs:HFStaticRolloutConfig")
 ROLLOUT_ENGINES.register("vllm", "flowrl.engines.vllm.rollout:VLLMRolloutConfig")

@@ -4,7 +4,7 @@ distillation teacher."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tensordict import TensorDict
@@ -139,6 +139,7 @@ class Teacher:
 
     engine: TrainEngine
     settings: UpdateSettings = field(default_factory=UpdateSettings)
+    release: Callable[[], None] = field(default=lambda: None)  # the engine's config's closer (vLLM's shutdown)
 
     @graph_method(reads=POLICY_INPUT, writes=_teacher_writes)
     def logprobs(self, batch: TensorDict, topk: int = 0) -> TensorDict:
@@ -152,6 +153,10 @@ class Teacher:
         if top:
             batch["teacher_topk_logprobs"], batch["teacher_topk_ids"] = out[top[0]], out[top[1]]
         return batch
+
+    def close(self) -> None:
+        """The run is over: release the engine (flowrl.graph.role.close_role)."""
+        self.release()
 
 
 @role("critic", trainable=True, engines=("critic",), config=CriticConfig)

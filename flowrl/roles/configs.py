@@ -109,13 +109,15 @@ class RefConfig(TrainRoleConfig):
 
 class TeacherConfig(TrainRoleConfig):
     """`roles.teacher.*` (on-policy distillation): the teacher's model folder, `roles.teacher.model`, required,
-    and its engine's options (starting from the actor's, as the reference's)."""
+    and its engine's options (starting from the actor's, as the reference's; `roles.teacher.engine=vllm`: the
+    teacher in vLLM, flowrl.engines.vllm.teacher)."""
 
     def build(self, cls: type, ctx: Any) -> Any:
         if self.model is None:
             raise ValueError("roles.teacher.model: give the teacher's model folder (a teacher is not the "
                              "student's own starting weights)")
-        return cls(self.engine.build(ctx.model, head="actor", device=ctx.device, trainable=False), ctx.settings)
+        engine = self.engine.build(ctx.model, head="actor", device=ctx.device, trainable=False)
+        return cls(engine, ctx.settings, release=self.engine.closer(engine))
 
 
 class GeneratorConfig(EngineRoleConfig):

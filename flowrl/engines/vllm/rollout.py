@@ -123,7 +123,7 @@ class VLLMRolloutEngine:
             raise ValueError("tokenizer must define both eos_token and pad_token")
         self.eos_id, self.pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.cuda = device.startswith("cuda")
-        _check_head_dim(source.path, self.cuda)
+        check_head_dim(source.path, self.cuda)
         self.config, self.source, self.weights_fresh = config, None, True
         self.sleeping: set[str] = set()  # vLLM's memory tags asleep now: "weights", "kv_cache"
         self.lora: LoRARequest | None = None  # the actor's adapter, once an AdapterSync has sent one
@@ -308,7 +308,7 @@ class AdapterSync:
         metrics.log("timing_s/sync", time.perf_counter() - start)
 
 
-def _check_head_dim(path: Any, cuda: bool) -> None:
+def check_head_dim(path: Any, cuda: bool) -> None:
     """vLLM's CPU attention has kernels for a few head sizes only; name the limit before vLLM starts."""
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -17,7 +17,8 @@ from typing import Any
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward/mean",)),
     ("eval accuracy", ("eval/reward/mean",)),
-    ("KL", ("actor/kl_loss", "reward/kl", "actor/approx_kl")),  # the first a run logs: the loss's, the reward's
+    # the first a run logs: distillation's KL to the teacher, the loss's, the reward's
+    ("KL", ("actor/distill_kl", "actor/kl_loss", "reward/kl", "actor/approx_kl")),
     ("response length", ("response_length/mean",)),
     ("entropy", ("actor/entropy",)),
     ("step time by node (s)", ()),  # every timing_s/<node> but gc and the whole step
