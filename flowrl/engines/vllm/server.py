@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -167,7 +168,8 @@ class VLLMServerEngine:
         return StreamedSync()
 
     def close(self) -> None:
-        """Stops the server's process group (SIGTERM, then SIGKILL after 30 s)."""
+        """Stops the server's process group (SIGTERM, then SIGKILL after 30 s) and removes the weights file it
+        wrote (its log stays, for a failed start's error names it)."""
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
             try:
@@ -176,6 +178,7 @@ class VLLMServerEngine:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(30)
         self.log.close()
+        shutil.rmtree(self.folder / "weights", ignore_errors=True)
 
 
 def server_command(source: ModelSource, config: VLLMServerConfig, port: int) -> list[str]:
