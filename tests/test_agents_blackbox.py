@@ -1,7 +1,9 @@
 """Black-box agents (flowrl.roles.agents): programs drive episodes through the endpoint; the rows hold exactly
 the sampled tokens with masks for the model's own; a hung or crashing agent ends its own episode, counted."""
 
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,6 +95,56 @@ def test_a_hung_or_crashing_agent_ends_its_own_episode_within_the_deadline(tiny_
         with metrics.collect() as logged:
             batch = play(rollout, prompts(rollout.tokenizer, ("3+3=",)), n=1)
         assert logged["agent/failed"] == 1 and "RuntimeError: the agent's own bug" in batch["tool_error"][0]
+    finally:
+        rollout.close()
+
+
+HANG = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+CRASH = "import sys; print('the agent', 'crashed', file=sys.stderr); sys.exit(3)"
+
+
+def gone(pid, within_s):
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_hung_or_crashing_agent_program_ends_its_own_episode_counted(tiny_model_path, tmp_path):
+    hung = AgentSpec(command=(sys.executable, "-c", HANG, str(tmp_path / "pid")), timeout_s=5.0, max_total_tokens=16)
+    rollout = rollout_with(tiny_model_path, hung)
+    try:
+        with metrics.collect() as logged:
+            batch = play(rollout, prompts(rollout.tokenizer, ("1+1=",)), n=1)
+        assert logged["agent/timed_out"] == 1 and logged["agent/failed"] == 0
+        assert "agent_timeout_s=5" in batch["tool_error"][0] and batch["scores"][0] == 0
+        assert gone(int((tmp_path / "pid").read_text()), within_s=30)  # its runner kills its process group
+        crash = AgentSpec(command=(sys.executable, "-c", CRASH), max_total_tokens=16)
+        rollout.agent, rollout.service.start_agent = crash, crash.runner()
+        with metrics.collect() as logged:
+            batch = play(rollout, prompts(rollout.tokenizer, ("3+3=",)), n=1)
+        assert logged["agent/failed"] == 1 and logged["agent/timed_out"] == 0
+        assert batch["tool_error"][0] == "agent exited 3: the agent crashed" and batch["scores"][0] == 0
+    finally:
+        rollout.close()
+
+
+def test_an_engine_failure_stops_the_episodes_and_the_step(tiny_model_path):
+    """The endpoint answers 500 then 503 (tests/test_service_endpoint.py); the role raises the engine's error."""
+    from test_service_endpoint import DiesAfter
+
+    tokenizer = load_tokenizer(tiny_model_path)
+    rollout = Rollout(engine=HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer), params=PARAMS,
+                      agent=AgentSpec("agent_programs:two_calls", max_total_tokens=16), tokenizer=tokenizer,
+                      pad_id=tokenizer.pad_token_id, make_streamer=lambda e: DiesAfter(good=1))
+    try:
+        with pytest.raises(RuntimeError, match="the rollout engine failed while serving agent episodes: "
+                                               "RuntimeError: worker 3 died"):
+            play(rollout, prompts(tokenizer), n=1)
     finally:
         rollout.close()
 

@@ -1,5 +1,5 @@
 """At k = 0 (fully on-policy) one run trains alike on every executor: one process, two torchrun (gloo) ranks, and
-Ray with the rollout streamed from 4 replicas (flowrl.runtime.offpolicy.spread_runner) on a pool of its own.
+Ray with the rollout streamed from 1, 2 and 4 replicas (flowrl.runtime.offpolicy.spread_runner) on a pool of its own.
 
 The engine is deterministic per sample (rank_parity.SampleSeededRollout: each sample generated alone, seeded by
 its prompt's uid and its place in the group), so which process, rank or replica samples a prompt, and when,
@@ -32,8 +32,8 @@ COMMON = ["algorithm=grpo_async", "task.name=fakes:ParityTask", "train.steps=3",
           "eval.every=0", "checkpoint.every=0"]
 STREAMED = ['roles={"rollout": "sample_seeded_rollout"}', "algo.stream=true"]
 GENERATED = ['roles={"rollout": "sample_seeded_generate"}', "algo.stream=false"]
-REPLICAS = ('placement={"pools": [{"name": "train", "roles": ["actor"]}, '
-            '{"name": "gen", "roles": ["rollout"], "world_size": 4}]}')
+REPLICAS = ('placement={{"pools": [{{"name": "train", "roles": ["actor"]}}, '
+            '{{"name": "gen", "roles": ["rollout"], "world_size": {}}}]}}')
 EXACT = ("reward/mean", "response_length/mean", "response_length/clip_ratio", "actor/grad_norm",
          "actor/ratio_mean", "actor/clipfrac", "actor/approx_kl")
 
@@ -89,7 +89,8 @@ def test_torchrun_two_ranks_equal_one_process(torchrun_ranks, one_process):
     assert_same_run(torchrun_ranks, one_process)
 
 
-def test_ray_with_four_rollout_replicas_equals_one_process(ray_local, one_process, tmp_path):
-    rows = run(tmp_path, *STREAMED, "executor.name=ray", REPLICAS)
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+def test_ray_with_1_2_and_4_rollout_replicas_equals_one_process(ray_local, one_process, tmp_path, replicas):
+    rows = run(tmp_path, *STREAMED, "executor.name=ray", REPLICAS.format(replicas))
     assert all(row["buffer/dropped"] == 0 for row in rows)
     assert_same_run((tmp_path, rows), one_process)

@@ -124,3 +124,53 @@ def test_only_loopback_listens_without_a_token(served):
     with pytest.raises(ValueError, match="endpoint_host='0.0.0.0' is reachable from other machines"):
         Endpoint(endpoint.engine, tokenizer, GREEDY, host="0.0.0.0")
     assert endpoint.host == "127.0.0.1"
+
+
+class DiesAfter:
+    """A StreamingEngine that answers `good` requests with one token, then fails each one (a dead worker)."""
+
+    version = 0
+
+    def __init__(self, good: int):
+        self.good, self.calls = good, 0
+
+    async def sample(self, request):
+        from flowrl.engines.protocols import FinishReason
+        from flowrl.engines.streaming.protocol import Sample
+
+        self.calls += 1
+        if self.calls > self.good:
+            raise RuntimeError("worker 3 died")
+        return Sample(request, [request.prompt_ids[-1]], [-0.5], [self.version], FinishReason.STOP)
+
+    async def pause(self, abort=False):
+        pass
+
+    def resume(self, version):
+        self.version = version
+
+    def close(self):
+        pass
+
+
+def test_after_an_engine_failure_the_call_is_500_and_every_later_call_503_sent_to_no_engine(tiny_model_path):
+    tokenizer, engine = load_tokenizer(tiny_model_path), DiesAfter(good=1)
+    endpoint = Endpoint(engine, tokenizer, GREEDY, chat_template=TEMPLATE)
+    endpoint.start()
+    try:
+        ok, reply = post(f"{endpoint.base_url}/completions", {"prompt": [5, 6]}, token=None)
+        assert ok == 200 and reply["token_ids"] == [6] and reply["token_logprobs"] == [-0.5]
+        failed, reply = post(f"{endpoint.base_url}/completions", {"prompt": [5, 6]}, token=None)
+        assert failed == 500 and reply["error"] == {"message": "the rollout engine failed: RuntimeError: worker 3 died",
+                                                     "type": "server_error"}
+        endpoint.book.open("e1")  # an episode's own base_url is refused alike, and so is chat
+        for url, body in ((f"{endpoint.base_url}/completions", {"prompt": "1+1="}),
+                          (f"{endpoint.episode_url('e1')}/completions", {"prompt": [7]}),
+                          (f"{endpoint.base_url}/chat/completions", {"messages": [{"role": "user", "content": "1"}]})):
+            status, reply = post(url, body, token=None)
+            assert status == 503, reply
+            assert reply["error"]["message"] == "the rollout engine failed earlier: RuntimeError: worker 3 died"
+        assert engine.calls == 2 and str(endpoint.failure) == "worker 3 died"  # the 503s reached no engine
+        assert endpoint.book.close("e1") == []
+    finally:
+        endpoint.stop()

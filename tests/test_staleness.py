@@ -1,6 +1,6 @@
 """Staleness measured per row: behind fl.buffer each trained row records the weights that sampled its oldest token
 (`policy_version`) and the weights it trained (`trained_version`), in the batch and in the rollout dumps; at
-k = 2 with streamed partial rollouts on the tiny model no row is more than 2 versions stale, the per-step counts
+k = 2 with streamed partial rollouts on the tiny model (one process, and Ray over 2 rollout replicas) no row is more than 2 versions stale, the per-step counts
 `buffer/rows_staleness_<s>` are the dumps' own, and what was dropped is counted."""
 
 import json
@@ -15,8 +15,20 @@ K2 = ["algorithm=grpo_async", "task.name=fakes:ParityTask", "train.batch_size=4"
       "debug.dump_rollouts_every=1"]
 
 
+TWO_REPLICAS = ['executor.name=ray', 'algo.kl_coef=0.0', 'placement={"pools": [{"name": "train", "roles": ["actor"]}, '
+                '{"name": "gen", "roles": ["rollout"], "world_size": 2}]}']
+
+
 def test_k2_streamed_partial_rows_are_at_most_two_versions_stale(tmp_path):
-    history = train(load_run_config(None, [*K2, f"train.output_dir={tmp_path}"]), progress=False)
+    check_bounded(tmp_path, train(load_run_config(None, [*K2, f"train.output_dir={tmp_path}"]), progress=False))
+
+
+def test_k2_on_ray_over_two_rollout_replicas_is_bounded_alike(ray_local, tmp_path):
+    run = load_run_config(None, [*K2, *TWO_REPLICAS, f"train.output_dir={tmp_path}"])
+    check_bounded(tmp_path, train(run, progress=False))
+
+
+def check_bounded(tmp_path, history):
     staleness = []
     for step, logged in enumerate(history, start=1):
         rows = [json.loads(line) for line in (tmp_path / "rollouts" / f"step_{step:06d}.jsonl").open()]

@@ -118,8 +118,10 @@ TRAIN_ENGINES.register("vllm", "flowrl.engines.vllm.teacher:VLLMTeacherConfig") 
 ROLLOUT_ENGINES.register("hf", "flowrl.engines.hf.configs:HFRolloutConfig")
 ROLLOUT_ENGINES.register("hf_static", "flowrl.engines.hf.configs:HFStaticRolloutConfig")
 ROLLOUT_ENGINES.register("vllm", "flowrl.engines.vllm.rollout:VLLMRolloutConfig")
+ROLLOUT_ENGINES.register("vllm_server", "flowrl.engines.vllm.server:VLLMServerConfig")  # vLLM's own server process
 # How a rollout engine becomes a StreamingEngine (flowrl.engines.streaming.protocol), in one place: a worker thread over
 # any batch `generate`, or vLLM's own scheduler (a config picks one by its STREAMER)
 STREAMERS: Registry[Callable[[RolloutEngine], StreamingEngine]] = Registry("streaming engine")
 STREAMERS.register("thread", "flowrl.engines.streaming.thread_streamer:ThreadedStreamer")
 STREAMERS.register("vllm", "flowrl.engines.vllm.streamer:VLLMStreamer")
+STREAMERS.register("vllm_server", "flowrl.engines.vllm.server:VLLMServerStreamer")
