@@ -73,7 +73,8 @@ def build_engine(args) -> tuple[HFTrainEngine, ModelShape]:
     torch.manual_seed(0)
     with torch.device(args.device):
         model = Qwen2ForCausalLM(config).to(dtype)
-    engine = HFTrainEngine(model, HFTrainConfig(lr=1e-6, compile=args.compile, logprob_chunk_tokens=args.logprob_chunk_tokens), kind="actor", device=args.device)
+    options = HFTrainConfig(lr=1e-6, compile=args.compile, logprob_chunk_tokens=args.logprob_chunk_tokens)
+    engine = HFTrainEngine(model, options, kind="actor", device=args.device)
     return engine, ModelShape.from_config(config.to_dict(), 2 if dtype == torch.bfloat16 else 4)
 
 

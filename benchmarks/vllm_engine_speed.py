@@ -93,7 +93,7 @@ def main() -> None:
         flowrl("engine", seed)
     wake()
     raw("raw_after_sleep", 5)
-    train = HFTrainEngine(load_causal_lm(folder, dtype).to(args.device), HFTrainConfig(), kind="actor")
+    train = HFTrainEngine(load_causal_lm(folder, dtype).to(args.device), HFTrainConfig(logprob_chunk_tokens=0), kind="actor")
     timed("sync", lambda: engine.weight_sync(train)(train, engine) or 0, cuda)
     for seed in (6, 7):
         flowrl("engine_after_sync", seed)

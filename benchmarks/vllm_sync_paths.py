@@ -65,7 +65,7 @@ def main() -> None:
          "gpu_memory_utilization": 0.3}).build(ModelSource(folder, dtype="bfloat16" if cuda else "float32"),
                                                tokenizer=tokenizer, device=args.device)
     model = load_causal_lm(folder, dtype).to(args.device)
-    train = HFTrainEngine(model, HFTrainConfig(), kind="actor")
+    train = HFTrainEngine(model, HFTrainConfig(logprob_chunk_tokens=0), kind="actor")
     sync = engine.weight_sync(train)
     ids = torch.randint(3, len(tokenizer), (8, 32), generator=torch.Generator().manual_seed(0))
     mask, greedy = torch.ones_like(ids), SamplingParams(max_new_tokens=16, greedy=True)

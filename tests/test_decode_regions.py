@@ -21,7 +21,8 @@ from test_engine_hf_static import prompts
 def test_only_models_whose_layers_all_attend_to_the_whole_cache_compile_per_layer(gqa_model_path):
     model = load_causal_lm(gqa_model_path)
     assert supports_regions(model)
-    assert isinstance(StaticCacheRolloutEngine(model, load_tokenizer(gqa_model_path), HFStaticRolloutConfig(compile=True))._step, RegionalDecodeStep)
+    engine = StaticCacheRolloutEngine(model, load_tokenizer(gqa_model_path), HFStaticRolloutConfig(compile=True))
+    assert isinstance(engine._step, RegionalDecodeStep)
     config = Qwen2Config(num_hidden_layers=2, layer_types=["full_attention", "sliding_attention"],
                          use_sliding_window=True, sliding_window=8)
     model.config = config

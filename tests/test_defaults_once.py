@@ -38,7 +38,7 @@ def _built(config: type) -> list[type]:
 
 def _pairs() -> list[tuple[type, type]]:
     configs = [TRAIN_ENGINES.get(name) for name in TRAIN_ENGINES.names()]
-    configs += [ROLLOUT_ENGINES.get(name) for name in ROLLOUT_ENGINES.names() if name != "vllm"]  # vllm: optional
+    configs += [config for config in map(_rollout_engine, ROLLOUT_ENGINES.names()) if config is not None]
     pairs = [(config, built) for config in [*configs, RolloutCorrectionConfig] for built in _built(config)]
     from flowrl.runtime.ray.executor import RayExecutor  # the executors' build returns the base, Executor
 
@@ -100,7 +100,7 @@ def _config_classes() -> set[type[BaseModel]]:
     """Every config class reachable from the run config and the registries, nested sections included."""
     roots = [RunConfig, RolloutCorrectionConfig]
     roots += [TRAIN_ENGINES.get(n) for n in TRAIN_ENGINES.names()]
-    roots += [ROLLOUT_ENGINES.get(n) for n in ROLLOUT_ENGINES.names() if n != "vllm"]  # vllm: optional
+    roots += [config for config in map(_rollout_engine, ROLLOUT_ENGINES.names()) if config is not None]
     roots += [ROLES.get(n).config for n in ROLES.names()] + [ALGORITHMS.get(n).config_cls for n in ALGORITHMS.names()]
     roots += [ExecutorConfig.registry.get(n) for n in ExecutorConfig.registry.names()]
     roots += [TransportConfig.registry.get(n) for n in TransportConfig.registry.names()]
@@ -111,6 +111,14 @@ def _config_classes() -> set[type[BaseModel]]:
             seen.add(config)
             roots += [m for field in config.model_fields.values() for m in _models_in(field.annotation)]
     return seen
+
+
+def _rollout_engine(name: str) -> type[BaseModel] | None:
+    """The registered rollout engine's config; None for one whose optional package is missing (vllm)."""
+    try:
+        return ROLLOUT_ENGINES.get(name)
+    except ValueError:  # a name from the registry itself: only its missing package is an error
+        return None
 
 
 def _defaults(configs: set[type[BaseModel]]) -> dict[str, dict[str, set[str]]]:

@@ -31,7 +31,8 @@ def test_greedy_outputs_equal_generate(model, request):
     ids, mask = prompts(tokenizer)
     params = SamplingParams(max_new_tokens=10, greedy=True)
     expected = HFRolloutEngine(load_causal_lm(path), tokenizer, HFRolloutConfig()).generate(ids, mask, params)
-    static = StaticCacheRolloutEngine(load_causal_lm(path), tokenizer, HFStaticRolloutConfig(compile=False)).generate(ids, mask, params)
+    static = StaticCacheRolloutEngine(load_causal_lm(path), tokenizer, HFStaticRolloutConfig(compile=False))
+    static = static.generate(ids, mask, params)
     for key in ("response_ids", "response_mask", "finish_reason"):
         assert torch.equal(static[key], expected[key]), key
     assert torch.allclose(static["rollout_logprobs"], expected["rollout_logprobs"], atol=1e-5)

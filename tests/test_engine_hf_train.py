@@ -72,7 +72,8 @@ def test_forward_matches_unpadded_reference(tiny_model_path):
 
 def fresh_engine(path, **kwargs):
     # eps=1 makes Adam's first step ~ lr * g / (|g| + 1): sensitive to the gradient's scale, not only its sign
-    return HFTrainEngine(load_causal_lm(path), HFTrainConfig(**{"lr": 1.0, "grad_clip": 1e9, **kwargs}), kind="actor", eps=1.0)
+    config = HFTrainConfig(**{"lr": 1.0, "grad_clip": 1e9, **kwargs})
+    return HFTrainEngine(load_causal_lm(path), config, kind="actor", eps=1.0)
 
 
 def test_update_is_exact_over_micro_batches(tiny_model_path):
@@ -196,7 +197,8 @@ def test_length_grouped_micro_batches_change_no_output_and_no_step(tiny_model_pa
     results = []
     for by_length in (False, True):
         torch.manual_seed(0)
-        engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(lr=1e-2), kind="actor", eps=1.0, by_length=by_length)
+        engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(lr=1e-2), kind="actor", eps=1.0,
+                               by_length=by_length)
         logprobs = engine.forward(batch, micro_batch_size=2)["logprobs"]  # rows come back in the batch's order
         engine.update(batch, TokenMeanNLL(), mini_batch_size=len(ROWS), micro_batch_size=2)
         results.append((logprobs, engine.model.state_dict()))

@@ -39,7 +39,8 @@ def policy_batch():
 
 def test_reads_and_needs_are_the_terms_unions():
     assert Loss((CLIP,)).reads == ("old_logprobs", "advantages", "loss_mask") and Loss((CLIP,)).needs == ("logprobs",)
-    full = Loss((CLIP, KLTerm(0.1), EntropyTerm(0.01)), rollout_correction=RolloutCorrectionConfig(is_level="token", is_threshold=2.0).build())
+    correction = RolloutCorrectionConfig(is_level="token", is_threshold=2.0).build()
+    full = Loss((CLIP, KLTerm(0.1), EntropyTerm(0.01)), rollout_correction=correction)
     assert full.reads == ("old_logprobs", "advantages", "loss_mask", "ref_logprobs", "rollout_logprobs")
     assert full.needs == ("logprobs", "entropy")
     value = Loss((ValueTerm(0.5),))

@@ -101,7 +101,8 @@ def test_gmpo_with_rollout_is_matches_verl_with_interior_gaps(seed, level):
     mask[:, 0] = 1.0
     rollout = old + 0.5 * torch.randn(old.shape, generator=g)
     out = {"logprobs": logp.clone().requires_grad_(True)}
-    loss, _ = gmpo_loss(rollout_correction=RolloutCorrectionConfig(is_level=level, is_threshold=2.0).build())(out, gmpo_mb(old, rollout, adv, mask))
+    correction = RolloutCorrectionConfig(is_level=level, is_threshold=2.0).build()
+    loss, _ = gmpo_loss(rollout_correction=correction)(out, gmpo_mb(old, rollout, adv, mask))
     ref_logp = logp.clone().requires_grad_(True)
     weights = verl.rollout_is_weights(old - rollout, mask, level, 2.0)
     expected = verl.geo_mean(old, ref_logp, adv, mask, 0.4, 0.4, rollout_is_weights=weights)

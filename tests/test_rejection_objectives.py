@@ -108,7 +108,8 @@ def test_clip_cov_and_kl_cov_with_sequence_rejection_take_their_covariance_over_
 def test_without_rejection_a_loss_is_unchanged():
     mb, logp = random_batch(0)
     plain = policy_loss(partial(ppo_clip))({"logprobs": logp}, mb)[0]
-    metrics_only = policy_loss(partial(ppo_clip), rollout_correction=RolloutCorrectionConfig(log_mismatch=True).build())({"logprobs": logp}, mb)[0]
+    metrics_only = RolloutCorrectionConfig(log_mismatch=True).build()
+    metrics_only = policy_loss(partial(ppo_clip), rollout_correction=metrics_only)({"logprobs": logp}, mb)[0]
     assert torch.equal(plain, metrics_only)
 
 
