@@ -57,10 +57,10 @@ if TYPE_CHECKING:  # its config builds this engine
 
 
 class HFTrainEngine:
-    """Actor (logprobs, entropy) or critic (values) engine; AdamW, warmup then constant LR.
-
-    The LR ramps linearly over `warmup_steps` steps: step s (from 0) uses
-    lr * min(1, (s + 1) / warmup_steps). `eps` is AdamW's epsilon.
+    """Actor (logprobs, entropy), critic (values) or reward model (scores) engine; AdamW, then the config's
+    LR schedule: it ramps linearly over config.warmup_steps steps (step s, from 0, uses
+    lr * min(1, (s + 1) / warmup_steps)), then stays or decays (flowrl.engines.train.lr_schedules). `eps` and
+    `betas` are AdamW's (fixed; tests raise eps to make a step follow the gradient's scale).
     """
 
     def __init__(self, model: torch.nn.Module, config: HFTrainConfig, *, kind: Literal["actor", "critic", "reward"],
