@@ -11,6 +11,7 @@ import tempfile
 
 import torch
 
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.rl import losses
 from flowrl.runtime.factory import _trainable
 from flowrl.config import load_run_config
@@ -26,7 +27,7 @@ def measure(path: str, checkpointing: bool, device: str, batch) -> tuple[float, 
     cfg = load_run_config(None, [f"model.gradient_checkpointing={str(checkpointing).lower()}"])
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = _trainable(load_causal_lm(path, dtype), cfg)
-    actor = Actor(engine=HFTrainEngine(model, kind="actor", lr=1e-6, device=device),
+    actor = Actor(engine=HFTrainEngine(model, HFTrainConfig(lr=1e-6), kind="actor", device=device),
                   settings=UpdateSettings(mini_batch_size=batch.batch_size[0], micro_batch_size=16))
     run = lambda: actor.update(actor.logprobs(batch.clone(), deferred=True), loss=losses.ppo_loss())  # noqa: E731
     if device == "cuda":

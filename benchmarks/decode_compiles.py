@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import QWEN05B, SMALL, qwen_model  # noqa: E402
+from flowrl.engines.hf.configs import HFStaticRolloutConfig
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer  # noqa: E402
 from flowrl.engines.hf.static import StaticCacheRolloutEngine  # noqa: E402
 from flowrl.engines.protocols import SamplingParams  # noqa: E402
@@ -49,7 +50,7 @@ def main() -> None:
     dtype = torch.bfloat16 if big else torch.float32
     folder = qwen_model(tempfile.mkdtemp() + "/m", "0123456789+-*= ", QWEN05B if big else SMALL, 1024, dtype)
     tokenizer, model = load_tokenizer(folder), load_causal_lm(folder, dtype).to(args.device)
-    engine = StaticCacheRolloutEngine(model, tokenizer, device=args.device, compile=True)
+    engine = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=True), device=args.device)
     gen = torch.Generator().manual_seed(0)
     counters = torch._dynamo.utils.counters["stats"]
     for name, rows, width, greedy in CALLS:

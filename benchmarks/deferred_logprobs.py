@@ -12,6 +12,7 @@ import tempfile
 
 import torch
 
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.rl import losses
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.models.folders import load_causal_lm
@@ -40,7 +41,7 @@ def main() -> None:
         model = load_causal_lm(path, torch.bfloat16 if big else torch.float32)
     rows, response_len = (64, 512) if big else (32, 16)
     settings = UpdateSettings(mini_batch_size=rows, micro_batch_size=16 if big else 32)
-    actor = Actor(engine=HFTrainEngine(model, kind="actor", lr=1e-6, device=device), settings=settings)
+    actor = Actor(engine=HFTrainEngine(model, HFTrainConfig(lr=1e-6), kind="actor", device=device), settings=settings)
     batch = make_batch(rows, 64, response_len, vocab=14)
     repeats = 5 if big else 3
     deferred = seconds(actor, batch, True, repeats, device)

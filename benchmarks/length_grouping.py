@@ -12,6 +12,7 @@ import tempfile
 
 import torch
 
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.rl import losses
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.models.folders import load_causal_lm
@@ -32,7 +33,7 @@ def variable_lengths(batch, longest: int):
 
 def seconds(path, by_length: bool, batch, device: str, big: bool) -> float:
     model = load_causal_lm(path, torch.bfloat16 if big else torch.float32)
-    engine = HFTrainEngine(model, kind="actor", lr=1e-6, device=device, by_length=by_length)
+    engine = HFTrainEngine(model, HFTrainConfig(lr=1e-6), kind="actor", device=device, by_length=by_length)
     actor = Actor(engine=engine, settings=UpdateSettings(mini_batch_size=batch.batch_size[0], micro_batch_size=8))
     run = lambda: actor.update(actor.logprobs(batch.clone()), loss=losses.ppo_loss())  # noqa: E731
     return seconds_per_call(run, device, warmup=1)

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import QWEN05B, SMALL, make_batch  # noqa: E402
 from forced_lengths import draw_lengths  # noqa: E402
 
-from flowrl.engines.hf.configs import HFTrainConfig  # noqa: E402
+from flowrl.engines.hf.configs import HFTrainConfig, HFTrainConfig  # noqa: E402
 from flowrl.engines.train.hf_engine import HFTrainEngine  # noqa: E402
 from flowrl.engines.memory import GIB, ModelShape, RankLoad  # noqa: E402
 from flowrl.rl.ops.aggregate import agg_loss, agg_weight  # noqa: E402
@@ -73,8 +73,8 @@ def build_engine(args) -> tuple[HFTrainEngine, ModelShape]:
     torch.manual_seed(0)
     with torch.device(args.device):
         model = Qwen2ForCausalLM(config).to(dtype)
-    engine = HFTrainEngine(model, kind="actor", lr=1e-6, device=args.device, compile=args.compile,
-                           logprob_chunk_tokens=args.logprob_chunk_tokens)
+    options = HFTrainConfig(lr=1e-6, compile=args.compile, logprob_chunk_tokens=args.logprob_chunk_tokens)
+    engine = HFTrainEngine(model, options, kind="actor", device=args.device)
     return engine, ModelShape.from_config(config.to_dict(), 2 if dtype == torch.bfloat16 else 4)
 
 

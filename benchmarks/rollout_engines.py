@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import QWEN05B, SMALL, qwen_model  # noqa: E402
 
+from flowrl.engines.hf.configs import HFRolloutConfig, HFStaticRolloutConfig, HFTrainConfig
 from flowrl.data.batch import prompt_batch  # noqa: E402
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer  # noqa: E402
 from flowrl.engines.hf.rollout import HFRolloutEngine  # noqa: E402
@@ -91,15 +92,12 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=new, temperature=1.0, ignore_eos=True)
     print(f"{rows} rows x ({prompt_len} prompt + {new} new) tokens on {args.device} "
           f"({torch.cuda.get_device_name() if big else 'cpu'})", flush=True)
-    train = HFTrainEngine(model, kind="actor", device=args.device, logprob_chunk_tokens=4096)
-    hf256, _ = rollout("hf generate, 256 rows a call", HFRolloutEngine(model, tok, device=args.device,
-                                                                        micro_batch_size=256), batch, params,
+    train = HFTrainEngine(model, HFTrainConfig(logprob_chunk_tokens=4096), kind="actor", device=args.device)
+    hf256, _ = rollout("hf generate, 256 rows a call", HFRolloutEngine(model, tok, HFRolloutConfig(micro_batch_size=256), device=args.device), batch, params,
                        args.device, 1)
-    hf_all, out_hf = rollout("hf generate, all rows in one call", HFRolloutEngine(model, tok, device=args.device,
-                                                                                  micro_batch_size=rows),
+    hf_all, out_hf = rollout("hf generate, all rows in one call", HFRolloutEngine(model, tok, HFRolloutConfig(micro_batch_size=rows), device=args.device),
                              batch, params, args.device, 1)
-    static, out_static = rollout("hf_static (compiled step)", StaticCacheRolloutEngine(model, tok, device=args.device,
-                                                                                      compile=big),
+    static, out_static = rollout("hf_static (compiled step)", StaticCacheRolloutEngine(model, tok, HFStaticRolloutConfig(compile=big), device=args.device),
                                  batch, params, args.device, 2)
     print(f"hf_static / hf(256 a call) = {static / hf256:.2f}x   hf_static / hf(one call) = {static / hf_all:.2f}x")
     mismatch("hf", train, batch, out_hf)

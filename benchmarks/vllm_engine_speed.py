@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import QWEN05B, SMALL, qwen_model  # noqa: E402
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource  # noqa: E402
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer  # noqa: E402
 from flowrl.engines.train.hf_engine import HFTrainEngine  # noqa: E402
@@ -92,7 +93,7 @@ def main() -> None:
         flowrl("engine", seed)
     wake()
     raw("raw_after_sleep", 5)
-    train = HFTrainEngine(load_causal_lm(folder, dtype).to(args.device), kind="actor")
+    train = HFTrainEngine(load_causal_lm(folder, dtype).to(args.device), HFTrainConfig(logprob_chunk_tokens=0), kind="actor")
     timed("sync", lambda: engine.weight_sync(train)(train, engine) or 0, cuda)
     for seed in (6, 7):
         flowrl("engine_after_sync", seed)

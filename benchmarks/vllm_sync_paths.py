@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import QWEN05B, SMALL, qwen_model  # noqa: E402
 from benchmarks.vllm_engine_speed import emit, timed  # noqa: E402
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource  # noqa: E402
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer  # noqa: E402
 from flowrl.engines.train.hf_engine import HFTrainEngine  # noqa: E402
@@ -64,7 +65,7 @@ def main() -> None:
          "gpu_memory_utilization": 0.3}).build(ModelSource(folder, dtype="bfloat16" if cuda else "float32"),
                                                tokenizer=tokenizer, device=args.device)
     model = load_causal_lm(folder, dtype).to(args.device)
-    train = HFTrainEngine(model, kind="actor")
+    train = HFTrainEngine(model, HFTrainConfig(logprob_chunk_tokens=0), kind="actor")
     sync = engine.weight_sync(train)
     ids = torch.randint(3, len(tokenizer), (8, 32), generator=torch.Generator().manual_seed(0))
     mask, greedy = torch.ones_like(ids), SamplingParams(max_new_tokens=16, greedy=True)

@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from flowrl.engines.hf.configs import HFRolloutConfig, HFTrainConfig
 from flowrl.data.builtin.arithmetic import ArithmeticTask
 from flowrl.data.batch import prompt_batch
 from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource
@@ -66,8 +67,8 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, ignore_eos=True)
     print(f"{args.rows} rows x {args.new_tokens} new tokens, tiny model (width 128, 2 layers, fp32) on "
           f"{cpu_name()}, {torch.get_num_threads()} torch threads", flush=True)
-    train = HFTrainEngine(model, kind="actor")
-    hf, hf_first, _ = tokens_per_second(HFRolloutEngine(model, tokenizer, micro_batch_size=args.rows), batch,
+    train = HFTrainEngine(model, HFTrainConfig(logprob_chunk_tokens=0), kind="actor")
+    hf, hf_first, _ = tokens_per_second(HFRolloutEngine(model, tokenizer, HFRolloutConfig(micro_batch_size=args.rows)), batch,
                                              params, args.repeats)
     start = time.perf_counter()
     engine = ROLLOUT_ENGINES.get("vllm")(engine="vllm").build(ModelSource(folder), tokenizer=tokenizer, device="cpu")

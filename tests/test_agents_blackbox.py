@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from flowrl.engines.hf.configs import HFRolloutConfig, HFTrainConfig
 from flowrl import metrics
 from flowrl.config import load_run_config
 from flowrl.data.batch import prompt_batch
@@ -32,7 +33,7 @@ PARAMS = SamplingParams(max_new_tokens=3)
 
 def rollout_with(model_path, spec):
     tokenizer = load_tokenizer(model_path)
-    engine = HFRolloutEngine(load_causal_lm(model_path), tokenizer)
+    engine = HFRolloutEngine(load_causal_lm(model_path), tokenizer, HFRolloutConfig())
     return Rollout(engine=engine, params=PARAMS, agent=spec, tokenizer=tokenizer, pad_id=tokenizer.pad_token_id,
                    make_streamer=lambda e: ThreadedStreamer(e, pad_id=tokenizer.pad_token_id))
 
@@ -71,7 +72,7 @@ def test_agent_rows_train_on_exactly_the_sampled_tokens(tiny_model_path):
         loss, mask = batch["loss_mask"][row], batch["response_mask"][row]
         ids = batch["response_ids"][row][mask.bool()].tolist()
         assert equals[0] in ids and (loss[mask.bool()] == 0).sum() == 1  # the client's "="
-    actor = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor")
+    actor = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(), kind="actor")
     logprobs = actor.forward(batch)["logprobs"]
     sampled = batch["loss_mask"].bool()
     assert torch.allclose(logprobs[sampled], batch["rollout_logprobs"][sampled], atol=1e-4)

@@ -10,7 +10,7 @@ import pytest
 from flowrl.algorithms import REGISTRY
 from flowrl.config import load_run_config, validate
 from flowrl.rl import options
-from flowrl.rl.correction import RolloutCorrection
+from flowrl.rl.correction import RolloutCorrectionConfig
 
 SHARED = {"group_size": options.GroupSampling, "rollout_correction": options.Sampled}
 OWN_GROUP = {"reinforce_pp", "remax"}  # a group of 1 is allowed: whitening over the batch, or the greedy baseline
@@ -51,7 +51,8 @@ def test_no_algorithm_file_declares_a_shared_option_with_a_field_of_its_own():
 def test_the_flat_keys_still_set_them_and_bad_values_name_the_field():
     algo = load_run_config(None, ["algo.group_size=3", "algo.kl_coef=0.01", "algo.rollout_correction.is_level=token"])
     grpo = validate(REGISTRY["grpo"].config_cls, algo.algo, prefix="algo", strict=True)
-    assert (grpo.group_size, grpo.kl_coef, grpo.rollout_correction.build()) == (3, 0.01, RolloutCorrection("token"))
+    token = RolloutCorrectionConfig(is_level="token").build()
+    assert (grpo.group_size, grpo.kl_coef, grpo.rollout_correction.build()) == (3, 0.01, token)
     assert REGISTRY["rloo"].make_config().group_size == 4 and REGISTRY["grpo"].make_config().group_size == 8
     assert REGISTRY["grpo"].make_config().kl_coef == 0.001 and REGISTRY["cispo"].make_config().kl_coef == 0.0
     with pytest.raises(ValueError, match=r"^invalid config: algo.group_size: Input should be greater than or equal "

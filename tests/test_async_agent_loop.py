@@ -10,6 +10,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.data.isolation import bwrap
 from flowrl.data.builtin.calculator import CalculatorEnv, CalculatorTask
 from flowrl.data.multiturn.envs import EnvSpec, EnvStep
@@ -202,7 +203,7 @@ def test_interact_plays_coroutine_episodes_through_the_threaded_streamer_keeping
     path = build_tiny_model(tmp_path / "model", chars=CalculatorTask.chars)
     section = RolloutConfig.model_validate({"engine": "hf", "env": "calculator", "max_new_tokens": 3, "max_turns": 3,
                                             "max_total_tokens": 12, "async_episodes": True})
-    tokenizer, actor = load_tokenizer(path), HFTrainEngine(load_causal_lm(path), kind="actor")
+    tokenizer, actor = load_tokenizer(path), HFTrainEngine(load_causal_lm(path), HFTrainConfig(), kind="actor")
     engine = section.engine.build(ModelSource(path), tokenizer=tokenizer, device="cpu", share=actor)
     rollout = Rollout(engine=engine, params=section.engine.sampling(), env=section.env_spec(), tokenizer=tokenizer,
                       meta_keys=CalculatorTask.meta_keys, make_streamer=section.engine.streamer)

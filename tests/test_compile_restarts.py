@@ -8,6 +8,7 @@ import functools
 import torch
 import torch.fx.passes._tensorify_python_scalars as tensorify
 
+from flowrl.engines.hf.configs import HFStaticRolloutConfig
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
 from flowrl.engines.hf.static import StaticCacheRolloutEngine
 from flowrl.engines.protocols import SamplingParams
@@ -32,8 +33,8 @@ def test_the_decode_step_compiles_without_a_restart(tiny_model_path, monkeypatch
     restarts = counting_restarts(monkeypatch)
     tokenizer, model = load_tokenizer(tiny_model_path), load_causal_lm(tiny_model_path)
     ids = torch.tensor([tokenizer.encode("12+3=")] * 4)
-    engine = StaticCacheRolloutEngine(model, tokenizer, compile=True)
-    eager = StaticCacheRolloutEngine(model, tokenizer, compile=False)
+    engine = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=True))
+    eager = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=False))
     params = SamplingParams(max_new_tokens=5, greedy=True, ignore_eos=True)
     out, expected = (e.generate(ids, torch.ones_like(ids), params) for e in (engine, eager))
     assert torch.equal(out["response_ids"], expected["response_ids"])

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
+from flowrl.engines.hf.configs import HFStaticRolloutConfig
 from flowrl.engines.hf import static as hf_static
 from flowrl.engines.hf.decode_regions import RegionalDecodeStep, WholeDecodeStep, supports_regions
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
@@ -20,7 +21,8 @@ from test_engine_hf_static import prompts
 def test_only_models_whose_layers_all_attend_to_the_whole_cache_compile_per_layer(gqa_model_path):
     model = load_causal_lm(gqa_model_path)
     assert supports_regions(model)
-    assert isinstance(StaticCacheRolloutEngine(model, load_tokenizer(gqa_model_path))._step, RegionalDecodeStep)
+    engine = StaticCacheRolloutEngine(model, load_tokenizer(gqa_model_path), HFStaticRolloutConfig(compile=True))
+    assert isinstance(engine._step, RegionalDecodeStep)
     config = Qwen2Config(num_hidden_layers=2, layer_types=["full_attention", "sliding_attention"],
                          use_sliding_window=True, sliding_window=8)
     model.config = config
@@ -34,10 +36,10 @@ def test_the_per_layer_step_equals_the_whole_model_step(gqa_model_path, monkeypa
     tokenizer, model = load_tokenizer(gqa_model_path), load_causal_lm(gqa_model_path)
     ids, mask = prompts(tokenizer)
     torch._dynamo.reset()
-    regional = StaticCacheRolloutEngine(model, tokenizer, compile=True)
+    regional = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=True))
     monkeypatch.setattr(hf_static, "supports_regions", lambda model: False)
-    whole = StaticCacheRolloutEngine(model, tokenizer, compile=True)
-    eager = StaticCacheRolloutEngine(model, tokenizer, compile=False)
+    whole = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=True))
+    eager = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=False))
     assert isinstance(whole._step, WholeDecodeStep) and isinstance(eager._step, WholeDecodeStep)
     out, expected, eager_out = (e.generate(ids, mask, params, seed=5) for e in (regional, whole, eager))
     for other in (expected, eager_out):
@@ -56,7 +58,7 @@ def test_one_layer_graph_serves_every_layer_and_the_layers_own_calls_are_put_bac
     ids, mask = prompts(tokenizer)
     torch._dynamo.reset()
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    engine = StaticCacheRolloutEngine(model, tokenizer, compile=True)
+    engine = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=True))
     engine.generate(ids, mask, SamplingParams(max_new_tokens=6, greedy=True, ignore_eos=True))
     assert [layer._compiled_call_impl for layer in layers] == own
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2  # the layer and sampling

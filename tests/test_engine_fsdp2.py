@@ -10,6 +10,7 @@ import torch.multiprocessing as mp
 from tensordict import TensorDict
 from torch.distributed.tensor import DTensor
 
+from flowrl.engines.hf.configs import HFRolloutConfig, HFTrainConfig
 from flowrl.engines.hf.rollout import HFRolloutEngine
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
@@ -44,23 +45,23 @@ def run(model_path, out_dir, rank, world):
     rows = slice(rank * len(ROWS) // world, (rank + 1) * len(ROWS) // world)
     batch = make_batch(ROWS)
     # eps=1: Adam's step ~ lr * g / (|g| + 1), so the gradient's scale shows in the parameters
-    engine = HFTrainEngine(load_causal_lm(model_path), kind="actor", lr=1.0, eps=1.0, grad_clip=1e9)
+    engine = HFTrainEngine(load_causal_lm(model_path), HFTrainConfig(lr=1.0, grad_clip=1e9), kind="actor", eps=1.0)
     assert engine.sharded == (world > 1)
     assert isinstance(engine.model.model.embed_tokens.weight, DTensor) == (world > 1)
     logprobs = engine.forward(batch[rows], micro_batch_size=3)["logprobs"]
     metrics = engine.update(batch[rows], TokenMeanNLL(), mini_batch_size=8 // world, micro_batch_size=3)
     engine.save(str(out_dir / f"ckpt{world}"))
-    restored = HFTrainEngine(load_causal_lm(model_path), kind="actor", lr=1.0, eps=1.0, grad_clip=1e9)
+    restored = HFTrainEngine(load_causal_lm(model_path), HFTrainConfig(lr=1.0, grad_clip=1e9), kind="actor", eps=1.0)
     restored.load(str(out_dir / f"ckpt{world}"))
     restored.update(batch[rows], TokenMeanNLL(), mini_batch_size=8 // world, micro_batch_size=3)
-    summed = HFTrainEngine(load_causal_lm(model_path), kind="actor", lr=1.0, eps=1.0, grad_clip=1e9)
+    summed = HFTrainEngine(load_causal_lm(model_path), HFTrainConfig(lr=1.0, grad_clip=1e9), kind="actor", eps=1.0)
     sum_metrics = summed.update(batch[rows], TokenSumNLL(), mini_batch_size=8 // world, micro_batch_size=3)
     tokenizer = load_tokenizer(model_path)
     engine.save_pretrained(str(out_dir / f"hf{world}"), tokenizer)
-    rollout = HFRolloutEngine(load_causal_lm(model_path), tokenizer)
+    rollout = HFRolloutEngine(load_causal_lm(model_path), tokenizer, HFRolloutConfig())
     with fl_metrics.collect() as logged:  # world 2: the reshard (each rank receives the other's rows)
         rollout.weight_sync(engine)(engine, rollout)
-    gathered = HFRolloutEngine(load_causal_lm(model_path), tokenizer)
+    gathered = HFRolloutEngine(load_causal_lm(model_path), tokenizer, HFRolloutConfig())
     StreamedSync()(engine, gathered)  # today's gather path
     own = sum(t.to_local().numel() * t.element_size() for t in engine.model.state_dict().values()
               if isinstance(t, DTensor))  # the bytes of this rank's rows

@@ -2,6 +2,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from flowrl.engines.hf.configs import HFRolloutConfig, HFTrainConfig
 from flowrl.engines.hf.rollout import HFRolloutEngine, mask_after_eos
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
@@ -35,7 +36,7 @@ def test_mask_after_eos_by_hand():
 
 
 def test_shapes_and_mask_semantics(tiny_model_path, tokenizer):
-    engine = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, micro_batch_size=3)
+    engine = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, HFRolloutConfig(micro_batch_size=3))
     ids, mask = left_pad(tokenizer, PROMPTS)
     out = engine.generate(ids, mask, SAMPLE, seed=3)
     response, response_mask = out["response_ids"], out["response_mask"]
@@ -54,7 +55,7 @@ def test_shapes_and_mask_semantics(tiny_model_path, tokenizer):
 def test_greedy_is_deterministic_and_argmax(tiny_model_path, tokenizer):
     model = load_causal_lm(tiny_model_path)
     model.train()
-    engine = HFRolloutEngine(model, tokenizer)
+    engine = HFRolloutEngine(model, tokenizer, HFRolloutConfig())
     ids, mask = left_pad(tokenizer, PROMPTS)
     first = engine.generate(ids, mask, GREEDY)
     assert model.training  # the flag is restored
@@ -66,7 +67,7 @@ def test_greedy_is_deterministic_and_argmax(tiny_model_path, tokenizer):
 
 
 def test_seeded_sampling_is_reproducible(tiny_model_path, tokenizer):
-    engine = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer)
+    engine = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, HFRolloutConfig())
     ids, mask = left_pad(tokenizer, PROMPTS)
     state = torch.random.get_rng_state()
     a = engine.generate(ids, mask, SAMPLE, seed=7)
@@ -89,8 +90,8 @@ def train_toward(train, ids, mask, responses):
 
 def test_shared_module_sync(tiny_model_path, tokenizer):
     model = load_causal_lm(tiny_model_path)
-    train = HFTrainEngine(model, kind="actor", lr=3e-2)
-    rollout = HFRolloutEngine(model, tokenizer)
+    train = HFTrainEngine(model, HFTrainConfig(lr=3e-2), kind="actor")
+    rollout = HFRolloutEngine(model, tokenizer, HFRolloutConfig())
     sync = choose_weight_sync(train.model, rollout.model)
     assert isinstance(sync, SharedModuleSync)
     ids, mask = left_pad(tokenizer, PROMPTS)
@@ -99,15 +100,15 @@ def test_shared_module_sync(tiny_model_path, tokenizer):
     train_toward(train, ids, mask, sampled)  # rollout outputs feed a backward: no inference tensors
     sync(train, rollout)
     after = rollout.generate(ids, mask, GREEDY)["response_ids"]
-    reference = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer)
+    reference = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, HFRolloutConfig())
     reference.load_weights(train.full_state_dict())
     assert not torch.equal(after, before)
     assert torch.equal(after, reference.generate(ids, mask, GREEDY)["response_ids"])
 
 
 def test_streamed_sync(tiny_model_path, tokenizer):
-    train = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=3e-2)
-    rollout = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer)
+    train = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(lr=3e-2), kind="actor")
+    rollout = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, HFRolloutConfig())
     sync = choose_weight_sync(train.model, rollout.model)
     assert isinstance(sync, StreamedSync)
     with pytest.raises(AssertionError):
@@ -118,7 +119,7 @@ def test_streamed_sync(tiny_model_path, tokenizer):
     assert torch.equal(rollout.generate(ids, mask, GREEDY)["response_ids"], before)  # not synced yet
     sync(train, rollout)
     after = rollout.generate(ids, mask, GREEDY)["response_ids"]
-    shared = HFRolloutEngine(train.model, tokenizer)  # the train model itself, for reference
+    shared = HFRolloutEngine(train.model, tokenizer, HFRolloutConfig())  # the train model itself, for reference
     assert not torch.equal(after, before)
     assert torch.equal(after, shared.generate(ids, mask, GREEDY)["response_ids"])
 
@@ -133,9 +134,9 @@ def sampled_batch(engine, tokenizer, params, seed=5):
 @pytest.mark.parametrize("temperature", [1.0, 1.5])
 def test_sampler_logprobs_equal_the_trainers_in_fp32(tiny_model_path, tokenizer, temperature):
     model = load_causal_lm(tiny_model_path)
-    engine = HFRolloutEngine(model, tokenizer, micro_batch_size=3)
+    engine = HFRolloutEngine(model, tokenizer, HFRolloutConfig(micro_batch_size=3))
     batch, out = sampled_batch(engine, tokenizer, SamplingParams(max_new_tokens=12, temperature=temperature))
-    trainer = HFTrainEngine(model, kind="actor").forward(batch, temperature=temperature, micro_batch_size=4)
+    trainer = HFTrainEngine(model, HFTrainConfig(), kind="actor").forward(batch, temperature=temperature, micro_batch_size=4)
     mask = batch["response_mask"].bool()
     assert mask.sum() > 20 and (out["rollout_logprobs"][~mask] == 0).all()
     assert torch.allclose(out["rollout_logprobs"][mask], trainer["logprobs"][mask], atol=1e-4)
@@ -144,7 +145,7 @@ def test_sampler_logprobs_equal_the_trainers_in_fp32(tiny_model_path, tokenizer,
 def test_sampler_logprobs_follow_top_k_truncation(tiny_model_path, tokenizer):
     """With top_k the sampler's distribution is the top k logits renormalised: computed here by hand."""
     model = load_causal_lm(tiny_model_path)
-    batch, out = sampled_batch(HFRolloutEngine(model, tokenizer), tokenizer,
+    batch, out = sampled_batch(HFRolloutEngine(model, tokenizer, HFRolloutConfig()), tokenizer,
                                SamplingParams(max_new_tokens=8, temperature=1.2, top_k=3))
     prompt_len = batch["prompt_ids"].shape[1]
     ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], 1)
@@ -162,7 +163,7 @@ def test_sampler_logprobs_follow_top_k_truncation(tiny_model_path, tokenizer):
 
 
 def test_finish_reason_is_stop_at_eos_and_length_at_the_cap(tiny_model_path, tokenizer):
-    engine = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer)
+    engine = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, HFRolloutConfig())
     _, out = sampled_batch(engine, tokenizer, SamplingParams(max_new_tokens=4, temperature=1.5), seed=1)
     stopped = ((out["response_ids"] == tokenizer.eos_token_id) & out["response_mask"].bool()).any(-1)
     assert stopped.any() and (~stopped).any()  # both kinds occur in this sample

@@ -4,6 +4,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from flowrl.engines.hf.configs import HFRolloutConfig, HFStaticRolloutConfig, HFTrainConfig
 from flowrl.config import load_run_config
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
 from flowrl.engines.hf.rollout import HFRolloutEngine
@@ -29,8 +30,9 @@ def test_greedy_outputs_equal_generate(model, request):
     tokenizer = load_tokenizer(path)
     ids, mask = prompts(tokenizer)
     params = SamplingParams(max_new_tokens=10, greedy=True)
-    expected = HFRolloutEngine(load_causal_lm(path), tokenizer).generate(ids, mask, params)
-    static = StaticCacheRolloutEngine(load_causal_lm(path), tokenizer, compile=False).generate(ids, mask, params)
+    expected = HFRolloutEngine(load_causal_lm(path), tokenizer, HFRolloutConfig()).generate(ids, mask, params)
+    static = StaticCacheRolloutEngine(load_causal_lm(path), tokenizer, HFStaticRolloutConfig(compile=False))
+    static = static.generate(ids, mask, params)
     for key in ("response_ids", "response_mask", "finish_reason"):
         assert torch.equal(static[key], expected[key]), key
     assert torch.allclose(static["rollout_logprobs"], expected["rollout_logprobs"], atol=1e-5)
@@ -43,7 +45,7 @@ def test_sampler_logprobs_equal_the_trainers(gqa_model_path, temperature, top_k,
     read from the row's sampling columns (flowrl.engines.sampling)."""
     tokenizer, model = load_tokenizer(gqa_model_path), load_causal_lm(gqa_model_path)
     ids, mask = prompts(tokenizer)
-    engine = StaticCacheRolloutEngine(model, tokenizer, compile=False)
+    engine = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=False))
     params = SamplingParams(max_new_tokens=12, temperature=temperature, top_k=top_k, top_p=top_p)
     out = engine.generate(ids, mask, params, seed=2)
     again = engine.generate(ids, mask, params, seed=2)
@@ -51,7 +53,7 @@ def test_sampler_logprobs_equal_the_trainers(gqa_model_path, temperature, top_k,
     batch = TensorDict(prompt_ids=ids, prompt_mask=mask, response_ids=out["response_ids"],
                        response_mask=out["response_mask"], **sampling_columns(params, ids.shape[0]),
                        batch_size=[ids.shape[0]])
-    trainer = HFTrainEngine(model, kind="actor").forward(batch, micro_batch_size=8)
+    trainer = HFTrainEngine(model, HFTrainConfig(), kind="actor").forward(batch, micro_batch_size=8)
     valid = out["response_mask"].bool()
     assert torch.allclose(out["rollout_logprobs"][valid], trainer["logprobs"][valid], atol=1e-4)
 
@@ -71,13 +73,13 @@ def test_a_reused_loop_gives_what_a_fresh_engine_gives(gqa_model_path, monkeypat
     ids, mask = prompts(tokenizer)
     params = SamplingParams(max_new_tokens=9, greedy=True)
     monkeypatch.setattr(hf_static, "MAX_SHAPES", 4)
-    engine = StaticCacheRolloutEngine(model, tokenizer, compile=False)
+    engine = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=False))
     calls = [(ids[:3], mask[:3]), (ids[3:], mask[3:]), (ids.flip(0), mask.flip(0))]
     calls += [(torch.nn.functional.pad(ids, (34, 0), value=tokenizer.pad_token_id),
                torch.nn.functional.pad(mask, (34, 0))), (ids[:1], mask[:1]), (ids[:2], mask[:2]), (ids[:3], mask[:3])]
     for call_ids, call_mask in calls:
         again = engine.generate(call_ids, call_mask, params)
-        fresh = StaticCacheRolloutEngine(model, tokenizer, compile=False).generate(call_ids, call_mask, params)
+        fresh = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=False)).generate(call_ids, call_mask, params)
         for key in ("response_ids", "rollout_logprobs", "finish_reason"):
             assert torch.equal(again[key], fresh[key]), key
     assert len(engine._caches) == 4  # MAX_SHAPES
@@ -89,8 +91,8 @@ def test_the_captured_step_equals_the_eager_one_and_sees_weight_updates(gqa_mode
     model = load_causal_lm(gqa_model_path).cuda()
     ids, mask = prompts(tokenizer)
     greedy, sampled = SamplingParams(max_new_tokens=24, greedy=True), SamplingParams(max_new_tokens=24)
-    graphed = StaticCacheRolloutEngine(model, tokenizer, device="cuda", compile=True)
-    eager = StaticCacheRolloutEngine(model, tokenizer, device="cuda", compile=False)
+    graphed = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=True), device="cuda")
+    eager = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=False), device="cuda")
     for _ in range(2):  # the first call warms up and captures, the second replays from its first step
         out = graphed.generate(ids, mask, greedy)
         assert torch.equal(out["response_ids"], eager.generate(ids, mask, greedy)["response_ids"])

@@ -4,6 +4,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer, load_value_model
 from fakes import TokenMeanNLL
@@ -57,7 +58,7 @@ def reference_logprobs(model, prompt, response, temperature=1.0):
 
 
 def test_forward_matches_unpadded_reference(tiny_model_path):
-    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor")
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(), kind="actor")
     for widths in [(None, None), (9, 7)]:  # the same rows, padded two ways
         batch = make_batch(ROWS, *widths)
         out = engine.forward(batch, temperature=0.7, micro_batch_size=4, outputs=("logprobs", "entropy"))
@@ -71,7 +72,8 @@ def test_forward_matches_unpadded_reference(tiny_model_path):
 
 def fresh_engine(path, **kwargs):
     # eps=1 makes Adam's first step ~ lr * g / (|g| + 1): sensitive to the gradient's scale, not only its sign
-    return HFTrainEngine(load_causal_lm(path), kind="actor", **{"lr": 1.0, "eps": 1.0, "grad_clip": 1e9, **kwargs})
+    config = HFTrainConfig(**{"lr": 1.0, "grad_clip": 1e9, **kwargs})
+    return HFTrainEngine(load_causal_lm(path), config, kind="actor", eps=1.0)
 
 
 def test_update_is_exact_over_micro_batches(tiny_model_path):
@@ -87,7 +89,7 @@ def test_update_is_exact_over_micro_batches(tiny_model_path):
 
 
 def test_update_lowers_supervised_loss(tiny_model_path):
-    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=1e-2)
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(lr=1e-2), kind="actor")
     batch = make_batch(ROWS)
     before = engine.forward(batch)["logprobs"]
     metrics = engine.update(batch, TokenMeanNLL(), mini_batch_size=6, micro_batch_size=6)
@@ -107,7 +109,7 @@ def test_update_shuffles_and_warms_up(tiny_model_path):
     with pytest.raises(ValueError, match="mini_batch_size"):
         engine.update(make_batch(ROWS), TokenMeanNLL(), mini_batch_size=0)
     with pytest.raises(ValueError, match="kind"):
-        HFTrainEngine(engine.model, kind="ref")
+        HFTrainEngine(engine.model, HFTrainConfig(), kind="ref")
 
 
 def test_non_finite_gradient_skips_the_step(tiny_model_path):
@@ -144,7 +146,7 @@ def test_save_load_roundtrip(tiny_model_path, tmp_path):
 
 
 def test_save_pretrained_exports_loadable_weights(tiny_model_path, tmp_path):
-    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=1e-2)
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(lr=1e-2), kind="actor")
     engine.update(make_batch(ROWS), TokenMeanNLL(), mini_batch_size=6)
     engine.save_pretrained(str(tmp_path / "hf"), load_tokenizer(tiny_model_path))
     exported = load_causal_lm(tmp_path / "hf")
@@ -154,7 +156,7 @@ def test_save_pretrained_exports_loadable_weights(tiny_model_path, tmp_path):
 
 
 def test_critic_values(tiny_model_path):
-    engine = HFTrainEngine(load_value_model(tiny_model_path), kind="critic", lr=1e-2)
+    engine = HFTrainEngine(load_value_model(tiny_model_path), HFTrainConfig(lr=1e-2), kind="critic")
     batch, shifted = make_batch(ROWS), make_batch(ROWS, 9, 7)
     values = engine.forward(batch, micro_batch_size=4)["values"]
     assert values.shape == batch["response_ids"].shape and values.dtype == torch.float32
@@ -167,7 +169,7 @@ def test_critic_values(tiny_model_path):
 def test_a_masked_interior_token_is_left_out_as_if_absent(tiny_model_path):
     """Rows are packed to their front for the flash kernel: a mask gap inside a prompt still hides that token
     and shifts no position, as the padding mask did."""
-    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor")
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(), kind="actor")
     gapped = make_batch([([3, 12, 13, 4, 15], [5, 9, 1])])
     gapped["prompt_mask"][0, 2] = 0
     out = engine.forward(gapped)["logprobs"][0]
@@ -176,7 +178,7 @@ def test_a_masked_interior_token_is_left_out_as_if_absent(tiny_model_path):
 
 def test_padding_columns_cost_nothing_and_change_nothing(tiny_model_path):
     """Extra all-padding columns on both sides are trimmed per micro-batch; outputs keep the batch's width."""
-    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor")
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(), kind="actor")
     batch = make_batch(ROWS)
     wide = batch.clone()
     wide["prompt_ids"] = torch.nn.functional.pad(batch["prompt_ids"], (5, 0))
@@ -195,7 +197,8 @@ def test_length_grouped_micro_batches_change_no_output_and_no_step(tiny_model_pa
     results = []
     for by_length in (False, True):
         torch.manual_seed(0)
-        engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=1e-2, eps=1.0, by_length=by_length)
+        engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(lr=1e-2), kind="actor", eps=1.0,
+                               by_length=by_length)
         logprobs = engine.forward(batch, micro_batch_size=2)["logprobs"]  # rows come back in the batch's order
         engine.update(batch, TokenMeanNLL(), mini_batch_size=len(ROWS), micro_batch_size=2)
         results.append((logprobs, engine.model.state_dict()))
@@ -216,7 +219,7 @@ def test_chunked_logprobs_equal_full_logits_with_gradients(tiny_model_path):
     batch["response_mask"][0, 4:] = 0
     outs, grads = [], []
     for chunk in (0, 3):
-        engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", logprob_chunk_tokens=chunk)
+        engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(logprob_chunk_tokens=chunk), kind="actor")
         out = engine._outputs(batch, temperature=1.3, outputs=("logprobs", "entropy"))
         (out["logprobs"].sum() + out["entropy"].sum()).backward()
         outs.append(out)
@@ -255,7 +258,7 @@ def test_sum_pi_squared_chunked_equals_full_and_a_direct_computation(tiny_model_
     batch = make_batch(ROWS)
     outs = []
     for chunk in (0, 3):
-        engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", logprob_chunk_tokens=chunk)
+        engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(logprob_chunk_tokens=chunk), kind="actor")
         wanted = ("logprobs", "sum_pi_squared")
         outs.append(engine.forward(batch, temperature=0.7, micro_batch_size=4, outputs=wanted))
         assert "entropy" not in outs[-1] and "sum_pi_squared" not in engine.forward(batch)

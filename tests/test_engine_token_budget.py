@@ -43,7 +43,7 @@ def rl_batch():
 
 def fresh(path, **kwargs):
     # no clipping: the gradient left on the parameters is the step's own
-    return HFTrainEngine(load_causal_lm(path), kind="actor", lr=1.0, eps=1.0, grad_clip=1e9, **kwargs)
+    return HFTrainEngine(load_causal_lm(path), HFTrainConfig(lr=1.0, grad_clip=1e9, **kwargs), kind="actor", eps=1.0)
 
 
 def step_grads(engine, loss, **kwargs):

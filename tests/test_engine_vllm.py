@@ -11,6 +11,7 @@ from tensordict import TensorDict
 
 pytest.importorskip("vllm")
 
+from flowrl.engines.hf.configs import HFRolloutConfig, HFTrainConfig
 from flowrl.config import load_run_config  # noqa: E402
 from flowrl.data.builtin.arithmetic import ArithmeticTask  # noqa: E402
 from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource  # noqa: E402
@@ -57,13 +58,13 @@ def test_greedy_equals_hf_after_a_sync_that_perturbs_the_weights(engine, model_p
     ids, mask = prompts(tokenizer, long=True)
     assert mask.sum(-1).max() > BLOCK
     greedy = SamplingParams(max_new_tokens=10, greedy=True)
-    hf = HFRolloutEngine(model, tokenizer)
+    hf = HFRolloutEngine(model, tokenizer, HFRolloutConfig())
     before = engine.generate(ids, mask, greedy)  # also fills the prefix cache with the old weights' blocks
     assert torch.equal(before["response_ids"], hf.generate(ids, mask, greedy)["response_ids"])
     with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.1)
-    train = HFTrainEngine(model, kind="actor")
+    train = HFTrainEngine(model, HFTrainConfig(), kind="actor")
     engine.weight_sync(train)(train, engine)
     expected, after = hf.generate(ids, mask, greedy), engine.generate(ids, mask, greedy)
     assert not torch.equal(before["response_ids"], after["response_ids"])  # the perturbation shows
@@ -84,7 +85,7 @@ def test_sampled_logprobs_equal_the_trainers(engine, model_path, temperature):
     assert not torch.equal(out["response_ids"], engine.generate(ids, mask, params, seed=3)["response_ids"])
     batch = TensorDict(prompt_ids=ids, prompt_mask=mask, response_ids=out["response_ids"],
                        response_mask=out["response_mask"], batch_size=[ids.shape[0]])
-    trainer = HFTrainEngine(load_causal_lm(model_path), kind="actor").forward(batch, temperature=temperature)
+    trainer = HFTrainEngine(load_causal_lm(model_path), HFTrainConfig(), kind="actor").forward(batch, temperature=temperature)
     valid = out["response_mask"].bool()
     assert valid.sum() > 2 * ids.shape[0]
     assert (out["rollout_logprobs"] - trainer["logprobs"]).abs().max() < 1e-4
@@ -102,7 +103,7 @@ def test_truncated_sampling_logprobs_equal_the_trainers(engine, model_path, trun
     batch = TensorDict(prompt_ids=ids, prompt_mask=mask, response_ids=out["response_ids"],
                        response_mask=out["response_mask"], **sampling_columns(params, ids.shape[0]),
                        batch_size=[ids.shape[0]])
-    trainer = HFTrainEngine(load_causal_lm(model_path), kind="actor")
+    trainer = HFTrainEngine(load_causal_lm(model_path), HFTrainConfig(), kind="actor")
     valid = out["response_mask"].bool()
     assert valid.sum() > 2 * ids.shape[0]
     gap = (out["rollout_logprobs"] - trainer.forward(batch)["logprobs"])[valid].abs()

@@ -7,6 +7,7 @@ import pathlib
 import torch
 import torch.distributed as dist
 
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.engines.models.folders import load_causal_lm
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from fakes import TokenMeanNLL
@@ -24,7 +25,8 @@ def run(model_path, rank, world, **options):
     torch.set_num_threads(1)
     rows = slice(rank * len(ROWS) // world, (rank + 1) * len(ROWS) // world)
     batch = make_batch(ROWS)[rows]
-    engine = HFTrainEngine(load_causal_lm(model_path), kind="actor", lr=1.0, eps=1.0, grad_clip=1e9, **options)
+    engine = HFTrainEngine(load_causal_lm(model_path), HFTrainConfig(lr=1.0, grad_clip=1e9, **options), kind="actor",
+                           eps=1.0)
     counts = len(engine._micro_batches(batch, 4, engine.max_tokens)) if engine.max_tokens else 0
     logprobs = engine.forward(batch, micro_batch_size=4)["logprobs"]
     metrics = engine.update(batch, TokenMeanNLL(), mini_batch_size=8 // world, micro_batch_size=4)

@@ -5,6 +5,7 @@ import functools
 
 import torch
 
+from flowrl.engines.hf.configs import HFStaticRolloutConfig
 from flowrl import metrics
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
 from flowrl.engines.hf.static import StaticCacheRolloutEngine
@@ -21,7 +22,7 @@ def test_eos_at_ends_each_row_with_eos_at_its_length(tiny_model_path):
     tokenizer = load_tokenizer(tiny_model_path)
     ids, mask = prompts(tokenizer)
     eos_at = torch.tensor([1, 3, 5, 12, 13, 7])  # 13 > max_new_tokens: that row runs to the cap
-    engine = StaticCacheRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, compile=False)
+    engine = StaticCacheRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, HFStaticRolloutConfig(compile=False))
     out = engine.generate(ids, mask, SamplingParams(max_new_tokens=12, ignore_eos=True), seed=0, eos_at_B=eos_at)
     assert out["response_mask"].sum(-1).tolist() == [1, 3, 5, 12, 12, 7]
     lengths = out["response_mask"].sum(-1)
@@ -39,8 +40,8 @@ def test_compacting_finished_rows_out_keeps_the_greedy_outputs(tiny_model_path):
     ids, mask = eight_prompts(tokenizer)
     eos_at = torch.tensor([2, 3, 4, 5, 6, 17, 40, 40])
     params = SamplingParams(max_new_tokens=40, greedy=True, ignore_eos=True)
-    compacting = StaticCacheRolloutEngine(model, tokenizer, compile=False, compact_min_rows=1)
-    static = StaticCacheRolloutEngine(model, tokenizer, compile=False, compact_min_rows=None)
+    compacting = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=False), compact_min_rows=1)
+    static = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=False), compact_min_rows=None)
     with metrics.collect() as logged:
         out = compacting.generate(ids, mask, params, eos_at_B=eos_at)
     expected = static.generate(ids, mask, params, eos_at_B=eos_at)
@@ -72,8 +73,8 @@ def test_the_compiled_step_compiles_once_for_all_shapes_of_a_sampling(tiny_model
     params = SamplingParams(max_new_tokens=40, greedy=True, ignore_eos=True)
     torch._dynamo.reset()
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    compiled = StaticCacheRolloutEngine(model, tokenizer, compile=True, compact_min_rows=1)
-    eager = StaticCacheRolloutEngine(model, tokenizer, compile=False, compact_min_rows=1)
+    compiled = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=True), compact_min_rows=1)
+    eager = StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=False), compact_min_rows=1)
     for call_ids, call_mask in ((ids, mask), (wide_ids, wide_mask)):
         out, expected = (e.generate(call_ids, call_mask, params, eos_at_B=eos_at) for e in (compiled, eager))
         assert torch.equal(out["response_ids"], expected["response_ids"])

@@ -7,7 +7,7 @@ import torch
 from flowrl.config import validate, RunConfig
 from flowrl.engines.train import sharded_checkpoint
 from flowrl.engines.configs import ModelSource
-from flowrl.engines.hf.configs import HFTrainConfig
+from flowrl.engines.hf.configs import HFRolloutConfig, HFTrainConfig
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
 from flowrl.engines.hf.rollout import HFRolloutEngine
 from flowrl.engines.train.hf_engine import HFTrainEngine
@@ -42,19 +42,19 @@ def test_only_the_adapters_train(trained):
 def test_the_synced_rollout_equals_the_trained_models_greedy_output(trained, tiny_model_path):
     tokenizer = load_tokenizer(tiny_model_path)
     prompts = make_batch([(p, [0]) for p, _ in ROWS])
-    copy = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer)
+    copy = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, HFRolloutConfig())
     StreamedSync()(trained, copy)  # merged weights under the base model's names
-    own = HFRolloutEngine(trained.model, tokenizer)  # the peft module itself, adapters on
+    own = HFRolloutEngine(trained.model, tokenizer, HFRolloutConfig())  # the peft module itself, adapters on
     expected = own.generate(prompts["prompt_ids"], prompts["prompt_mask"], GREEDY)
     synced = copy.generate(prompts["prompt_ids"], prompts["prompt_mask"], GREEDY)
     assert torch.equal(synced["response_ids"], expected["response_ids"])
-    base = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer).generate(
+    base = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, HFRolloutConfig()).generate(
         prompts["prompt_ids"], prompts["prompt_mask"], GREEDY)
     assert not torch.equal(base["response_ids"], expected["response_ids"])  # the adapters changed the policy
     merged = trained.full_state_dict()
     assert merged.keys() == load_causal_lm(tiny_model_path).state_dict().keys()
     batch = make_batch(ROWS)
-    torch.testing.assert_close(HFTrainEngine(copy.model, kind="actor").forward(batch)["logprobs"],
+    torch.testing.assert_close(HFTrainEngine(copy.model, HFTrainConfig(), kind="actor").forward(batch)["logprobs"],
                                trained.forward(batch)["logprobs"], atol=1e-5, rtol=0)
 
 
@@ -62,7 +62,7 @@ def test_the_reference_is_the_base_model_with_adapters_disabled(trained, tiny_mo
     ref = CONFIG.build(ModelSource(tiny_model_path), head="actor", device="cpu", trainable=False, base_of=trained)
     assert isinstance(ref, BaseModelEngine) and ref.model is trained.model  # no second copy
     batch = make_batch(ROWS)
-    base = HFTrainEngine(load_causal_lm(tiny_model_path).requires_grad_(False), kind="actor")
+    base = HFTrainEngine(load_causal_lm(tiny_model_path).requires_grad_(False), HFTrainConfig(), kind="actor")
     torch.testing.assert_close(ref.forward(batch)["logprobs"], base.forward(batch)["logprobs"], atol=1e-6, rtol=0)
     assert not torch.allclose(trained.forward(batch)["logprobs"], base.forward(batch)["logprobs"], atol=1e-3)
     base_state = dict(ref.named_full_tensors())

@@ -9,7 +9,7 @@ pytest.importorskip("peft")
 
 from flowrl.data.builtin.arithmetic import ArithmeticTask  # noqa: E402
 from flowrl.engines.configs import ROLLOUT_ENGINES, ModelSource  # noqa: E402
-from flowrl.engines.hf.configs import HFTrainConfig  # noqa: E402
+from flowrl.engines.hf.configs import HFRolloutConfig, HFTrainConfig  # noqa: E402
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer  # noqa: E402
 from flowrl.engines.hf.rollout import HFRolloutEngine  # noqa: E402
 from flowrl.engines.protocols import SamplingParams  # noqa: E402
@@ -47,9 +47,9 @@ def trained(model_path):
 def test_vllm_after_a_lora_sync_generates_what_the_trained_model_does(trained, model_path, max_lora_rank):
     tokenizer = load_tokenizer(model_path)
     prompts = make_batch(rows(tokenizer, with_answers=False))
-    expected = HFRolloutEngine(trained.model, tokenizer).generate(prompts["prompt_ids"], prompts["prompt_mask"],
+    expected = HFRolloutEngine(trained.model, tokenizer, HFRolloutConfig()).generate(prompts["prompt_ids"], prompts["prompt_mask"],
                                                                   GREEDY)
-    base = HFRolloutEngine(load_causal_lm(model_path), tokenizer).generate(prompts["prompt_ids"],
+    base = HFRolloutEngine(load_causal_lm(model_path), tokenizer, HFRolloutConfig()).generate(prompts["prompt_ids"],
                                                                            prompts["prompt_mask"], GREEDY)
     assert not torch.equal(base["response_ids"], expected["response_ids"])  # the adapters changed the policy
     config = ROLLOUT_ENGINES.get("vllm").model_validate({"engine": "vllm", "kv_cache_gb": 0.25,

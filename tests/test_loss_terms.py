@@ -10,12 +10,13 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from flowrl.engines.hf.configs import HFTrainConfig
 import flowrl as fl
 from fakes import ROLE_CLASSES
 from flowrl.engines.models.folders import load_causal_lm
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.train.model_outputs import TOKEN_OUTPUTS, check_outputs
-from flowrl.rl.correction import RolloutCorrection
+from flowrl.rl.correction import RolloutCorrectionConfig
 from flowrl.rl.distillation import DistillTerm  # noqa: F401 (registers the "distill" term)
 from flowrl.rl.loss_terms import TERMS, EntropyTerm, KLTerm, Loss, PolicyTerm, ValueTerm
 from flowrl.rl.ops.policy_loss import ppo_clip
@@ -38,7 +39,8 @@ def policy_batch():
 
 def test_reads_and_needs_are_the_terms_unions():
     assert Loss((CLIP,)).reads == ("old_logprobs", "advantages", "loss_mask") and Loss((CLIP,)).needs == ("logprobs",)
-    full = Loss((CLIP, KLTerm(0.1), EntropyTerm(0.01)), rollout_correction=RolloutCorrection("token", 2.0))
+    correction = RolloutCorrectionConfig(is_level="token", is_threshold=2.0).build()
+    full = Loss((CLIP, KLTerm(0.1), EntropyTerm(0.01)), rollout_correction=correction)
     assert full.reads == ("old_logprobs", "advantages", "loss_mask", "ref_logprobs", "rollout_logprobs")
     assert full.needs == ("logprobs", "entropy")
     value = Loss((ValueTerm(0.5),))
@@ -131,7 +133,7 @@ def test_the_engine_computes_exactly_the_outputs_the_terms_need(tiny_model_path,
     batch["loss_mask"] = batch["response_mask"].clone()
     batch["old_logprobs"] = torch.zeros(batch["response_mask"].shape)
     batch["advantages"] = batch["response_mask"].float()
-    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor")
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(), kind="actor")
     for terms, expected in [((CLIP,), ["logprobs"]), ((CLIP, EntropyTerm(0.01)), ["entropy", "logprobs"]),
                             ((CLIP, Top1Bonus(0.1)), ["logprobs", "top1_prob"])]:
         Recorded.seen = []

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.config import load_run_config
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.train.lr_schedules import lr_factor
@@ -22,7 +23,7 @@ def test_factors_by_hand():
 
 
 def test_the_engine_steps_its_lr_along_the_schedule():
-    engine = HFTrainEngine(torch.nn.Linear(2, 1), kind="actor", lr=0.1, lr_schedule="cosine", lr_decay_steps=4)
+    engine = HFTrainEngine(torch.nn.Linear(2, 1), HFTrainConfig(lr=0.1, lr_schedule="cosine", lr_decay_steps=4), kind="actor")
     lrs = []
     for _ in range(5):
         lrs.append(engine.scheduler.get_last_lr()[0])
@@ -32,7 +33,7 @@ def test_the_engine_steps_its_lr_along_the_schedule():
     assert lrs == pytest.approx([0.1, 0.1 * (1 + math.cos(math.pi / 4)) / 2, 0.05,
                                  0.1 * (1 - math.cos(math.pi / 4)) / 2, 0.0], abs=1e-9)
     state = engine.scheduler.state_dict()
-    again = HFTrainEngine(torch.nn.Linear(2, 1), kind="actor", lr=0.1, lr_schedule="cosine", lr_decay_steps=4)
+    again = HFTrainEngine(torch.nn.Linear(2, 1), HFTrainConfig(lr=0.1, lr_schedule="cosine", lr_decay_steps=4), kind="actor")
     again.scheduler.load_state_dict(state)
     assert again.scheduler.last_epoch == 5
 

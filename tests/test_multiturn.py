@@ -6,6 +6,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.config import load_run_config
 from flowrl.data.batch import prompt_batch
 from flowrl.data.builtin.calculator import CalculatorTask
@@ -109,7 +110,7 @@ def test_episodes_on_a_real_engine_keep_the_samplers_logprobs_of_exactly_what_wa
                                                                                           engine_name):
     """The train engine's logprobs of the model's turns, read in one pass over the whole episode, equal the
     sampler's: nothing was retokenised, and observations sit in the context where the sampler saw them."""
-    actor = HFTrainEngine(load_causal_lm(calculator_model), kind="actor")
+    actor = HFTrainEngine(load_causal_lm(calculator_model), HFTrainConfig(), kind="actor")
     rollout = calculator_rollout(calculator_model, engine_name, share=actor)
     batch = rollout.interact(calculator_prompts(rollout.tokenizer), n=4)
     assert (batch["num_turns"] > 1).any() and (batch["loss_mask"] < batch["response_mask"]).any()
@@ -125,7 +126,7 @@ def test_episodes_on_vllm_keep_the_samplers_logprobs(tmp_path):
     path = build_tiny_model(tmp_path / "model", chars=CalculatorTask.chars, hidden_size=128)  # head_dim 32
     rollout = calculator_rollout(path, "vllm", extra={"kv_cache_gb": 0.25, "block_size": 32})
     batch = rollout.interact(calculator_prompts(rollout.tokenizer), n=4)
-    actor = HFTrainEngine(load_causal_lm(path), kind="actor")
+    actor = HFTrainEngine(load_causal_lm(path), HFTrainConfig(), kind="actor")
     mask = batch["loss_mask"].bool()
     assert (batch["num_turns"] > 1).any()
     assert torch.allclose(actor.forward(batch)["logprobs"][mask], batch["rollout_logprobs"][mask], atol=1e-4)

@@ -2,6 +2,7 @@
 
 import torch
 
+from flowrl.engines.hf.configs import HFRolloutConfig, HFTrainConfig
 from flowrl.rl import losses
 from flowrl.data.batch import prompt_batch
 from flowrl.engines.hf.rollout import HFRolloutEngine
@@ -16,7 +17,7 @@ def rollout_batch(path):
     tok = load_tokenizer(path)
     prompts = prompt_batch([tok.encode(t, add_special_tokens=False) for t in ("1+2=", "3+4=", "12+3=")],
                            tok.pad_token_id, uids=[0, 1, 2])
-    out = HFRolloutEngine(load_causal_lm(path), tok).generate(prompts["prompt_ids"], prompts["prompt_mask"],
+    out = HFRolloutEngine(load_causal_lm(path), tok, HFRolloutConfig()).generate(prompts["prompt_ids"], prompts["prompt_mask"],
                                                               SamplingParams(max_new_tokens=3), seed=0)
     prompts["response_ids"], prompts["response_mask"] = out["response_ids"], out["response_mask"]
     prompts["loss_mask"] = out["response_mask"]
@@ -27,7 +28,7 @@ def rollout_batch(path):
 def step(path, batch, deferred, mini_batch_size=8):
     """One update, the old logprobs deferred into it (as the plan folds actor.logprobs) or computed first."""
     torch.manual_seed(0)
-    actor = Actor(engine=HFTrainEngine(load_causal_lm(path), kind="actor", lr=1e-2),
+    actor = Actor(engine=HFTrainEngine(load_causal_lm(path), HFTrainConfig(lr=1e-2), kind="actor"),
                   settings=UpdateSettings(mini_batch_size=mini_batch_size, micro_batch_size=2))
     batch = batch.clone()
     if deferred:

@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict
 
 import verl_reference as verl
-from flowrl.rl.correction import RolloutCorrection
+from flowrl.rl.correction import RolloutCorrectionConfig
 from flowrl.rl.losses import gmpo_loss
 from flowrl.rl.ops.aggregate import agg_loss
 from flowrl.rl.ops.cov_loss import clip_cov, kl_cov, token_covariance
@@ -84,7 +84,7 @@ def test_gmpo_rollout_is_weights_join_the_geometric_mean():
     old = torch.full((2, 3), -1.0)
     rollout = old - t([math.log(2), math.log(0.5), NAN], [math.log(0.5), NAN, math.log(0.5)])
     adv = t([1, 1, 1], [-1, -1, -1])
-    loss_fn = gmpo_loss(rollout_correction=RolloutCorrection("token", 2.0))
+    loss_fn = gmpo_loss(rollout_correction=RolloutCorrectionConfig(is_level="token", is_threshold=2.0).build())
     loss, _ = loss_fn({"logprobs": old.clone()}, gmpo_mb(old, rollout, adv, mask))
     assert loss.item() == pytest.approx(-0.25, abs=1e-6)
     weights = torch.nan_to_num(torch.exp(old - rollout)).clamp(max=2.0)
@@ -101,7 +101,8 @@ def test_gmpo_with_rollout_is_matches_verl_with_interior_gaps(seed, level):
     mask[:, 0] = 1.0
     rollout = old + 0.5 * torch.randn(old.shape, generator=g)
     out = {"logprobs": logp.clone().requires_grad_(True)}
-    loss, _ = gmpo_loss(rollout_correction=RolloutCorrection(level, 2.0))(out, gmpo_mb(old, rollout, adv, mask))
+    correction = RolloutCorrectionConfig(is_level=level, is_threshold=2.0).build()
+    loss, _ = gmpo_loss(rollout_correction=correction)(out, gmpo_mb(old, rollout, adv, mask))
     ref_logp = logp.clone().requires_grad_(True)
     weights = verl.rollout_is_weights(old - rollout, mask, level, 2.0)
     expected = verl.geo_mean(old, ref_logp, adv, mask, 0.4, 0.4, rollout_is_weights=weights)

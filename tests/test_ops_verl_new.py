@@ -8,7 +8,7 @@ from tensordict import TensorDict
 
 import verl_reference as verl
 from flowrl.rl.bypass import bypass_loss
-from flowrl.rl.correction import RolloutCorrection
+from flowrl.rl.correction import RolloutCorrection, RolloutCorrectionConfig
 from flowrl.rl.loss_terms import policy_loss
 from flowrl.rl.ops.advantages import optimal_token_baseline, tir_optimal_token_baseline
 from flowrl.rl.ops.gdpo import gdpo
@@ -110,7 +110,8 @@ def test_dro_equals_verls_on_random_inputs(seed, mode):
     expected = verl.dro(mb["old_logprobs"], logp, mb["advantages"], mb["loss_mask"], 0.3, mode)
     assert loss_fn({"logprobs": logp}, mb)[0].item() == pytest.approx(expected.item(), abs=1e-5)
     weights = verl.rollout_is_weights(mb["old_logprobs"] - mb["rollout_logprobs"] + 0.0, mb["loss_mask"])
-    corrected = policy_loss(lambda *a: dro(*a, beta=0.3), loss_agg_mode=mode, rollout_correction=RolloutCorrection("token"))
+    corrected = policy_loss(lambda *a: dro(*a, beta=0.3), loss_agg_mode=mode,
+                            rollout_correction=RolloutCorrectionConfig(is_level="token").build())
     expected = verl.dro(mb["old_logprobs"], logp, mb["advantages"], mb["loss_mask"], 0.3, mode, weights)
     assert corrected({"logprobs": logp}, mb)[0].item() == pytest.approx(expected.item(), abs=1e-5)
 
@@ -132,8 +133,10 @@ def test_bypass_reinforce_by_hand():
                                       ("seq-mean-token-sum", ("seq_max_k2", 0.1))])
 def test_bypass_mode_equals_verls_on_random_inputs(seed, loss_type, mode, rs):
     mb, logp = policy_batch(seed)
-    level = {None: None, "token_k3": "token", "token_k1": "token", "seq_max_k2": "max"}[rs and rs[0]]
-    correction = RolloutCorrection("token", 2.0, level, rs[1] if rs else 2.0, rs_estimator=rs[0][-2:] if rs else "k1")
+    level = {None: "off", "token_k3": "token", "token_k1": "token", "seq_max_k2": "max"}[rs and rs[0]]
+    correction = RolloutCorrectionConfig(is_level="token", is_threshold=2.0, rs_level=level,
+                                         rs_threshold=rs[1] if rs else 2.0,
+                                         rs_estimator=rs[0][-2:] if rs else "k1").build()
     loss_fn = bypass_loss(loss_type, correction, loss_agg_mode=mode)
     logp = logp.clone().requires_grad_(True)
     loss, metrics = loss_fn({"logprobs": logp}, mb)
@@ -150,6 +153,6 @@ def test_bypass_mode_equals_verls_on_random_inputs(seed, loss_type, mode, rs):
 def test_bypass_stage_and_loss_options():
     batch = TensorDict({"rollout_logprobs": t([[-1.0, -2.0]])}, batch_size=[1])
     assert torch.equal(stages.rollout_as_old_logprobs(batch)["old_logprobs"], t([[-1.0, -2.0]]))
-    assert bypass_loss("ppo_clip").rollout_correction == RolloutCorrection(None, bypass=True)
+    assert bypass_loss("ppo_clip").rollout_correction == RolloutCorrection(RolloutCorrectionConfig(), bypass=True)
     with pytest.raises(ValueError, match="loss_type"):
         bypass_loss("vanilla")

@@ -7,7 +7,7 @@ from tensordict import TensorDict
 
 from flowrl.engines.hf.attention import NAME as FLOWRL_SDPA
 from flowrl.engines.configs import ModelSource
-from flowrl.engines.hf.configs import HFTrainConfig
+from flowrl.engines.hf.configs import HFStaticRolloutConfig, HFTrainConfig
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer, load_value_model
 from flowrl.engines.hf.static import StaticCacheRolloutEngine
 from flowrl.engines.train.hf_engine import HFTrainEngine
@@ -50,7 +50,7 @@ def test_pack_by_hand():
 
 @pytest.mark.parametrize("chunk", [4096, 0])  # logprobs chunk-wise from the decoder, or from full logits
 def test_packed_logprobs_equal_padded_and_unpadded(tiny_model_path, chunk):
-    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", logprob_chunk_tokens=chunk)
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(logprob_chunk_tokens=chunk), kind="actor")
     assert engine.model.config._attn_implementation == FLOWRL_SDPA  # its is_causal shortcut must not apply
     batch = make_batch(ROWS, 9, 7)
     padded, packed = both_layouts(engine, batch, temperature=0.7, micro_batch_size=4,
@@ -65,14 +65,14 @@ def test_packed_logprobs_equal_padded_and_unpadded(tiny_model_path, chunk):
 @pytest.mark.parametrize("kind", ["critic", "reward"])
 def test_packed_values_and_scores_equal_padded(tiny_model_path, kind):
     torch.manual_seed(0)  # the new head
-    engine = HFTrainEngine(load_value_model(tiny_model_path), kind=kind)
+    engine = HFTrainEngine(load_value_model(tiny_model_path), HFTrainConfig(), kind=kind)
     assert_same(*both_layouts(engine, make_batch(ROWS), micro_batch_size=3))
 
 
 def test_packed_update_equals_padded(tiny_model_path):
     grads = []
     for packing in (False, True):
-        engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", grad_clip=1e9, packing=packing)
+        engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(grad_clip=1e9, packing=packing), kind="actor")
         engine.update(make_batch(ROWS), TokenMeanNLL(), mini_batch_size=6, micro_batch_size=3)
         grads.append({name: p.grad for name, p in engine.model.named_parameters()})
     for name, grad in grads[0].items():
@@ -102,8 +102,8 @@ def test_packed_passes_on_a_module_the_static_rollout_shares(tiny_model_path):
     """hf_static generates with the train engine's own module: packed passes score its samples as the sampler
     did, and leave the module as it was (the next generation is the same)."""
     tokenizer = load_tokenizer(tiny_model_path)
-    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", packing=True)
-    rollout = StaticCacheRolloutEngine(engine.model, tokenizer, compile=False)
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(packing=True), kind="actor")
+    rollout = StaticCacheRolloutEngine(engine.model, tokenizer, HFStaticRolloutConfig(compile=False))
     ids, mask = prompts(tokenizer)
     params = SamplingParams(max_new_tokens=8, greedy=True)
     first = rollout.generate(ids, mask, params)
@@ -118,7 +118,7 @@ def test_packed_passes_on_a_module_the_static_rollout_shares(tiny_model_path):
 def test_the_block_mask_is_for_flowrl_sdpa_on_cuda(tiny_model_path):
     """On CUDA the dense N x N mask SDPA would get is replaced by a FlexAttention BlockMask; on the CPU, and for a
     model on another attention implementation (flash or flex: their own packed paths), transformers decides."""
-    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", packing=True)
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(packing=True), kind="actor")
     assert _wants_block_mask(engine, torch.device("cuda")) and not _wants_block_mask(engine, torch.device("cpu"))
     engine.model.set_attn_implementation("eager")
     assert not _wants_block_mask(engine, torch.device("cuda"))

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl import metrics
 from flowrl.config import load_run_config, warn_no_effect
 from flowrl.engines.models.folders import load_causal_lm
@@ -69,7 +70,7 @@ class AdvantageNLL:
 def run(model_path, rank, balance):
     batch = make_batch(long_tailed_rows(rank))
     batch["advantages"] = torch.linspace(-1.0, 1.0, 8) + rank
-    engine = HFTrainEngine(load_causal_lm(model_path), kind="actor", lr=1.0, eps=1.0, grad_clip=1e9)
+    engine = HFTrainEngine(load_causal_lm(model_path), HFTrainConfig(lr=1.0, grad_clip=1e9), kind="actor", eps=1.0)
     # 8 rows a rank: 2 optimizer steps of 4 rows, micro-batches of 2
     actor = Actor(engine, UpdateSettings(mini_batch_size=4, micro_batch_size=2, balance_batch=balance))
     with metrics.collect() as logged:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from flowrl.engines.hf.configs import HFRolloutConfig
 import flowrl as fl
 from flowrl.config import ExecutorSection, RunConfig, load_run_config
 from flowrl.data import PromptStream
@@ -279,7 +280,7 @@ def test_split_pools_stream_the_weights_in_buckets_without_a_state_dict(tmp_path
         greedy = SamplingParams(max_new_tokens=4, greedy=True)
         model = AutoModelForCausalLM.from_pretrained(path)
         model.load_state_dict(trained)
-        expected = HFRolloutEngine(model, tokenizer).generate(ids, torch.ones_like(ids), greedy)["response_ids"]
+        expected = HFRolloutEngine(model, tokenizer, HFRolloutConfig()).generate(ids, torch.ones_like(ids), greedy)["response_ids"]
         assert torch.equal(ray.get(gen.__ray_call__.remote(hm.rollout_greedy, ids, torch.ones_like(ids), greedy)),
                            expected)
         starts = ray.get([w.__ray_call__.remote(hm.start_measuring) for w in everyone])

@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDict
 
 import verl_reference as verl
-from flowrl.rl.correction import RolloutCorrection
+from flowrl.rl.correction import RolloutCorrectionConfig
 from flowrl.rl.loss_terms import Loss, PolicyTerm, policy_loss
 from flowrl.rl.ops.cov_loss import clip_cov, kl_cov
 from flowrl.rl.ops.policy_gradient import gmpo
@@ -53,7 +53,7 @@ def test_gmpo_row_means_are_over_kept_tokens_as_verls_geo_mean():
                      "rollout_logprobs": torch.tensor([[0.0, 0.0, -2.302585]]), "loss_mask": torch.ones(1, 3)},
                     batch_size=[1])
     loss_fn = Loss((PolicyTerm(partial(gmpo, clip_low=0.4, clip_high=0.4)),), "seq-mean-token-mean",
-                   rollout_correction=RolloutCorrection(None, rs_level="token", rs_threshold=2.0))
+                   rollout_correction=RolloutCorrectionConfig(rs_level="token", rs_threshold=2.0).build())
     loss, _ = loss_fn({"logprobs": torch.tensor([[0.1, 0.2, 3.0]])}, mb)
     assert loss.item() == pytest.approx(-1.161834, abs=1e-6)
 
@@ -63,7 +63,7 @@ def test_gmpo_with_token_rejection_equals_verl_and_rejected_tokens_get_no_gradie
     mb, logp = random_batch(seed)
     keep = kept_mask(mb, "token_k1", 1.5)
     assert 0 < keep.sum() < mb["loss_mask"].sum()
-    correction = RolloutCorrection("token", 2.0, rs_level="token", rs_threshold=1.5)
+    correction = RolloutCorrectionConfig(is_level="token", is_threshold=2.0, rs_level="token", rs_threshold=1.5).build()
     loss_fn = policy_loss(partial(gmpo, clip_low=0.4, clip_high=0.4), loss_agg_mode="seq-mean-token-mean",
                          rollout_correction=correction)
     logp = logp.clone().requires_grad_(True)
@@ -81,7 +81,7 @@ def test_gspo_with_token_rejection_equals_verl(seed):
     mb, logp = random_batch(seed)
     keep = kept_mask(mb, "token_k1", 1.5)
     loss_fn = policy_loss(partial(gspo, clip_low=0.2, clip_high=0.3), loss_agg_mode="seq-mean-token-mean",
-                         rollout_correction=RolloutCorrection(None, rs_level="token", rs_threshold=1.5))
+                         rollout_correction=RolloutCorrectionConfig(rs_level="token", rs_threshold=1.5).build())
     loss, _ = loss_fn({"logprobs": logp}, mb)
     expected = verl.gspo(mb["old_logprobs"], logp, mb["advantages"], keep, 0.2, 0.3)
     assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
@@ -92,7 +92,7 @@ def test_clip_cov_and_kl_cov_with_sequence_rejection_take_their_covariance_over_
     mb, logp = random_batch(seed, rows=8, noise=0.5)
     keep = kept_mask(mb, "seq_sum_k1", 2.0)
     assert 0 < keep.sum() < mb["loss_mask"].sum()
-    correction = RolloutCorrection(None, rs_level="sequence", rs_threshold=2.0)
+    correction = RolloutCorrectionConfig(rs_level="sequence", rs_threshold=2.0).build()
     num_valid = mb["loss_mask"].sum()  # flowrl's token-mean counts rejected tokens (verl's bypass-mode count)
     kl = policy_loss(partial(kl_cov, kl_cov_ratio=0.2, kl_coef=0.5), rollout_correction=correction)
     tokens = verl.kl_cov_tokens(mb["old_logprobs"], logp, mb["advantages"], keep, 0.2, 0.5)
@@ -108,13 +108,14 @@ def test_clip_cov_and_kl_cov_with_sequence_rejection_take_their_covariance_over_
 def test_without_rejection_a_loss_is_unchanged():
     mb, logp = random_batch(0)
     plain = policy_loss(partial(ppo_clip))({"logprobs": logp}, mb)[0]
-    metrics_only = policy_loss(partial(ppo_clip), rollout_correction=RolloutCorrection(None))({"logprobs": logp}, mb)[0]
+    metrics_only = RolloutCorrectionConfig(log_mismatch=True).build()
+    metrics_only = policy_loss(partial(ppo_clip), rollout_correction=metrics_only)({"logprobs": logp}, mb)[0]
     assert torch.equal(plain, metrics_only)
 
 
 def test_a_hand_built_gmpo_loss_takes_the_weights_inside_by_default():
     mb, logp = random_batch(1)
-    correction = RolloutCorrection("token", 1.2)
+    correction = RolloutCorrectionConfig(is_level="token", is_threshold=1.2).build()
     by_hand = policy_loss(partial(gmpo, clip_low=0.4, clip_high=0.4), loss_agg_mode="seq-mean-token-mean",
                          rollout_correction=correction)
     weights = verl.rollout_is_weights(mb["old_logprobs"] - mb["rollout_logprobs"], mb["loss_mask"], "token", 1.2)

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl import metrics
 from flowrl.engines.train.fsdp import full_tensors
 from flowrl.engines.models.folders import load_causal_lm
@@ -49,7 +50,7 @@ def _rank(rank, model_path, out):
         prompts, seeds = [[rank, i] for i in range(rank + 1)], [10 * rank + i for i in range(rank + 1)]
         mine, (everyone, every_seed) = _gather_rows(group, prompts, seeds)
         rows = dict(group_prompts=everyone, mine=fake_generate(everyone, every_seed)[mine])
-        engine = HFTrainEngine(load_causal_lm(model_path), kind="actor", lr=1.0)
+        engine = HFTrainEngine(load_causal_lm(model_path), HFTrainConfig(lr=1.0), kind="actor")
         sync, loader, syncs = ReshardSync(StreamedSync(), TP, bucket_bytes=16 << 10), TensorRankLoader(rank % TP), []
         for step in range(2):
             with torch.no_grad():

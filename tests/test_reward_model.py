@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.data.batch import prompt_batch
 from flowrl.config import load_run_config
 from flowrl.engines.train.hf_engine import HFTrainEngine
@@ -41,7 +42,7 @@ def test_scores_are_the_models_output_at_each_last_response_token(tiny_model_pat
     batch["response_ids"] = torch.tensor([[5, 6, 1], [7, 1, 0]])
     batch["response_mask"] = torch.tensor([[1, 1, 1], [1, 1, 0]])
     model = load_value_model(reward_model_path)
-    scored = RewardModel(engine=HFTrainEngine(model, kind="reward")).score(batch.clone())
+    scored = RewardModel(engine=HFTrainEngine(model, HFTrainConfig(), kind="reward")).score(batch.clone())
     with torch.no_grad():
         for row, last in ((0, 2), (1, 1)):  # the last valid response token of each row
             ids = torch.cat([batch["prompt_ids"][row], batch["response_ids"][row]])

@@ -37,7 +37,8 @@ def outputs():
 
 def test_token_tis_weights_the_policy_loss_and_logs_the_mismatch():
     out = outputs()
-    loss, metrics = ppo_loss(rollout_correction=RolloutCorrection("token", 2.0))(out, batch())
+    correction = RolloutCorrectionConfig(is_level="token", is_threshold=2.0).build()
+    loss, metrics = ppo_loss(rollout_correction=correction)(out, batch())
     # rho [3, .6 | 1.5] -> weights min(rho, 2) = [2, .6 | 1.5]; -A = [-1, -1 | 4]
     # token-mean of -A * w: (-2 - .6 + 6) / 3 = 1.133333 (without correction (-1 - 1 + 4) / 3 = .666667)
     assert loss.item() == pytest.approx(3.4 / 3)
@@ -54,7 +55,7 @@ def test_token_tis_weights_the_policy_loss_and_logs_the_mismatch():
 
 
 def test_token_rejection_drops_tokens_from_every_term_but_keeps_the_count():
-    correction = RolloutCorrection(is_level=None, rs_level="token", rs_threshold=2.0)
+    correction = RolloutCorrectionConfig(rs_level="token", rs_threshold=2.0).build()
     loss_fn = ppo_loss(rollout_correction=correction, kl_coef=0.1, kl_kind="k2", entropy_coef=0.01)
     out = outputs()
     loss, metrics = loss_fn(out, batch())
@@ -70,7 +71,7 @@ def test_token_rejection_drops_tokens_from_every_term_but_keeps_the_count():
 
 
 def test_sequence_rejection_drops_whole_rows():
-    correction = RolloutCorrection(is_level=None, rs_level="sequence", rs_threshold=1.7)
+    correction = RolloutCorrectionConfig(rs_level="sequence", rs_threshold=1.7).build()
     loss, metrics = ppo_loss(rollout_correction=correction)(outputs(), batch())
     # row ratios 3 * .6 = 1.8 > 1.7: row 0 rejected; 1.5 in [1/1.7 = .588, 1.7] kept -> (0 + 0 + 4) / 3
     assert loss.item() == pytest.approx(4 / 3)
@@ -78,8 +79,9 @@ def test_sequence_rejection_drops_whole_rows():
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-@pytest.mark.parametrize("correction", [RolloutCorrection("sequence", 1.6),
-                                        RolloutCorrection("token", 2.5, rs_level="token", rs_threshold=2.0)])
+@pytest.mark.parametrize("correction", [
+    RolloutCorrectionConfig(is_level="sequence", is_threshold=1.6).build(),
+    RolloutCorrectionConfig(is_level="token", is_threshold=2.5, rs_level="token", rs_threshold=2.0).build()])
 def test_weighted_micro_batches_still_give_the_mini_batch_loss(mode, correction):
     loss_fn = clip_higher_loss(loss_agg_mode=mode, kl_coef=0.1, rollout_correction=correction)
     mb = batch()
@@ -94,18 +96,21 @@ def test_weighted_micro_batches_still_give_the_mini_batch_loss(mode, correction)
 @pytest.mark.parametrize("make", [clip_higher_loss, ppo_loss, gspo_loss, cispo_loss, dppo_tv_loss, dppo_kl_loss])
 def test_every_preset_takes_the_option_and_is_unchanged_without_it(make):
     assert "rollout_logprobs" not in make().reads
-    corrected = make(rollout_correction=RolloutCorrection(is_level=None))  # metrics only: the same loss
+    corrected = make(rollout_correction=RolloutCorrectionConfig(log_mismatch=True).build())  # metrics only: same loss
     assert corrected.reads[-1] == "rollout_logprobs"
     (plain, plain_metrics), (loss, metrics) = make()(outputs(), batch()), corrected(outputs(), batch())
     assert loss.item() == plain.item() and "rollout/kl" in metrics and "rollout/kl" not in plain_metrics
 
 
 @pytest.mark.parametrize("make, name", [
-    (lambda: RolloutCorrection(is_level="seq"), "is_level"),
-    (lambda: RolloutCorrection(rs_level="tokens"), "rs_level"),
-    (lambda: RolloutCorrection(is_threshold=0.0), "is_threshold"),
-    (lambda: RolloutCorrection(rs_level="token", rs_threshold=-1.0), "rs_threshold"),
-    (lambda: RolloutCorrection(rs_level="token", rs_threshold=2.0, rs_threshold_lower=3.0), "rs_threshold_lower"),
+    (lambda: RolloutCorrectionConfig(is_level="seq"), "is_level"),
+    (lambda: RolloutCorrectionConfig(rs_level="tokens"), "rs_level"),
+    (lambda: RolloutCorrectionConfig(is_level="token", is_threshold=0.0), "is_threshold"),
+    (lambda: RolloutCorrectionConfig(rs_level="token", rs_threshold=-1.0), "rs_threshold"),
+    (lambda: RolloutCorrectionConfig(rs_level="token", rs_threshold=2.0, rs_threshold_lower=3.0), "rs_threshold_lower"),
+    (lambda: RolloutCorrectionConfig(rs_level="max"), "rs_estimator"),  # k1 at max: verl has no seq_max_k1
+    (lambda: RolloutCorrectionConfig(rs_level="token", rs_estimator="k3", rs_threshold_lower=0.1),
+     "rs_threshold_lower"),  # k2 / k3 bound the divergence above only
     (lambda: policy_loss(ppo_clip, rollout_correction="token"), "rollout_correction"),
     (lambda: validate(GRPOConfig, {"rollout_correction": {"is_threshold": 0}}, "algo"),
      "algo.rollout_correction.is_threshold"),
@@ -120,9 +125,9 @@ def test_bad_settings_raise_naming_them(make, name):
 
 def test_settings_without_effect_warn():
     with pytest.warns(UserWarning, match="is_threshold"):
-        RolloutCorrection(is_level=None, is_threshold=3.0)
+        RolloutCorrectionConfig(is_threshold=3.0, log_mismatch=True)
     with pytest.warns(UserWarning, match="rs_threshold"):
-        RolloutCorrection(rs_threshold_lower=0.2)
+        RolloutCorrectionConfig(rs_threshold_lower=0.2, is_level="token")
     with pytest.warns(UserWarning, match="algo.rollout_correction.rs_threshold"):
         RolloutCorrectionConfig(is_level="token", rs_threshold=3.0)
     with pytest.warns(UserWarning, match="log_mismatch"):
@@ -134,11 +139,14 @@ def test_settings_without_effect_warn():
 
 def test_config_builds_the_loss_option():
     assert RolloutCorrectionConfig().build() is None  # off: the loss is unchanged
-    assert RolloutCorrectionConfig(log_mismatch=True).build() == RolloutCorrection(is_level=None)
+    metrics_only = RolloutCorrectionConfig(log_mismatch=True).build()  # both off: the metrics only
+    assert (metrics_only.is_level, metrics_only.rs_level) == (None, None)
     built = RolloutCorrectionConfig(is_level="sequence", is_threshold=3.0, rs_level="token", rs_threshold_lower=0.1)
-    assert built.build() == RolloutCorrection("sequence", 3.0, "token", 2.0, 0.1)
+    assert built.build() == RolloutCorrection(built) and built.build().config is built  # the config itself
+    assert (built.build().is_level, built.build().rs_level) == ("sequence", "token")
     algo = load_run_config(None, ["algo.rollout_correction.is_level=token", "algo.rollout_correction.is_threshold=4"])
-    assert validate(GRPOConfig, algo.algo).rollout_correction.build() == RolloutCorrection("token", 4.0)
+    built = validate(GRPOConfig, algo.algo).rollout_correction.build()
+    assert built == RolloutCorrectionConfig(is_level="token", is_threshold=4.0).build()
 
 
 OFF_POLICY = {"grpo_async"}
@@ -158,11 +166,12 @@ def test_every_algorithm_passes_the_option_to_its_policy_loss(name):
     classes = {**ROLE_CLASSES, "teacher": ROLES.get("teacher").cls}
     graph, _ = REGISTRY[name].trace(inputs, classes, option)
     update = graph.nodes["actor.update"]["node"]
-    assert update.kwargs["loss"].rollout_correction == RolloutCorrection("token", 2.0, "geometric", 1.5)
+    expected = RolloutCorrectionConfig(is_level="token", is_threshold=2.0, rs_level="geometric", rs_threshold=1.5)
+    assert update.kwargs["loss"].rollout_correction == expected.build()
     assert "rollout_logprobs" in update.reads  # written by rollout.generate, or tracing would fail
     default, _ = REGISTRY[name].trace(inputs, classes)
     # off by default, but for the off-policy graph, whose behaviour policy is the lagging sampler's
-    expected = RolloutCorrection("token", 2.0) if name in OFF_POLICY else None
+    expected = RolloutCorrectionConfig(is_level="token", is_threshold=2.0).build() if name in OFF_POLICY else None
     assert default.nodes["actor.update"]["node"].kwargs["loss"].rollout_correction == expected
 
 

@@ -105,8 +105,8 @@ def test_the_loss_option_applies_them_and_logs_the_factor():
     log_rho, mask = random_log_ratio(0)
     mb = TensorDict({"old_logprobs": torch.zeros_like(mask), "rollout_logprobs": -log_rho,
                      "advantages": torch.ones_like(mask), "loss_mask": mask}, batch_size=[mask.shape[0]])
-    correction = RolloutCorrection("token", 1.8, "max", 0.5, is_threshold_lower=0.5, is_batch_normalize=True,
-                                   rs_estimator="k3")
+    correction = RolloutCorrectionConfig(is_level="token", is_threshold=1.8, rs_level="max", rs_threshold=0.5,
+                                         is_threshold_lower=0.5, is_batch_normalize=True, rs_estimator="k3").build()
     loss, metrics = ppo_loss(rollout_correction=correction)({"logprobs": torch.zeros_like(mask)}, mb)
     weights = verl.rollout_correction_weights(log_rho, mask, "token", 1.8, 0.5, True)
     keep = verl.rollout_rejection_mask(log_rho, mask, "seq_max_k3", 0.5)
@@ -119,7 +119,9 @@ def test_the_loss_option_applies_them_and_logs_the_factor():
 def test_the_config_builds_them_and_refuses_bad_bounds():
     built = RolloutCorrectionConfig(is_level="sequence", is_threshold_lower=0.2, is_batch_normalize=True,
                                     rs_level="max", rs_estimator="k2", rs_threshold=0.01).build()
-    assert built == RolloutCorrection("sequence", 2.0, "max", 0.01, None, 0.2, True, "k2")
+    assert built == RolloutCorrectionConfig(is_level="sequence", is_threshold=2.0, rs_level="max", rs_threshold=0.01,
+                                            rs_threshold_lower=None, is_threshold_lower=0.2, is_batch_normalize=True,
+                                            rs_estimator="k2").build()
     with pytest.raises(ValidationError, match="rs_estimator"):
         RolloutCorrectionConfig(rs_level="max", rs_estimator="k1")
     with pytest.raises(ValidationError, match="rs_threshold_lower"):

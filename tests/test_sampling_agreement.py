@@ -10,6 +10,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from flowrl.engines.hf.configs import HFRolloutConfig, HFStaticRolloutConfig, HFTrainConfig
 import flowrl as fl
 from flowrl import losses, stages
 from flowrl.config import load_run_config
@@ -64,8 +65,8 @@ def test_rows_with_different_sampling_in_one_batch():
 
 def engines(path):
     tokenizer, model = load_tokenizer(path), load_causal_lm(path)
-    return tokenizer, model, {"hf": HFRolloutEngine(model, tokenizer),
-                              "hf_static": StaticCacheRolloutEngine(model, tokenizer, compile=False)}
+    return tokenizer, model, {"hf": HFRolloutEngine(model, tokenizer, HFRolloutConfig()),
+                              "hf_static": StaticCacheRolloutEngine(model, tokenizer, HFStaticRolloutConfig(compile=False))}
 
 
 @pytest.mark.parametrize("chunk_tokens", [0, 16])
@@ -75,7 +76,7 @@ def test_trainer_agrees_with_the_hf_samplers_under_truncation(tiny_model_path, c
     is the kept mass: far above that."""
     tokenizer, model, by_name = engines(tiny_model_path)
     ids, mask = prompts(tokenizer)
-    trainer = HFTrainEngine(model, kind="actor", logprob_chunk_tokens=chunk_tokens)
+    trainer = HFTrainEngine(model, HFTrainConfig(logprob_chunk_tokens=chunk_tokens), kind="actor")
     for name, engine in by_name.items():
         for truncation in TRUNCATED:
             params = SamplingParams(max_new_tokens=10, temperature=1.3, **truncation)
@@ -113,7 +114,7 @@ def test_update_scores_rows_under_their_sampling(tiny_model_path):
         def weight(self, mb):
             return 1.0
 
-    HFTrainEngine(model, kind="actor", lr=1e-9).update(batch, Record(), mini_batch_size=8, micro_batch_size=8)
+    HFTrainEngine(model, HFTrainConfig(lr=1e-9), kind="actor").update(batch, Record(), mini_batch_size=8, micro_batch_size=8)
     (logprobs, ids_seen), = seen
     by_row = {tuple(r.tolist()): lp for r, lp in zip(ids_seen, logprobs)}  # the engine sorts rows by length
     valid = out["response_mask"].bool()

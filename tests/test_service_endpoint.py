@@ -9,6 +9,7 @@ import urllib.request
 import pytest
 import torch
 
+from flowrl.engines.hf.configs import HFRolloutConfig
 from flowrl.data.batch import left_pad
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
 from flowrl.engines.hf.rollout import HFRolloutEngine
@@ -23,7 +24,7 @@ TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_gener
 @pytest.fixture(scope="module")
 def served(tiny_model_path):
     tokenizer = load_tokenizer(tiny_model_path)
-    engine = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer)
+    engine = HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, HFRolloutConfig())
     streamer = ThreadedStreamer(engine, pad_id=tokenizer.pad_token_id)
     endpoint = Endpoint(streamer, tokenizer, GREEDY, token="secret", chat_template=TEMPLATE)
     endpoint.start()

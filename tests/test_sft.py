@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.config import load_run_config
 from flowrl.data.batch import prompt_batch
 from flowrl.data.conversations import ConversationTask, encode_conversation, sft_messages
@@ -100,7 +101,7 @@ def test_the_engine_step_loss_equals_transformers_labels_loss(tiny_model_path):
             n = int(sum(mask[1:]))
             nll += model(torch.tensor([ids]), labels=labels[None]).loss.item() * n
             count += n
-    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=1e-3)
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(lr=1e-3), kind="actor")
     result = engine.update(batch, SFTLoss(), mini_batch_size=2, micro_batch_size=2)
     assert result["sft_loss"] == pytest.approx(nll / count, abs=1e-5)
 

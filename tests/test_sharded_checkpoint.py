@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from flowrl.engines.train import lora, sharded_checkpoint
-from flowrl.engines.hf.configs import LORA_TARGETS
+from flowrl.engines.hf.configs import LORA_TARGETS, HFTrainConfig
 from flowrl.engines.models.folders import load_causal_lm
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from fakes import TokenMeanNLL
@@ -24,8 +24,8 @@ def engine(model_path, lora_rank=0, **options):
     model = load_causal_lm(model_path)
     if lora_rank:
         model = lora.apply(model, lora_rank, 8.0, LORA_TARGETS, "lora_target_modules")
-    return HFTrainEngine(model, kind="actor", lr=0.5, eps=1.0, grad_clip=1e9, warmup_steps=2, lora=lora_rank > 0,
-                         **options)
+    config = HFTrainConfig(lr=0.5, grad_clip=1e9, warmup_steps=2, lora_rank=lora_rank, **options)
+    return HFTrainEngine(model, config, kind="actor", eps=1.0)
 
 
 def step(e, rank, world):

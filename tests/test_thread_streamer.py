@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from flowrl.engines.hf.configs import HFRolloutConfig, HFStaticRolloutConfig
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
 from flowrl.engines.hf.rollout import HFRolloutEngine
 from flowrl.engines.hf.static import StaticCacheRolloutEngine
@@ -23,7 +24,7 @@ DEADLINE = 20.0  # every await in these tests
 @pytest.fixture(scope="module")
 def hf(tiny_model_path):
     tokenizer = load_tokenizer(tiny_model_path)
-    return HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer), [tokenizer.encode(t) for t in PROMPTS]
+    return HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, HFRolloutConfig()), [tokenizer.encode(t) for t in PROMPTS]
 
 
 class Gated:
@@ -124,7 +125,7 @@ def test_pause_lets_in_flight_requests_finish_under_the_old_version(hf):
 def test_abort_resumes_from_the_prefix_under_the_new_version(hf, tiny_model_path, static):
     engine, rows = hf
     if static:
-        engine = StaticCacheRolloutEngine(load_causal_lm(tiny_model_path), engine.tokenizer, compile=False)
+        engine = StaticCacheRolloutEngine(load_causal_lm(tiny_model_path), engine.tokenizer, HFStaticRolloutConfig(compile=False))
     gated = GatedInterruptible(engine)
     streamer = ThreadedStreamer(gated)
 

@@ -6,13 +6,15 @@ of the hidden states, packed rows."""
 import pytest
 import torch
 
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.engines.models.folders import load_causal_lm
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.train.model_outputs import check_outputs, logprobs_at, topk_outputs
 from test_engine_hf_train import ROWS, make_batch
 
 K = 3
-MODES = {"full logits": {}, "chunks": {"logprob_chunk_tokens": 5}, "packed": {"packing": True},
+MODES = {"full logits": {"logprob_chunk_tokens": 0}, "chunks": {"logprob_chunk_tokens": 5},
+         "packed": {"packing": True, "logprob_chunk_tokens": 0},
          "packed chunks": {"packing": True, "logprob_chunk_tokens": 4}}
 
 
@@ -32,7 +34,7 @@ def with_ids(batch, seed=0):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_topk_and_gathered_logprobs_equal_an_unpadded_forward(tiny_model_path, mode):
-    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", **MODES[mode])
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(**MODES[mode]), kind="actor")
     batch = with_ids(make_batch(ROWS, 9, 7))
     top_logprobs, top_ids = topk_outputs(K)
     out = engine.forward(batch, micro_batch_size=4, outputs=("logprobs", top_logprobs, top_ids, logprobs_at("ids")))
@@ -70,7 +72,7 @@ def test_an_update_through_gathered_logprobs_is_the_same_chunked_or_not(tiny_mod
     batch = with_ids(make_batch(ROWS), seed=1)
     # eps=1: Adam's step ~ lr * g / (|g| + 1), as sensitive to the gradient as to its sign (k_proj's bias has
     # a gradient of ~0, whose rounding sign alone would move it by lr under the default eps)
-    engines = [HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=0.1, eps=1.0, **MODES[mode])
+    engines = [HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(lr=0.1, **MODES[mode]), kind="actor", eps=1.0)
                for mode in ("full logits", "chunks")]
     metrics = [engine.update(batch, GatheredNLL(), mini_batch_size=6, micro_batch_size=4) for engine in engines]
     assert metrics[0]["gathered_nll"] == pytest.approx(metrics[1]["gathered_nll"], abs=1e-5)

@@ -4,6 +4,7 @@ compiled layer on `width % 8 == 0` and on a size threshold of its mix-order redu
 
 import torch
 
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.engines.models.folders import load_causal_lm
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.train.model_inputs import COLUMN_MULTIPLE, column_multiple, trim_padding
@@ -26,7 +27,7 @@ def test_widths_are_aligned_on_cuda_and_exact_on_the_cpu():
 
 
 def test_every_micro_batch_width_is_a_multiple_of_eight(tiny_model_path):
-    engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=1e-2)
+    engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(lr=1e-2), kind="actor")
     engine.column_multiple = COLUMN_MULTIPLE  # as on CUDA
     widths = widths_seen(engine)
     for rows in (ROWS, ROWS[:3], ROWS[4:]):
@@ -43,7 +44,7 @@ def test_aligned_widths_change_no_output_and_no_step(tiny_model_path):
     results = []
     for multiple in (COLUMN_MULTIPLE, 1):
         torch.manual_seed(0)
-        engine = HFTrainEngine(load_causal_lm(tiny_model_path), kind="actor", lr=1e-2, eps=1.0)
+        engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(lr=1e-2), kind="actor", eps=1.0)
         engine.column_multiple = multiple
         widths = widths_seen(engine)
         out = engine.forward(batch, micro_batch_size=2, outputs=("logprobs", "entropy"))

@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import Qwen2ForCausalLM
 
+from flowrl.engines.hf.configs import HFStaticRolloutConfig, HFTrainConfig
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
 from flowrl.engines.hf.static import StaticCacheRolloutEngine
 from flowrl.engines.train.hf_engine import HFTrainEngine
@@ -84,11 +85,11 @@ def _sync_rank(rank, world, path, out):
     dist.init_process_group("gloo", init_method=f"file://{out / 'rendezvous'}", rank=rank, world_size=world)
     try:
         tokenizer = load_tokenizer(path)
-        train = HFTrainEngine(load_causal_lm(path), kind="actor")
+        train = HFTrainEngine(load_causal_lm(path), HFTrainConfig(), kind="actor")
         with torch.no_grad():  # the trained weights differ from the checkpoint the rollout copy loaded
             for p in train.model.parameters():
                 p.add_(0.01)
-        rollout = StaticCacheRolloutEngine(load_causal_lm(path), tokenizer, compile=False)
+        rollout = StaticCacheRolloutEngine(load_causal_lm(path), tokenizer, HFStaticRolloutConfig(compile=False))
         StreamedSync()(train, rollout)  # first touch: the copy's pages (mapped from the checkpoint) become resident
         streamed = peak_during(lambda: StreamedSync()(train, rollout))
         full = {name: t.clone() for name, t in train.named_full_tensors()}
@@ -98,7 +99,7 @@ def _sync_rank(rank, world, path, out):
         reference.load_state_dict(full)
         greedy_same = torch.equal(
             rollout.generate(ids, torch.ones_like(ids), GREEDY)["response_ids"],
-            StaticCacheRolloutEngine(reference, tokenizer, compile=False).generate(ids, torch.ones_like(ids),
+            StaticCacheRolloutEngine(reference, tokenizer, HFStaticRolloutConfig(compile=False)).generate(ids, torch.ones_like(ids),
                                                                                    GREEDY)["response_ids"])
         del full, reference
         baseline = peak_during(lambda: rollout.load_weights(train.full_state_dict()))  # the old FullStateSync
@@ -165,8 +166,8 @@ def _hung_gather_rank(rank, out):
     dist.distributed_c10d._set_pg_timeout(timedelta(seconds=3))  # what executor.node_timeout_s=3 sets, after a
     try:  # rendezvous that a loaded machine may take longer than 3 s to start both ranks for
         path = out / "model"
-        train = HFTrainEngine(load_causal_lm(path), kind="actor")
-        rollout = StaticCacheRolloutEngine(load_causal_lm(path), load_tokenizer(path), compile=False)
+        train = HFTrainEngine(load_causal_lm(path), HFTrainConfig(), kind="actor")
+        rollout = StaticCacheRolloutEngine(load_causal_lm(path), load_tokenizer(path), HFStaticRolloutConfig(compile=False))
         if rank == 1:  # never reaches the sync's gathers
             time.sleep(20)
             return

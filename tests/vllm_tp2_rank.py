@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl import metrics
 from flowrl.engines.configs import ModelSource
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
@@ -23,7 +24,7 @@ def main(path: Path, out: Path) -> None:
     rank, tokenizer = dist.get_rank(), load_tokenizer(path)
     engine = VLLMRolloutConfig(tensor_parallel_size=2, kv_cache_gb=0.25).build(ModelSource(path), tokenizer=tokenizer,
                                                                              device="cpu")
-    train = HFTrainEngine(load_causal_lm(path), kind="actor", lr=1.0)
+    train = HFTrainEngine(load_causal_lm(path), HFTrainConfig(lr=1.0), kind="actor")
     sync, ids, rows = engine.weight_sync(train), torch.tensor([tokenizer.encode("12+3=")] * 2), []
     torch.manual_seed(0)
     for _ in range(3):

@@ -26,15 +26,16 @@ PREFIX = "rollout/"  # metric names; the actor logs them as actor/rollout/<name>
 
 @dataclass(frozen=True)
 class RolloutCorrection:
-    """IS weights and / or rejection from rho = pi_old / pi_rollout; metrics always.
+    """IS weights and / or rejection from rho = pi_old / pi_rollout, as `config` (RolloutCorrectionConfig, which
+    holds and documents each option) says; metrics always.
 
     is_level: "token" | "sequence" | "geometric" (ops.rollout_correction) or
-        None; the policy loss per token is multiplied by the detached weight
+        "off"; the policy loss per token is multiplied by the detached weight
         min(rho_level, is_threshold) (verl's rollout_is, TIS), or with
         is_threshold_lower (IcePop) by rho_level inside [is_threshold_lower,
         is_threshold] and 0 outside; is_batch_normalize divides the weights by
         their mean over the micro-batch (verl's rollout_is_batch_normalize).
-    rs_level: same levels, or "max" for k2 / k3, or None; tokens (token level)
+    rs_level: same levels, or "max" for k2 / k3, or "off"; tokens (token level)
         or rows whose statistic fails get no loss from any term (verl's
         rollout_rs). rs_estimator "k1": rho_level outside [rs_threshold_lower,
         rs_threshold] fails (rs_threshold_lower None is 1 / rs_threshold, as
@@ -44,69 +45,41 @@ class RolloutCorrection:
     bypass: verl's bypass mode, where the batch's old logprobs are the sampler's
         (flowrl.rl.bypass): rho = pi_current / pi_rollout, from the current
         policy's logprobs (detached) in the loss, not from old_logprobs.
-    Both None: only the metrics (rollout/kl, rollout/k3_kl, rollout/max_abs_diff,
+    Both off: only the metrics (rollout/kl, rollout/k3_kl, rollout/max_abs_diff,
     rollout/masked_fraction); is_level adds rollout/is_weight_mean and
     rollout/is_truncated_fraction (before normalisation), is_batch_normalize
     rollout/is_batch_norm_factor.
     """
 
-    is_level: str | None = "token"
-    is_threshold: float = 2.0
-    rs_level: str | None = None
-    rs_threshold: float = 2.0
-    rs_threshold_lower: float | None = None
-    is_threshold_lower: float | None = None
-    is_batch_normalize: bool = False
-    rs_estimator: str = "k1"
+    config: RolloutCorrectionConfig
     bypass: bool = False
 
-    def __post_init__(self) -> None:
-        if self.is_level is not None:
-            rc.check_level(self.is_level, "is_level")
-        if self.rs_level is not None:
-            rc.check_level(self.rs_level, "rs_level", rc.RS_LEVELS)
-            rc.check_estimator(self.rs_estimator, self.rs_level, "rs_estimator")
-        rc.check_is_threshold(self.is_threshold, "is_threshold")
-        if self.is_threshold_lower is not None:
-            rc.check_bounds(self.is_threshold, self.is_threshold_lower, "is_threshold", "is_threshold_lower")
-        self._check_rs_bounds()
-        off = [name for name, unused in (("is_threshold", self.is_threshold != 2.0),
-                                         ("is_threshold_lower", self.is_threshold_lower is not None),
-                                         ("is_batch_normalize", self.is_batch_normalize)) if unused]
-        if self.is_level is None and off:
-            warnings.warn(f"{', '.join(off)}: no effect with is_level=None", stacklevel=3)
-        if self.rs_level is None and (self.rs_threshold != 2.0 or self.rs_threshold_lower is not None
-                                      or self.rs_estimator != "k1"):
-            warnings.warn("rs_threshold / rs_threshold_lower / rs_estimator have no effect with rs_level=None",
-                          stacklevel=3)
+    @property
+    def is_level(self) -> str | None:
+        return None if self.config.is_level == "off" else self.config.is_level
 
-    def _check_rs_bounds(self) -> None:
-        if self.rs_estimator == "k1":
-            rc.check_bounds(self.rs_threshold, self.rs_threshold_lower, "rs_threshold", "rs_threshold_lower")
-            return
-        rc.check_is_threshold(self.rs_threshold, "rs_threshold")
-        if self.rs_threshold_lower is not None:
-            raise ValueError(f"rs_threshold_lower: the {self.rs_estimator} rejection bounds the divergence above "
-                             f"only (verl's single upper threshold), got {self.rs_threshold_lower}")
+    @property
+    def rs_level(self) -> str | None:
+        return None if self.config.rs_level == "off" else self.config.rs_level
 
     def __call__(self, old_logprobs_BT: torch.Tensor, rollout_logprobs_BT: torch.Tensor,
                  mask_BT: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, torch.Tensor]]:
         """(IS weights or None, keep mask or None, metrics with the "rollout/" prefix)."""
-        old_BT, rollout_BT = old_logprobs_BT.detach(), rollout_logprobs_BT.detach()
+        c, old_BT, rollout_BT = self.config, old_logprobs_BT.detach(), rollout_logprobs_BT.detach()
         log_rho_BT = rc.log_ratio(old_BT, rollout_BT, mask_BT)
         metrics = rc.mismatch_metrics(old_BT, rollout_BT, mask_BT)
         weights_BT = keep_BT = None
         if self.is_level is not None:
-            weights_BT = rc.truncated_is_weights(log_rho_BT, mask_BT, self.is_level, self.is_threshold,
-                                                 self.is_threshold_lower)
-            metrics.update(rc.is_weight_metrics(weights_BT, log_rho_BT, mask_BT, self.is_level, self.is_threshold,
-                                                self.is_threshold_lower))
-            if self.is_batch_normalize:
+            weights_BT = rc.truncated_is_weights(log_rho_BT, mask_BT, self.is_level, c.is_threshold,
+                                                 c.is_threshold_lower)
+            metrics.update(rc.is_weight_metrics(weights_BT, log_rho_BT, mask_BT, self.is_level, c.is_threshold,
+                                                c.is_threshold_lower))
+            if c.is_batch_normalize:
                 metrics["is_batch_norm_factor"] = rc.mean_weight(weights_BT, mask_BT, self.is_level)
                 weights_BT = rc.batch_normalized(weights_BT, mask_BT, self.is_level)
         if self.rs_level is not None:
-            keep_BT = rc.rejection_keep_mask(log_rho_BT, mask_BT, self.rs_level, self.rs_threshold,
-                                             self.rs_threshold_lower, self.rs_estimator)
+            keep_BT = rc.rejection_keep_mask(log_rho_BT, mask_BT, self.rs_level, c.rs_threshold,
+                                             c.rs_threshold_lower, c.rs_estimator)
         metrics["masked_fraction"] = 0.0 if keep_BT is None else rc.masked_fraction(keep_BT, mask_BT)
         return weights_BT, keep_BT, {PREFIX + key: value for key, value in metrics.items()}
 
@@ -139,10 +112,7 @@ class RolloutCorrectionConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "RolloutCorrectionConfig":
-        if self.is_level != "off" or self.rs_level != "off":
-            with warnings.catch_warnings():  # only the bounds' errors here; the warnings come below
-                warnings.simplefilter("ignore")
-                self.build()
+        self._check_bounds()
         unused = [name for name, off in (("is_threshold", self.is_level == "off"),
                                          ("is_threshold_lower", self.is_level == "off"),
                                          ("is_batch_normalize", self.is_level == "off"),
@@ -156,16 +126,21 @@ class RolloutCorrectionConfig(BaseModel):
                           f"rs_level={self.rs_level!r}", stacklevel=2)
         return self
 
+    def _check_bounds(self) -> None:
+        """ValueError naming the field whose bound or estimator does not fit the level it serves."""
+        if self.is_level != "off" and self.is_threshold_lower is not None:
+            rc.check_bounds(self.is_threshold, self.is_threshold_lower, "is_threshold", "is_threshold_lower")
+        if self.rs_level == "off":
+            return
+        rc.check_estimator(self.rs_estimator, self.rs_level, "rs_estimator")
+        if self.rs_estimator == "k1":
+            rc.check_bounds(self.rs_threshold, self.rs_threshold_lower, "rs_threshold", "rs_threshold_lower")
+        elif self.rs_threshold_lower is not None:
+            raise ValueError(f"rs_threshold_lower: the {self.rs_estimator} rejection bounds the divergence above "
+                             f"only (verl's single upper threshold), got {self.rs_threshold_lower}")
+
     def build(self) -> RolloutCorrection | None:
         """The loss option; None (the loss unchanged) when both corrections and the metrics are off."""
         if self.is_level == "off" and self.rs_level == "off" and not self.log_mismatch:
             return None
-        is_on, rs_on = self.is_level != "off", self.rs_level != "off"
-        return RolloutCorrection(is_level=self.is_level if is_on else None,
-                                 is_threshold=self.is_threshold if is_on else 2.0,
-                                 rs_level=self.rs_level if rs_on else None,
-                                 rs_threshold=self.rs_threshold if rs_on else 2.0,
-                                 rs_threshold_lower=self.rs_threshold_lower if rs_on else None,
-                                 is_threshold_lower=self.is_threshold_lower if is_on else None,
-                                 is_batch_normalize=self.is_batch_normalize and is_on,
-                                 rs_estimator=self.rs_estimator if rs_on else "k1")
+        return RolloutCorrection(self)

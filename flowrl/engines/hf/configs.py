@@ -79,11 +79,9 @@ class HFTrainConfig(TrainEngineConfig):
             return lora.BaseModelEngine(base_of)
         dtype = DTYPES[source.dtype]
         model = load_causal_lm(source.path, dtype) if head == "actor" else load_value_model(source.path, dtype)
-        chunk = dict(logprob_chunk_tokens=self.logprob_chunk_tokens, compile=self.compile, packing=self.packing,
-                     max_tokens_per_micro_batch=self.max_tokens_per_micro_batch,
-                     forward_max_tokens_per_micro_batch=self.forward_max_tokens_per_micro_batch)
-        if not trainable:
-            return HFTrainEngine(model.requires_grad_(False), kind=head, device=device, **chunk)
+        if not trainable:  # its passes' options only: no offload, no adapters
+            frozen = self.model_copy(update=dict(offload_params=False, offload_optimizer=False, lora_rank=0))
+            return HFTrainEngine(model.requires_grad_(False), frozen, kind=head, device=device)
         if source.gradient_checkpointing:
             _checkpoint_layers(model)
         self._check_offload(head, device)
@@ -92,10 +90,7 @@ class HFTrainConfig(TrainEngineConfig):
                 raise ValueError(f"{head}.lora_rank={self.lora_rank}: LoRA is for the actor; set it to 0")
             model = lora.apply(model, self.lora_rank, self.lora_alpha, self.lora_target_modules,
                                f"{head}.lora_target_modules")
-        return HFTrainEngine(model, kind=head, lr=self.lr, weight_decay=self.weight_decay, grad_clip=self.grad_clip,
-                             warmup_steps=self.warmup_steps, device=device, lr_schedule=self.lr_schedule,
-                             lr_decay_steps=self.lr_decay_steps, offload_params=self.offload_params,
-                             offload_optimizer=self.offload_optimizer, lora=self.lora_rank > 0, **chunk)
+        return HFTrainEngine(model, self, kind=head, device=device)
 
     def estimate_memory(self, shape: memory.ModelShape, load: memory.RankLoad, *, trainable: bool = True,
                         base_lent: bool = False) -> dict[str, int]:
@@ -152,7 +147,7 @@ class HFRolloutConfig(RolloutEngineConfig):
     def build(self, source: ModelSource, *, tokenizer: Any, device: str,
               share: TrainEngine | None = None) -> HFRolloutEngine:
         model = share.model if isinstance(share, HFTrainEngine) else load_causal_lm(source.path, DTYPES[source.dtype])
-        return HFRolloutEngine(model, tokenizer, device=device, micro_batch_size=self.micro_batch_size)
+        return HFRolloutEngine(model, tokenizer, self, device=device)
 
 
 class HFStaticRolloutConfig(RolloutEngineConfig):
@@ -164,8 +159,7 @@ class HFStaticRolloutConfig(RolloutEngineConfig):
     def build(self, source: ModelSource, *, tokenizer: Any, device: str,
               share: TrainEngine | None = None) -> StaticCacheRolloutEngine:
         model = share.model if isinstance(share, HFTrainEngine) else load_causal_lm(source.path, DTYPES[source.dtype])
-        compile = self.compile if self.compile is not None else device.startswith("cuda")
-        return StaticCacheRolloutEngine(model, tokenizer, device=device, compile=compile)
+        return StaticCacheRolloutEngine(model, tokenizer, self, device=device)
 
 
 def _checkpoint_layers(model: torch.nn.Module) -> None:

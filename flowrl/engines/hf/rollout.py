@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
 from tensordict import TensorDict
@@ -22,14 +22,21 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 from flowrl.engines.protocols import FinishReason, SamplingParams, TrainEngine, WeightSync
 from flowrl.engines.weights.in_process import choose_weight_sync
 
+if TYPE_CHECKING:  # its config builds this engine
+    from flowrl.engines.hf.configs import HFRolloutConfig
+
 
 class HFRolloutEngine:
     """Generates one response per left-padded prompt row, `micro_batch_size` rows per generate() call."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, *, device: str | torch.device = "cpu",
-                 micro_batch_size: int = 256):
-        if micro_batch_size < 1:
-            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    def __init__(self, model: torch.nn.Module, tokenizer, config: HFRolloutConfig, *,
+                 device: str | torch.device = "cpu"):
+        """`config`: the options (flowrl.engines.hf.configs.HFRolloutConfig, which builds this engine)."""
+        self._load(model, tokenizer, device)
+        self.micro_batch_size = config.micro_batch_size
+
+    def _load(self, model: torch.nn.Module, tokenizer, device: str | torch.device) -> None:
+        """The model on `device` and the tokenizer's eos and pad ids (this engine's and its subclasses')."""
         if tokenizer.eos_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("tokenizer must define both eos_token and pad_token")
         self.device = torch.device(device)
@@ -38,7 +45,6 @@ class HFRolloutEngine:
         self.tokenizer = tokenizer
         self.eos_id: int = tokenizer.eos_token_id
         self.pad_id: int = tokenizer.pad_token_id
-        self.micro_batch_size = micro_batch_size
         # set: a running generate() returns after its current step, each row cut where it is (finish LENGTH, fewer
         # than max_new_tokens tokens); the streaming engine's abort (flowrl.engines.streaming.thread_streamer)
         self.stop = threading.Event()

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from typing import Iterator, Literal
+from typing import TYPE_CHECKING, Iterator, Literal
 
 import torch
 import torch.distributed as dist
@@ -52,68 +52,69 @@ from flowrl.engines.train.token_batching import budget_micro_batches
 from flowrl.engines.sampling import RowSampling, apply_sampling
 from flowrl.engines.models.folders import atomic_dir
 
+if TYPE_CHECKING:  # its config builds this engine
+    from flowrl.engines.hf.configs import HFTrainConfig
+
 
 class HFTrainEngine:
-    """Actor (logprobs, entropy) or critic (values) engine; AdamW, warmup then constant LR.
-
-    The LR ramps linearly over `warmup_steps` steps: step s (from 0) uses
-    lr * min(1, (s + 1) / warmup_steps). `eps` is AdamW's epsilon.
+    """Actor (logprobs, entropy), critic (values) or reward model (scores) engine; AdamW, then the config's
+    LR schedule: it ramps linearly over config.warmup_steps steps (step s, from 0, uses
+    lr * min(1, (s + 1) / warmup_steps)), then stays or decays (flowrl.engines.train.lr_schedules). `eps` and
+    `betas` are AdamW's (fixed; tests raise eps to make a step follow the gradient's scale).
     """
 
-    def __init__(self, model: torch.nn.Module, *, kind: Literal["actor", "critic", "reward"], lr: float = 1e-6,
-                 weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 grad_clip: float = 1.0, warmup_steps: int = 0, device: str | torch.device = "cpu",
-                 by_length: bool = True, logprob_chunk_tokens: int = 0, lr_schedule: str = "constant",
-                 lr_decay_steps: int = 0, compile: bool = False, offload_params: bool = False,
-                 offload_optimizer: bool = False, lora: bool = False, max_tokens_per_micro_batch: int = 0,
-                 forward_max_tokens_per_micro_batch: int = 0, packing: bool = False):
-        """by_length: group rows of similar length into micro-batches (and trim their padding); False keeps
-        the batch's row order, as fixed-width micro-batches of verl without dynamic batch size do.
-        logprob_chunk_tokens: compute actor logprobs `chunk` tokens at a time from the hidden states
-        (flowrl.engines.train.logprobs), never holding the full fp32 logits; 0 computes full logits (and so do
-        FSDP2-sharded engines).
-        compile: run this engine's passes with each decoder layer torch.compile'd (one compile serves all
-        layers; FSDP2: the whole model) and compiled logprob chunks; the module is compiled only while the
-        passes run (a rollout engine sharing it is unaffected).
-        offload_params: FSDP2's CPU offload (sharded parameters, gradients and optimizer state on the CPU);
-        needs world size > 1 off the CPU. offload_optimizer: AdamW's state waits on the CPU between steps.
-        lora: `model` is a peft LoRA model (flowrl.engines.train.lora.apply).
-        max_tokens_per_micro_batch: group an update's rows into micro-batches of at most this many tokens
-        (flowrl.engines.train.token_batching) instead of `micro_batch_size` rows; forward_max_tokens_per_micro_batch
-        the same for no-grad passes (0: max_tokens_per_micro_batch). 0: rows.
-        packing: each micro-batch's rows run as one sequence with per-row attention (flowrl.engines.train.packing)."""
-        _check_args(kind=kind, lr=lr, weight_decay=weight_decay, grad_clip=grad_clip, warmup_steps=warmup_steps)
-        self.kind, self.by_length, self.logprob_chunk_tokens = kind, by_length, logprob_chunk_tokens
-        self.max_tokens, self.packing = max_tokens_per_micro_batch, packing
-        self.forward_max_tokens = forward_max_tokens_per_micro_batch or max_tokens_per_micro_batch
-        self.grad_clip = grad_clip
+    def __init__(self, model: torch.nn.Module, config: HFTrainConfig, *, kind: Literal["actor", "critic", "reward"],
+                 device: str | torch.device = "cpu", betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 by_length: bool = True):
+        """`config`: the options (flowrl.engines.hf.configs.HFTrainConfig, which builds this engine and documents
+        each option and its default once); `model` is a peft LoRA model (flowrl.engines.train.lora.apply) when
+        config.lora_rank > 0. The rest is how the engine is placed and run, not a run config option:
+        by_length: group rows of similar length into micro-batches (and trim their padding); False keeps
+        the batch's row order, as fixed-width micro-batches of verl without dynamic batch size do. FSDP2-sharded
+        engines compute full logits whatever config.logprob_chunk_tokens says."""
+        _check_kind(kind)
+        self.config, self.kind, self.by_length = config, kind, by_length
+        self.logprob_chunk_tokens, self.packing = config.logprob_chunk_tokens, config.packing
+        self.max_tokens = config.max_tokens_per_micro_batch
+        self.forward_max_tokens = config.forward_max_tokens_per_micro_batch or config.max_tokens_per_micro_batch
+        self.grad_clip = config.grad_clip
         self.world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.sharded = self.world_size > 1
         self.device = shard_device(torch.device(device)) if self.sharded else torch.device(device)
         self.column_multiple = column_multiple(self.device)  # widths aligned on CUDA (model_inputs.COLUMN_MULTIPLE)
-        self.model, self.lora, self.offload_optimizer = model, lora, offload_optimizer and self.device.type != "cpu"
+        self.model, self.lora = model, config.lora_rank > 0
+        self.offload_optimizer = config.offload_optimizer and self.device.type != "cpu"
         use_flowrl_sdpa(model)  # unpadded causal passes run SDPA's flash kernel, compiled too
-        if offload_params and not self.sharded and self.device.type != "cpu":
+        if config.offload_params and not self.sharded and self.device.type != "cpu":
             raise ValueError("offload_params needs FSDP2, which shards over 2 or more ranks (torchrun); with one "
                              "process set it false")
         if self.sharded:  # fully_shard moves each group to the device as it shards it: no full copy there
-            shard_model(self.model, self.device.type, self.world_size, offload=offload_params)
+            shard_model(self.model, self.device.type, self.world_size, offload=config.offload_params)
         else:
             self.model.to(self.device)
+        self._compile(config.compile)
+        self._optimizer(config, betas, eps)
+
+    def _compile(self, compile: bool) -> None:
+        """One process: each decoder layer compiled (flowrl.engines.train.regional_compile); FSDP2: the whole
+        model; the module is compiled only while this engine's passes run (a rollout engine sharing it is not)."""
         self.compiled = compile
-        # one process: each decoder layer compiled (flowrl.engines.train.regional_compile); FSDP2: the whole model
         self._layers = CompiledLayers(self.model) if compile and not self.sharded else None
         self._whole = compile and not self._layers
         self._model_fn = torch.compile(self.model) if self._whole else self.model
-        self._decoder_fn = torch.compile(self.model.get_decoder()) if self._whole and kind == "actor" else None
-        self.hyperparameters = dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps)
+        self._decoder_fn = torch.compile(self.model.get_decoder()) if self._whole and self.kind == "actor" else None
+
+    def _optimizer(self, config: HFTrainConfig, betas: tuple[float, float], eps: float) -> None:
+        """AdamW over the trained parameters, then the LR schedule (flowrl.engines.train.lr_schedules)."""
+        self.hyperparameters = dict(lr=config.lr, weight_decay=config.weight_decay, betas=betas, eps=eps)
         trained = [p for p in self.model.parameters() if p.requires_grad] or list(self.model.parameters())
         # one fused kernel per step on CUDA (torchtitan's default too); torch's foreach loop elsewhere
-        self.optimizer = torch.optim.AdamW(trained, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                           fused=self.device.type == "cuda" and not offload_params or None)
-        check_schedule(lr_schedule, warmup_steps, lr_decay_steps)  # then decay (flowrl.engines.train.lr_schedules)
+        self.optimizer = torch.optim.AdamW(trained, **self.hyperparameters,
+                                           fused=self.device.type == "cuda" and not config.offload_params or None)
+        check_schedule(config.lr_schedule, config.warmup_steps, config.lr_decay_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, functools.partial(
-            lr_factor, warmup_steps=warmup_steps, schedule=lr_schedule, decay_steps=lr_decay_steps))
+            lr_factor, warmup_steps=config.warmup_steps, schedule=config.lr_schedule,
+            decay_steps=config.lr_decay_steps))
 
     @torch.no_grad()
     def forward(self, batch: TensorDict, *, temperature: float = 1.0, micro_batch_size: int = 8,
@@ -405,14 +406,9 @@ def _response_width(value_BR: torch.Tensor, mask_BR: torch.Tensor, width: int) -
     return torch.nn.functional.pad(torch.where(mask, value_BR, 0), pad)
 
 
-def _check_args(*, kind: str, lr: float, weight_decay: float, grad_clip: float, warmup_steps: int) -> None:
+def _check_kind(kind: str) -> None:
     if kind not in ("actor", "critic", "reward"):
         raise ValueError(f"kind must be 'actor', 'critic' or 'reward', got {kind!r}")
-    _check_positive(lr=lr, grad_clip=grad_clip)
-    if weight_decay < 0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
 
 
 def _check_positive(**values: float) -> None:
