@@ -139,7 +139,7 @@ def test_an_engine_failure_stops_the_episodes_and_the_step(tiny_model_path):
     from test_service_endpoint import DiesAfter
 
     tokenizer = load_tokenizer(tiny_model_path)
-    rollout = Rollout(engine=HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer), params=PARAMS,
+    rollout = Rollout(engine=HFRolloutEngine(load_causal_lm(tiny_model_path), tokenizer, HFRolloutConfig()), params=PARAMS,
                       agent=AgentSpec("agent_programs:two_calls", max_total_tokens=16), tokenizer=tokenizer,
                       pad_id=tokenizer.pad_token_id, make_streamer=lambda e: DiesAfter(good=1))
     try:

@@ -21,6 +21,7 @@ from flowrl.data.builtin.arithmetic import ArithmeticTask  # noqa: E402
 from flowrl.engines.configs import ROLLOUT_ENGINES, STREAMERS, ModelSource  # noqa: E402
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer  # noqa: E402
 from flowrl.engines.models.tiny_model import build_tiny_model  # noqa: E402
+from flowrl.engines.hf.configs import HFRolloutConfig  # noqa: E402
 from flowrl.engines.hf.rollout import HFRolloutEngine  # noqa: E402
 from flowrl.engines.protocols import FinishReason, SamplingParams  # noqa: E402
 from flowrl.engines.service.endpoint import Endpoint  # noqa: E402
@@ -59,7 +60,8 @@ def hf_logprobs(model, prompt, response):
 
 def hf_greedy(model, tokenizer, prompt, n):
     ids, mask = torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long)
-    out = HFRolloutEngine(model, tokenizer).generate(ids, mask, SamplingParams(max_new_tokens=n, greedy=True))
+    out = HFRolloutEngine(model, tokenizer, HFRolloutConfig()).generate(
+        ids, mask, SamplingParams(max_new_tokens=n, greedy=True))
     return out["response_ids"][0, :int(out["response_mask"][0].sum())].tolist()
 
 
