@@ -86,6 +86,10 @@ SAME_NAME = {  # one name, two defaults, because they are two options (or one op
     "lr": "roles.critic starts from lr 5e-3 (CriticConfig.ENGINE_DEFAULTS): the value head's, the actor's 2e-3",
     "micro_batch_size": "train.micro_batch_size (rows per backward) and HFRolloutConfig's (rows per generate())",
     "name": "executor.name and task.name",
+    "gpu_memory_utilization": "the vLLM rollout's share of a GPU (0.5) and the vLLM teacher's (0.3), which shares the "
+                              "GPU with the student's engines",
+    "kv_cache_gb": "the in-process vLLM engines' (None: vLLM's own CPU default) and a vLLM server process's (1.0 GiB, "
+                   "VLLM_CPU_KVCACHE_SPACE takes whole GiB)",
 }
 """Option names whose defaults differ between config classes, each with the reason; the list may only shrink."""
 
