@@ -375,13 +375,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         from flowrl.runtime.store.resume import RunFinished
-        from flowrl.runtime.shutdown import Stopped
+        from flowrl.runtime.shutdown import Stopped, exit_now
 
         if isinstance(err, RunFinished):
             return finished(err)
         if isinstance(err, Stopped):  # SIGTERM or SIGINT, at a safe point: where the checkpoint is
             if os.environ.get("RANK", "0") == "0":  # every torchrun rank stopped at the same step
                 print(f"flowrl: {err}", file=sys.stderr)
+            if argv is None:  # the process's own entry (`flowrl`, `python -m flowrl`): exit within the budget
+                exit_now(err.exit_code)
             return err.exit_code
         user = isinstance(err, ValueError)
         rank = os.environ.get("RANK", "0")  # every rank says it: a rank may fail alone, or rank 0 be elsewhere

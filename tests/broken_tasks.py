@@ -69,3 +69,18 @@ class HangingExample(ArithmeticTask):
 class MissingKeyExample(ArithmeticTask):
     def example(self, seed, index):
         return {"answer": 1}["difficulty"]
+
+
+class EmptyPrompt(ArithmeticTask):
+    """example() gives an empty prompt for index 1 (it was `IndexError: index -1` deep in the rollout)."""
+
+    def example(self, seed, index):
+        prompt, meta = super().example(seed, index)
+        return ("" if index == 1 else prompt), meta
+
+
+class WordReward(ArithmeticTask):
+    """reward() returns words, not numbers (it was `too many dimensions 'str'`)."""
+
+    def reward(self, responses, meta):
+        return ["good" for _ in responses]

@@ -148,7 +148,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_last_checkpoint_sur
         pytest.skip("no unprivileged mount namespace here (unshare -rm)")
     train_args = " ".join([sys.executable, "-m", "flowrl", "train", "grpo", *FAST, "--set", "train.steps=3",
                            "--set", "checkpoint.every=1", "--output-dir", f"{disk}/run"])
-    check = f"{sys.executable} -c 'from flowrl.runtime import checkpoint; print(checkpoint.latest(\"{disk}/run/checkpoints\").name)'"
+    check = f"{sys.executable} -c 'from flowrl.runtime.store import checkpoint; print(checkpoint.latest(\"{disk}/run/checkpoints\").name)'"
     script = f"mount -t tmpfs -o size=3m tmpfs {disk} && {train_args}; echo rc=$?; ls -a {disk}/run/checkpoints; {check}"
     done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})

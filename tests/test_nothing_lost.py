@@ -155,3 +155,38 @@ def test_links_in_a_run_folder_are_not_followed_and_an_empty_key_is_refused(tmp_
     monkeypatch.setenv("FLOWRL_KEY_FILE", str(empty))
     with pytest.raises(ValueError, match=r"signing key .*empty_key .* holds 0 bytes"):
         export(tmp_path / "run", tmp_path / "out")
+
+
+def metrics(folder):
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not k.startswith("timing_s/")} for row in rows]
+
+
+def test_a_metrics_row_cut_by_a_kill_is_dropped_with_a_warning_and_every_whole_row_is_kept(tmp_path):
+    """Issue 40.8: a run killed (SIGKILL) with its last metrics row cut short: the rerun keeps every whole row,
+    drops the cut bytes saying so (they were dropped without a word, and bytes of no row were lost), and its
+    metrics equal an uninterrupted run's. A row is one write(), so the cut is made by hand after the kill: the
+    first half of the row that came next, as a kill in the middle of writing it leaves it."""
+    sets = [*FAST, "train.steps=4", "checkpoint.every=1"]
+    args = ["train", "grpo", "--no-progress", *sum((["--set", s] for s in sets), [])]
+    straight = cli_process.run(*args, "--output-dir", str(tmp_path / "straight"), cwd=tmp_path, timeout=300)
+    assert straight.returncode == 0, straight.stderr
+    run, path = tmp_path / "killed", tmp_path / "killed" / "metrics.jsonl"
+    proc = cli_process.start([*args, "--output-dir", str(run)], cwd=tmp_path)
+    deadline = time.monotonic() + 300
+    while proc.is_alive() and (not path.exists() or len(path.read_bytes().splitlines()) < 2) \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.kill()  # SIGKILL
+    proc.join()
+    whole = path.read_bytes().splitlines()
+    assert 2 <= len(whole) < 4, whole  # killed part-way
+    cut = (tmp_path / "straight" / "metrics.jsonl").read_bytes().splitlines()[len(whole)][:40]
+    with open(path, "ab") as f:
+        f.write(cut)
+    again = cli_process.run(*args, "--output-dir", str(run), cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr
+    warned = [line for line in again.stderr.splitlines() if "cut short" in line]
+    assert warned == [f"flowrl: warning: {path}: its last row was cut short (40 bytes after the last whole row and "
+                      f"no newline, as a kill while writing it leaves them); dropped it: that step is redone"]
+    assert metrics(run) == metrics(tmp_path / "straight")  # every whole row kept, the cut one redone once

@@ -93,7 +93,7 @@ def _bad_line(path: Path) -> str:
             except UnicodeDecodeError as err:
                 return f"line {number} is not UTF-8 text (byte {raw[err.start]:#04x} at column {err.start + 1})"
             except json.JSONDecodeError as err:
-                return f"line {number} is not JSON ({err.msg} at column {err.colno})"
+                return f"line {number} is not JSON ({err.msg.removesuffix(' at')} at column {err.colno})"
             if not isinstance(row, dict):
                 return f"line {number} is a JSON {type(row).__name__}, not an object"
     return ""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import tempfile
@@ -30,7 +29,7 @@ from flowrl.runtime.observe import profiling
 from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan, plays_episodes, sample_count
 from flowrl.runtime.executor import Executor
 from flowrl.runtime.executor_configs import executor_config
-from flowrl.runtime.observe.loggers import Loggers, open_loggers
+from flowrl.runtime.observe.loggers import Loggers, open_loggers, trim_metrics
 from flowrl.runtime.planning import check_memory, make_plan
 from flowrl.runtime.plan_record import PlanRecord
 from flowrl.runtime.store.run_lock import RunLock
@@ -171,7 +170,7 @@ def train(cfg: RunConfig, algo: Algorithm | None = None, progress: bool = True,
 def _loop(s: Session, progress: bool, on_step: OnStep | None, shutdown: Shutdown) -> list[dict[str, float]]:
     cfg = s.cfg
     if s.main:
-        _truncate_jsonl(s.out / "metrics.jsonl", s.start)
+        trim_metrics(s.out / "metrics.jsonl", s.start)
     # disable=None: a bar on a terminal only, so logs written to a file hold the step lines, not bar fragments
     bar = tqdm(range(s.start, cfg.train.steps), initial=s.start, total=cfg.train.steps,
                disable=None if progress and s.main else True, desc=s.algo.name, dynamic_ncols=True)
@@ -278,26 +277,6 @@ def _check_writable(folder: Path) -> None:
 def _seed(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop rows past the resumed step (a crash after logging them left no checkpoint for them); a run that
-    starts anew drops them all (its step 0 is logged again)."""
-    if not path.exists():
-        return
-    rows = [line for line in path.read_text().splitlines()
-            if last_step > 0 and (step := _step_of(line)) is not None and step <= last_step]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(f"{line}\n" for line in rows))
-    os.replace(tmp, path)
-
-
-def _step_of(line: str) -> int | None:
-    """A metrics row's step; None for a line a kill cut short."""
-    try:
-        return int(json.loads(line)["step"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-        return None
 
 
 LINE = ("eval/reward/mean", "reward/mean", "actor/pg_loss", "actor/kl_loss", "actor/clipfrac", "actor/grad_norm",

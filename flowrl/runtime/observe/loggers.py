@@ -18,6 +18,7 @@ import json
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -58,6 +59,38 @@ class JsonlLogger:
 
     def close(self) -> None:
         pass
+
+
+def trim_metrics(path: Path, last_step: int) -> None:
+    """metrics.jsonl as a run resuming from `last_step` continues it: every whole row up to that step kept, the
+    rows of later steps dropped (they are redone; a run that starts anew, last_step 0, redoes them all), and a
+    last row a kill cut short (no newline at the end; a kill while it was written) dropped with a warning naming
+    it, so the next row does not land on its bytes. Lines flowrl did not write (not a row with a "step") are
+    kept as they are, each on a line of its own."""
+    if not path.is_file():
+        return
+    whole, _, tail = path.read_bytes().rpartition(b"\n")
+    lines = whole.split(b"\n") if whole else []
+    if tail and _step_of(tail) is None and tail.lstrip().startswith(b"{"):
+        warnings.warn(f"{path}: its last row was cut short ({len(tail)} bytes after the last whole row and no "
+                      f"newline, as a kill while writing it leaves them); dropped it: that step is redone",
+                      stacklevel=2)
+    elif tail:
+        lines.append(tail)  # a whole row, or bytes of another writer's, given the newline it lacked
+    kept = [line for line in lines
+            if line.strip() and ((step := _step_of(line)) is None or 0 < last_step and step <= last_step)]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(b"".join(line + b"\n" for line in kept))
+    os.replace(tmp, path)
+
+
+def _step_of(line: bytes) -> int | None:
+    """A metrics row's step; None for bytes that are not a row (cut short, or not flowrl's)."""
+    try:
+        row = json.loads(line)
+        return int(row["step"]) if isinstance(row, dict) else None
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
+        return None
 
 
 class TensorBoardLogger:

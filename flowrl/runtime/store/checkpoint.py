@@ -82,7 +82,7 @@ def save(root: str | Path, step: int, engines: dict[str, TrainEngine], state: di
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(root)
-        _write_atomic(root / LATEST, final.name)
+        _point_latest(root / LATEST, final.name)
     except (OSError, CheckpointException, KeyboardInterrupt) as err:
         shutil.rmtree(tmp, ignore_errors=True)
         raise _save_error(final, err) from None
@@ -259,6 +259,18 @@ def _manifest(folder: Path) -> dict[str, dict[str, Any]]:
                 digest.update(block)
         out[str(file.relative_to(folder))] = {"size": file.stat().st_size, "sha256": digest.hexdigest()}
     return out
+
+
+def _point_latest(pointer: Path, name: str) -> None:
+    """`latest` := name, unless something flowrl did not write is there (a folder, a symlink): it is left as it
+    is, with a warning (the checkpoint is whole without it: resume and export find the newest intact step
+    folder; replacing a folder failed the save after the step folder was in place)."""
+    if pointer.is_symlink() or (pointer.exists() and not pointer.is_file()):
+        kind = "a symlink" if pointer.is_symlink() else "a folder" if pointer.is_dir() else "not a file"
+        warnings.warn(f"checkpoint pointer {pointer} is {kind}, not the file flowrl writes: left as it is, not "
+                      f"updated (resume finds the newest intact step folder without it)", stacklevel=3)
+        return
+    _write_atomic(pointer, name)
 
 
 def _write_atomic(path: Path, text: str) -> None:

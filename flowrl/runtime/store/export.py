@@ -48,6 +48,9 @@ def export(source: str | Path, output: str | Path, task: str | None = None) -> P
     except BaseException as err:  # DCP wraps a reader's error in its CheckpointException (a BaseException)
         if isinstance(checkpoint.first_failure(err), sharded_checkpoint.ChangedFile):
             raise ValueError(f"checkpoint {step}: {checkpoint.first_failure(err)}") from None
+        if isinstance(err, sharded_checkpoint.ModelMismatch):
+            raise ValueError(f"checkpoint {step}: {err}, built from {str(path)!r} as its state.json says; that "
+                             f"model is not the one the run trained (another model shape)") from None
         raise
     engine.save_pretrained(str(output), load_tokenizer(path))
     return Path(output)
