@@ -147,8 +147,9 @@ class RolloutEngine(Protocol):
         """Loads (name, tensor) pairs as they arrive (a weight transport's buckets), building no state dict."""
         ...
 
-    def weight_sync(self, train: TrainEngine) -> "WeightSync":
-        """How the weights of `train` (a train engine in this process) reach this engine."""
+    def weight_sync(self, train: TrainEngine, timeout_s: float = 600.0) -> "WeightSync":
+        """How the weights of `train` (a train engine in this process) reach this engine; a transfer between
+        ranks that stops is a WeightSyncTimeout within `timeout_s` (sync.timeout_s)."""
         ...
 
     def close(self) -> None:

@@ -61,9 +61,9 @@ class HFRolloutEngine:
         logprobs_BR = _right_pad_cat([logprobs.clone() for _, logprobs in chunks], 0.0)
         return responses(response_ids_BR, logprobs_BR, self.eos_id, self.pad_id, prompt_ids_BP.device)
 
-    def weight_sync(self, train: TrainEngine) -> WeightSync:
+    def weight_sync(self, train: TrainEngine, timeout_s: float = 600.0) -> WeightSync:
         """Nothing to move when this engine generates with `train`'s own module, else a streamed copy."""
-        return choose_weight_sync(getattr(train, "model", None), self.model)
+        return choose_weight_sync(getattr(train, "model", None), self.model, timeout_s)
 
     def close(self) -> None:
         """Nothing beyond tensors to release."""
