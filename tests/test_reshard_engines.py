@@ -68,7 +68,7 @@ def _colocated_rank(rank, path, out, stall):
     assert isinstance(sync, ReshardSync) and sync.timeout_s == (3.0 if stall else 60.0)
     if stall:  # rank 1 never takes part; rank 0 waits on its rows
         if rank == 1:
-            time.sleep(12)
+            time.sleep(7)
             return
         start = time.perf_counter()
         try:
@@ -141,7 +141,7 @@ def _split_rank(rank, path, out, port, stall):
         _move(model.state_dict().values(), step)  # every rank: the whole model (the reference), its rows sent
         if rank < 2:
             if stall and rank == 1:
-                time.sleep(12)
+                time.sleep(7)
                 return
             local, start = {n: t.chunk(2)[rank] for n, t in model.state_dict().items()}, time.perf_counter()
             try:
