@@ -30,7 +30,7 @@ import torch.distributed as dist
 from flowrl import metrics
 from flowrl.engines.protocols import RolloutEngine, TrainEngine, WeightSync
 from flowrl.engines.weights.reshard_sync import ReshardSync
-from flowrl.engines.weights.buckets import WeightSyncTimeout, first_line
+from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S, WeightSyncTimeout, first_line
 
 
 class SharedModuleSync:
@@ -58,7 +58,7 @@ class StreamedSync:
 
 
 def choose_weight_sync(train_model: torch.nn.Module | None, rollout_model: torch.nn.Module,
-                       timeout_s: float = 600.0) -> WeightSync:
+                       timeout_s: float = SYNC_TIMEOUT_S) -> WeightSync:
     """SharedModuleSync when both engines hold one module, else StreamedSync in one process and ReshardSync
     over several (each rank a data-parallel replica keeping the whole model; a peer that stops is a
     WeightSyncTimeout within `timeout_s`).
