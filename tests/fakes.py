@@ -84,7 +84,7 @@ class FakeRolloutEngine:
     def load_weight_stream(self, named_tensors):
         return sum(1 for _ in named_tensors)
 
-    def weight_sync(self, train):
+    def weight_sync(self, train, timeout_s=600.0):
         return lambda train, rollout: None
 
     def close(self):

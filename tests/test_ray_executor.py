@@ -240,7 +240,8 @@ def test_split_pools_stream_the_weights_in_buckets_without_a_state_dict(tmp_path
     its own rows) the rollout's weights equal the trainer's to 0 and so does its greedy output; the bytes each
     rank moved are in its metrics; each process's peak host memory during the sync stays within a few buckets,
     where the state-dict path it replaced took the whole model (134 MB) on every train rank and on the rollout
-    rank."""
+    rank. Last, a train rank that never sends is a named error within sync.timeout_s."""
+    import flowrl.algorithms  # noqa: F401 (registers the prebuilt algorithms: run alone, the list was empty)
     import host_memory as hm
     from flowrl.data.builtin.arithmetic import ArithmeticTask
     from flowrl.engines.models.folders import load_tokenizer
@@ -287,6 +288,7 @@ def test_split_pools_stream_the_weights_in_buckets_without_a_state_dict(tmp_path
         ray.get([w.__ray_call__.remote(hm.old_gather) for w in train_ranks])
         ray.get(gen.__ray_call__.remote(hm.old_load, ray.put(trained)))
         old = ray.get([w.__ray_call__.remote(hm.measured, s) for w, s in zip(everyone, starts)])
+        assert_a_rank_that_never_sends_is_named(executor, sync)  # last: it leaves the group broken
     finally:
         executor.close()
     bucket, largest = 8, 16  # MB: sync.bucket_mb, and the embedding (a tensor over a bucket goes alone)
@@ -296,3 +298,38 @@ def test_split_pools_stream_the_weights_in_buckets_without_a_state_dict(tmp_path
     # holds (receiving into the kept blocks themselves would save the buffers: not done)
     assert streamed[2] < 3 * max(bucket, largest) + 8, streamed
     assert all(peak > 134 for peak in old), old  # the old path: the whole model on the CPU of every rank
+
+
+def _busy(worker, seconds):
+    """Fault injection: this rank is stuck elsewhere (a Ray actor runs one call at a time), so it never sends."""
+    import time
+
+    time.sleep(seconds)
+
+
+def _deadline(worker, key, seconds):
+    """sync.timeout_s of weight-sync group `key` on this rank from now on (SyncGroup.set_timeout)."""
+    worker.transports[key][0].group.set_timeout(seconds)
+
+
+def assert_a_rank_that_never_sends_is_named(executor, sync, seconds=4):
+    """Fault injection on a formed split-pools group: train rank 1 is kept busy through the next sync (a Ray
+    actor runs one call at a time), so it never sends; the driver gets a WeightSyncTimeout naming the transfer
+    from that rank within sync.timeout_s (not executor.node_timeout_s, nor a hang)."""
+    import time
+
+    from flowrl.engines.weights.buckets import WeightSyncTimeout
+
+    (key,) = executor._sync_groups
+    everyone = [*executor.workers["train"], *executor.workers["gen"]]
+    ray.get([w.__ray_call__.remote(_deadline, key, seconds) for w in everyone])
+    executor.book.updates["actor"] += 1
+    busy = executor.workers["train"][1].__ray_call__.remote(_busy, 3 * seconds)
+    start = time.perf_counter()
+    # the rollout rank's wait on rank 1, or train rank 0's on the rollout rank that gave up (whichever Ray
+    # reports first): both name the bucket and the peer
+    with pytest.raises(WeightSyncTimeout, match=rf"bucket \d+: the (receive from rank 1|send to rank 2) got no "
+                                                rf"answer within {seconds} s \(sync.timeout_s\)"):
+        executor._get([executor._launch_sync(sync, 0.0)])
+    assert time.perf_counter() - start < 2.5 * seconds
+    ray.get(busy)

@@ -30,6 +30,8 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Protocol
 import torch
 from tensordict import TensorDict
 
+from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S
+
 
 class FinishReason(enum.IntEnum):
     STOP = 0  # the response ended with eos
@@ -147,8 +149,9 @@ class RolloutEngine(Protocol):
         """Loads (name, tensor) pairs as they arrive (a weight transport's buckets), building no state dict."""
         ...
 
-    def weight_sync(self, train: TrainEngine) -> "WeightSync":
-        """How the weights of `train` (a train engine in this process) reach this engine."""
+    def weight_sync(self, train: TrainEngine, timeout_s: float = SYNC_TIMEOUT_S) -> "WeightSync":
+        """How the weights of `train` (a train engine in this process) reach this engine; a transfer between
+        ranks that stops is a WeightSyncTimeout within `timeout_s` (sync.timeout_s)."""
         ...
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from flowrl.engines.configs import ModelSource
 from flowrl.engines.models.folders import load_tokenizer
+from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S
 
 
 @dataclass
@@ -43,6 +44,7 @@ class BuildContext:
     shared: frozenset[str] = frozenset()  # roles that generate with their weight source's own module here
     reward_fn_timeout_s: float | None = None  # the task's reward function: a call past it stops the run
     role_models: dict[str, ModelSource] = field(default_factory=dict)  # roles.<name>.model, where a section sets one
+    sync_timeout_s: float = SYNC_TIMEOUT_S  # sync.timeout_s: a weight transfer between ranks that stops fails within it
 
     @cached_property
     def tokenizer(self) -> Any:

@@ -101,7 +101,7 @@ def make_factory(cfg: RunConfig, plan: Plan, task: Any, path: Path, extra: dict[
                            device=t.device, settings=settings, seed=t.seed, task=task, reward_model=reward_model,
                            shared=plan.shared(),
                            reward_fn_timeout_s=None if isinstance(task, DatasetTask) else cfg.data.reward_fn_timeout_s,
-                           role_models=own)
+                           role_models=own, sync_timeout_s=cfg.sync.timeout_s)
     return RoleFactory(context, specs)
 
 

@@ -20,6 +20,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from flowrl.engines.protocols import FinishReason, SamplingParams, TrainEngine, WeightSync
+from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S
 from flowrl.engines.weights.in_process import choose_weight_sync
 
 if TYPE_CHECKING:  # its config builds this engine
@@ -67,9 +68,9 @@ class HFRolloutEngine:
         logprobs_BR = _right_pad_cat([logprobs.clone() for _, logprobs in chunks], 0.0)
         return responses(response_ids_BR, logprobs_BR, self.eos_id, self.pad_id, prompt_ids_BP.device)
 
-    def weight_sync(self, train: TrainEngine) -> WeightSync:
+    def weight_sync(self, train: TrainEngine, timeout_s: float = SYNC_TIMEOUT_S) -> WeightSync:
         """Nothing to move when this engine generates with `train`'s own module, else a streamed copy."""
-        return choose_weight_sync(getattr(train, "model", None), self.model)
+        return choose_weight_sync(getattr(train, "model", None), self.model, timeout_s)
 
     def close(self) -> None:
         """Nothing beyond tensors to release."""

@@ -50,6 +50,7 @@ from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
 from flowrl.engines.vllm.process import (GIB, RELOAD_IMPORTS, RELOAD_LOGGER, RotaryReloadFilter, _close_at_exit,
                                          _device_used_gib, _gather_rows, _start_within, tensor_parallel_group,
                                          flat_logprobs_option, preload, token_logprobs)
+from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S
 from flowrl.engines.weights.reshard_sync import ReshardSync
 from flowrl.engines.weights.buckets import buckets
 
@@ -170,7 +171,7 @@ class VLLMRolloutEngine:
         return responses(_right_pad_cat(ids, self.pad_id), _right_pad_cat(logprobs, 0.0), self.eos_id, self.pad_id,
                          prompt_ids_BP.device)
 
-    def weight_sync(self, train: TrainEngine) -> WeightSync:
+    def weight_sync(self, train: TrainEngine, timeout_s: float = SYNC_TIMEOUT_S) -> WeightSync:
         """How `train`'s weights reach vLLM: over several ranks each rank receives only the blocks its tensor
         rank keeps (flowrl.engines.weights.reshard_sync.ReshardSync); in one process, streamed whole."""
         self.source = train  # a level-2 sleep frees the weights: waking resends them from here
@@ -180,7 +181,7 @@ class VLLMRolloutEngine:
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return StreamedWeightSync()
         return ReshardSync(StreamedWeightSync(), self.config.tensor_parallel_size,
-                           self.config.weight_bucket_mb << 20)
+                           self.config.weight_bucket_mb << 20, timeout_s)
 
     def use_adapter(self, folder: str) -> None:
         """Generate with the LoRA adapter in `folder` (peft's format) from now on; a new id makes vLLM load it."""

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 Named = tuple[str, torch.Tensor]
+SYNC_TIMEOUT_S = 600.0  # sync.timeout_s's default (flowrl.engines.weights.registry), where engines build syncs
 ALIGN = 16  # byte offset of every tensor in a bucket's buffer: any dtype may view it
 
 
@@ -78,6 +79,11 @@ def _aligned(offset: int) -> int:
     return -(-offset // ALIGN) * ALIGN
 
 
+def backend_for(device: torch.device) -> str:
+    """The torch.distributed backend of a weight-sync group whose tensors live on `device`."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
 class SyncGroup:
     """A process group of train rank 0 (rank 0 here) and the rollout ranks, apart from the pools' own groups."""
 
@@ -86,7 +92,7 @@ class SyncGroup:
         timeout = timedelta(seconds=timeout_s)
         prefixed = dist.PrefixStore("flowrl-weight-sync", store)
         try:
-            if self.device.type == "cuda":
+            if backend_for(self.device) == "nccl":
                 options = dist.ProcessGroupNCCL.Options()
                 options._timeout = timeout
                 self.group = dist.ProcessGroupNCCL(prefixed, rank, size, options)

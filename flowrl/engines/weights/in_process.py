@@ -30,7 +30,7 @@ import torch.distributed as dist
 from flowrl import metrics
 from flowrl.engines.protocols import RolloutEngine, TrainEngine, WeightSync
 from flowrl.engines.weights.reshard_sync import ReshardSync
-from flowrl.engines.weights.buckets import WeightSyncTimeout, first_line
+from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S, WeightSyncTimeout, first_line
 
 
 class SharedModuleSync:
@@ -57,9 +57,11 @@ class StreamedSync:
         metrics.log("timing_s/sync", time.perf_counter() - start)
 
 
-def choose_weight_sync(train_model: torch.nn.Module | None, rollout_model: torch.nn.Module) -> WeightSync:
+def choose_weight_sync(train_model: torch.nn.Module | None, rollout_model: torch.nn.Module,
+                       timeout_s: float = SYNC_TIMEOUT_S) -> WeightSync:
     """SharedModuleSync when both engines hold one module, else StreamedSync in one process and ReshardSync
-    over several (each rank a data-parallel replica keeping the whole model).
+    over several (each rank a data-parallel replica keeping the whole model; a peer that stops is a
+    WeightSyncTimeout within `timeout_s`).
 
     A shared module cannot be FSDP2-sharded: generate() stops after a
     different number of steps on each rank, and the sharded forward's
@@ -67,7 +69,7 @@ def choose_weight_sync(train_model: torch.nn.Module | None, rollout_model: torch
     """
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if train_model is not rollout_model:
-        return StreamedSync() if world_size == 1 else ReshardSync(StreamedSync())
+        return StreamedSync() if world_size == 1 else ReshardSync(StreamedSync(), timeout_s=timeout_s)
     if world_size > 1:
         raise ValueError(f"rollout_model is the train model itself with world size {world_size}; give the "
                          "rollout engine its own unsharded copy and use StreamedSync")

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flowrl.engines.weights.reshard_sync import ReshardShape, ReshardTransport
 from flowrl.engines.weights.in_process import StreamedSync
-from flowrl.engines.weights.buckets import CollectiveTransport, SyncGroup
+from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S, CollectiveTransport, SyncGroup
 from flowrl.graph.registry import Registry
 
 
@@ -44,7 +44,7 @@ class TransportConfig(BaseModel):
     reshard: bool = Field(True, description="Collective transport: each train rank sends each rollout rank only "
                           "what that rank keeps of its shard (flowrl.engines.weights.reshard_sync); false: train rank 0 "
                           "broadcasts every full tensor, gathered on every train rank.")
-    timeout_s: float = Field(600.0, gt=0, description="A weight transfer whose peer has not answered within this "
+    timeout_s: float = Field(SYNC_TIMEOUT_S, gt=0, description="A weight transfer whose peer has not answered within this "
                              "many seconds is an error naming it (executor.node_timeout_s bounds it too, if shorter).")
 
     @model_validator(mode="wrap")

@@ -7,15 +7,18 @@ one byte buffer per peer, posts one receive per peer it gets anything from, wait
 deadline, and cuts its kept blocks out of what arrived (a piece from itself is copied in place). No rank
 holds more than one bucket's buffers and its own kept blocks; no full tensor is built anywhere.
 
-Backends (same code, chosen by the tensors' device):
+Backends (one code path; `Exchange.on(device)` is the only switch, and the buffers live where the collective
+runs: docs/cluster.md, "The reshard on NCCL", reviews each difference):
 - gloo (CPU): each send and receive is its own `Work`, awaited with `Work.wait(timeout)`; a peer that stops
   is a WeightSyncTimeout naming the bucket and the peer within `timeout_s`.
 - NCCL (CUDA): a rank's sends and receives of one bucket are one coalesced group (`_start_coalescing` /
   `_end_coalescing`, what `dist.batch_isend_irecv` does): NCCL's point-to-point calls block until matched,
-  so ungrouped, two ranks that both send first would wait on each other. `Work.wait(timeout)` only makes
-  the stream wait there, so the deadline is the group's own timeout (SyncGroup sets it from sync.timeout_s;
-  torchrun's default group from executor.node_timeout_s), reported by NCCL's watchdog as a DistError we name
-  the same way. The buffers live on the device: O(bucket) of device memory.
+  so ungrouped, two ranks that both send first would wait on each other. The group runs on the process
+  group's own stream, which first waits for the current stream (where the send buffers were packed);
+  `Work.wait(timeout)` makes the current stream wait for it and, given a timeout, blocks the host until it
+  completes or the timeout passes (the work is then aborted and raises), so the deadline is the same
+  WeightSyncTimeout; the group's own timeout (SyncGroup's from sync.timeout_s) bounds it as well. The
+  buffers are device memory: O(bucket) on the GPU, and an offloaded (CPU) shard is copied to the device.
 """
 
 from __future__ import annotations
@@ -41,6 +44,22 @@ class Kept:
     tensor: torch.Tensor
     box: Box
     shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """How one bucket's transfers run on a device: the backend, whether a rank's sends and receives are one
+    coalesced group (NCCL: ungrouped point-to-point calls block until matched), and where buffers live."""
+
+    backend: str
+    coalesced: bool
+    device: torch.device
+
+    @staticmethod
+    def on(device: torch.device | str) -> "Exchange":
+        device = torch.device(device)
+        nccl = device.type == "cuda"
+        return Exchange("nccl" if nccl else "gloo", nccl, device)
 
 
 @dataclass
@@ -85,15 +104,28 @@ def _bucket(group: Any, rank: int, index: int, bucket: list[ParamPlan], shards: 
                 outgoing.setdefault(piece.dst, []).append((one, piece))
             elif piece.dst == rank:
                 incoming.setdefault(piece.src, []).append((one, piece))
-    send = {dst: torch.cat([_cut(shards[one.name], one, piece).view(-1).view(torch.uint8).to(device)
-                            for one, piece in items]) for dst, items in outgoing.items() if dst != rank}
-    receive = {src: torch.empty(sum(one.numel(p) * one.itemsize for one, p in items), dtype=torch.uint8,
-                                device=device) for src, items in incoming.items()}
-    _exchange(group, index, send, receive, device, timeout_s)
+    send = pack_sends(rank, outgoing, shards, device)
+    receive = receive_buffers(incoming, device)
+    exchange_bucket(group, index, send, receive, Exchange.on(device), timeout_s)
     moved.sent += sum(b.numel() for b in send.values())
     moved.received += sum(b.numel() for b in receive.values())
     moved.peak_bucket = max(moved.peak_bucket, sum(b.numel() for b in [*send.values(), *receive.values()]))
     yield from _assemble(rank, bucket, shards, outgoing.get(rank, []), incoming, receive, device)
+
+
+def pack_sends(rank: int, outgoing: dict[int, list[tuple[ParamPlan, Piece]]], shards: Mapping[str, torch.Tensor],
+               device: torch.device) -> dict[int, torch.Tensor]:
+    """One flat byte buffer per peer on the collective's `device` (an offloaded CPU shard is copied there:
+    NCCL takes device tensors only); a piece to itself is not packed."""
+    return {dst: torch.cat([_cut(shards[one.name], one, piece).view(-1).view(torch.uint8).to(device)
+                            for one, piece in items]) for dst, items in outgoing.items() if dst != rank}
+
+
+def receive_buffers(incoming: dict[int, list[tuple[ParamPlan, Piece]]], device: torch.device) -> dict[int,
+                                                                                                   torch.Tensor]:
+    """One byte buffer per peer this rank receives from, on `device`, sized by the plan's pieces."""
+    return {src: torch.empty(sum(one.numel(p) * one.itemsize for one, p in items), dtype=torch.uint8,
+                             device=device) for src, items in incoming.items()}
 
 
 def _cut(shard: torch.Tensor, one: ParamPlan, piece: Piece) -> torch.Tensor:
@@ -102,19 +134,18 @@ def _cut(shard: torch.Tensor, one: ParamPlan, piece: Piece) -> torch.Tensor:
     return (rows[:, piece.col0:piece.col1] if piece.col1 > piece.col0 else rows).contiguous()
 
 
-def _exchange(group: Any, index: int, send: dict[int, torch.Tensor], receive: dict[int, torch.Tensor],
-              device: torch.device, timeout_s: float) -> None:
+def exchange_bucket(group: Any, index: int, send: dict[int, torch.Tensor], receive: dict[int, torch.Tensor],
+              how: Exchange, timeout_s: float) -> None:
     """Posts every send and receive of one bucket, then waits for each under one deadline."""
-    nccl = device.type == "cuda"
-    if nccl:  # NCCL: one group, else two ranks that both send first wait on each other
-        group._start_coalescing(device)
+    if how.coalesced:  # NCCL: one group, else two ranks that both send first wait on each other
+        group._start_coalescing(how.device)
     works = [(f"bucket {index}: the send to rank {dst}", group.send([buffer], dst, index))
              for dst, buffer in sorted(send.items())]
     works += [(f"bucket {index}: the receive from rank {src}", group.recv([buffer], src, index))
               for src, buffer in sorted(receive.items())]
-    if nccl:
-        works = [(f"bucket {index}: the exchange with ranks {sorted({*send, *receive})}",
-                  group._end_coalescing(device))] if works else []
+    if how.coalesced:
+        ended = group._end_coalescing(how.device)
+        works = [(f"bucket {index}: the exchange with ranks {sorted({*send, *receive})}", ended)] if works else []
     deadline = time.monotonic() + timeout_s
     for what, work in works:
         try:

@@ -31,10 +31,9 @@ import torch.distributed as dist
 from flowrl import metrics
 from flowrl.engines.weights.reshard import Moved, loader_view, reshard
 from flowrl.engines.weights.reshard_plan import Layout, ParamPlan, check_layout, plan
-from flowrl.engines.weights.buckets import Named, SyncGroup
+from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S, Named, SyncGroup
 
 MB = 1 << 20
-SYNC_TIMEOUT_S = 600.0  # in one process group its own timeout (executor.node_timeout_s) bounds the wait too
 Entry = tuple[str, tuple[int, ...], torch.dtype]
 
 
