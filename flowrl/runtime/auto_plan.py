@@ -69,12 +69,12 @@ def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, p
     values = overrides(choice.best.cand, others, followers, trained, choice)
     budget = token_budget(choice.best.cand, shape, work, summary, cluster, batch, planner.headroom) \
         if planner.token_budget else 0
-    if budget:  # micro-batches grouped by tokens: a row count would have no effect (and warn)
-        values.pop("train.micro_batch_size")
+    budgeted = chooser.score(replace(choice.best.cand, token_budget=budget), nodes, depth, shape, work, summary,
+                             cluster, batch, costs) if budget else None  # its peak and time under the budget
+    if budgeted and budgeted.seconds is not None and budgeted.seconds <= choice.best.seconds:
+        values.pop("train.micro_batch_size")  # micro-batches grouped by tokens: a row count would have no effect
         values.update({f"roles.{role}.max_tokens_per_micro_batch": budget for role in trained + frozen})
-        budgeted = chooser.score(replace(choice.best.cand, token_budget=budget), nodes, depth, shape, work, summary,
-                                 cluster, batch, costs)  # its peak and time under the budget, as the run has them
-        choice = replace(choice, best=budgeted)
+        choice = replace(choice, best=budgeted, scored=[budgeted if s is choice.best else s for s in choice.scored])
     if depth:
         values["plan.buffer_depth"] = buffer_depth(nodes, dict(choice.best.node_s), choice.best.cand, work,
                                                    planner.max_buffer_depth)
