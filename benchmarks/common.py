@@ -71,11 +71,12 @@ def full_vocab_tokenizer(chars: str, vocab_size: int):
 
 
 def qwen_model(folder: str, chars: str, shape: dict, max_positions: int, dtype: torch.dtype) -> str:
-    """A random-weight Qwen2 checkpoint (sdpa, tied embeddings) plus tokenizer saved to `folder`; returns it."""
+    """A random-weight Qwen2 checkpoint (sdpa, tied embeddings unless `shape` says otherwise) plus tokenizer
+    saved to `folder`; returns it."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = full_vocab_tokenizer(chars, shape["vocab_size"])
-    config = Qwen2Config(**shape, max_position_embeddings=max_positions, tie_word_embeddings=True,
+    config = Qwen2Config(**{"tie_word_embeddings": True, **shape}, max_position_embeddings=max_positions,
                          rope_theta=1e6, rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, attn_implementation="sdpa")
     with torch.random.fork_rng(devices=[]):

@@ -1,21 +1,25 @@
 """Issue 43's bars on one GPU: the planner's layout against a small hand grid, same card, same run.
 
-For each Qwen2.5 shape (random bf16 weights, benchmarks/common.qwen_model, tied embeddings): asks
-`flowrl plan grpo --cluster found --write` for the chosen layout, then runs `flowrl train` with it and with each
-hand-grid variant for `--steps` steps, each in its own process; reads each run's metrics.jsonl (timing_s/step
-after the first step) and its peak memory (torch.cuda.max_memory_allocated, logged by the engines as
-memory/peak_gib/*, else the last nvidia-smi reading) and prints per shape: chosen s/step, best grid s/step,
-their ratio (bar: <= 1.15), predicted against measured step time and peak, and whether a run ran out of memory.
+For each Qwen2.5 shape (random bf16 weights, benchmarks/common.qwen_model; the 7B with untied embeddings as
+published): asks `flowrl plan grpo --cluster found --write` for the chosen layout, then runs `flowrl train` with it
+and with each hand-grid variant for `--steps` steps, each in its own process. Each run logs `memory/peak_gib`
+(torch.cuda.max_memory_allocated, by flowrl.runtime.plan_record: the grid runs carry an empty prediction,
+plan.predicted.step_s=0, so they log it too) and `timing_s/step` (the median after the first step is read).
+Prints one JSON line per run (shape, run, ok, oom, s_step, peak_gib, engine, the prediction for the chosen one)
+and one summary line per shape: chosen over the best of the grid (bar <= 1.15), whether the chosen engine is
+the faster one measured, predicted against measured step time and peak (bar: peak within 15%).
 Workload: 16 prompts x 8, 256-token prompts, 1024 new tokens, long-tailed (EOS not suppressed).
 
 Usage (on the GPU machine): python benchmarks/planner_one_gpu.py [--shapes 0.5B,1.5B,3B,7B] [--steps 4]
+On CPU: python benchmarks/planner_one_gpu.py --tiny (tiny shapes, 2 x 2 rows of 16 new tokens, planned for
+1xH100-80G and run with train.device=cpu in fp32; the vLLM grid variants are left out: sleep mode needs CUDA).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,11 +38,18 @@ SHAPES = {
     "3B": dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
                intermediate_size=11008, vocab_size=151936),
     "7B": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-               intermediate_size=18944, vocab_size=152064),
+               intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
 }
+TINY = {name: dict(hidden_size=width, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=2 * width, vocab_size=512)
+        for name, width in (("tiny-32", 32), ("tiny-48", 48), ("tiny-64", 64), ("tiny-96", 96))}
 WORKLOAD = ["train.device=cuda", "model.dtype=bfloat16", "train.batch_size=16", "algo.group_size=8",
             "roles.rollout.max_new_tokens=1024", "data.max_prompt_length=256", "eval.every=0",
             "checkpoint.every=0", "checkpoint.export=false"]
+TINY_WORKLOAD = ["model.dtype=float32", "train.batch_size=2", "algo.group_size=2", "train.mini_batch_size=4",
+                 "roles.rollout.max_new_tokens=16", "data.max_prompt_length=16", "eval.every=0",
+                 "checkpoint.every=0", "checkpoint.export=false"]
+CPU = ["train.device=cpu"]  # after the written config: the tiny run plans for a GPU and runs on the CPU
 GRID = {  # the hand grid: what a user would try
     "hf_static": [],
     "vllm graphs 0.5 sleep1": ["roles.rollout.engine=vllm", "roles.rollout.enforce_eager=false",
@@ -50,48 +61,88 @@ GRID = {  # the hand grid: what a user would try
 }
 
 
-def train(folder: Path, out: Path, steps: int, extra: list[str], config: Path | None = None) -> dict:
+def engine_of(values: list[str]) -> str:
+    return "vllm" if "roles.rollout.engine=vllm" in values else "hf_static"
+
+
+def train(folder: Path, out: Path, steps: int, workload: list[str], extra: list[str],
+          config: Path | None = None) -> dict:
     cmd = [sys.executable, "-m", "flowrl", "train", "grpo", "--no-progress", "--steps", str(steps),
            "--output-dir", str(out), *(["--config", str(config)] if config else []),
-           *[f"--set={kv}" for kv in [*WORKLOAD, f"model.path={folder}", *extra]]]
+           *[f"--set={kv}" for kv in [*workload, f"model.path={folder}", *extra]]]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    oom = "out of memory" in done.stderr.lower()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()] \
         if (out / "metrics.jsonl").exists() else []
     times = [r["timing_s/step"] for r in rows[1:] if "timing_s/step" in r]
-    peaks = [v for r in rows for k, v in r.items() if k.startswith("memory/peak_gib")]
-    return {"ok": done.returncode == 0, "oom": oom, "s_step": sum(times) / len(times) if times else None,
-            "peak_gib": max(peaks) if peaks else None, "error": done.stderr.strip().splitlines()[-1:]}
+    peaks = [r["memory/peak_gib"] for r in rows if "memory/peak_gib" in r]
+    return {"ok": done.returncode == 0, "oom": "out of memory" in done.stderr.lower(),
+            "s_step": statistics.median(times) if times else None, "peak_gib": max(peaks) if peaks else None,
+            "error": (done.stderr.strip().splitlines() or [""])[-1] if done.returncode else ""}
+
+
+def plan(folder: Path, out: Path, cluster: str, workload: list[str]) -> dict | None:
+    """The planner's written config (None where it refused: its line is printed)."""
+    done = subprocess.run([sys.executable, "-m", "flowrl", "plan", "grpo", "--cluster", cluster, "--explain",
+                           "--write", str(out), *[f"--set={kv}" for kv in [*workload, f"model.path={folder}"]]],
+                          capture_output=True, text=True, timeout=600)
+    print(done.stdout + done.stderr[-500:], file=sys.stderr)
+    return json.loads(out.read_text()) if out.exists() else None
+
+
+def summary(name: str, chosen: dict, grid: dict[str, dict]) -> dict:
+    measured = {label: r for label, r in grid.items() if r["ok"] and r["s_step"]}
+    best = min(measured, key=lambda label: measured[label]["s_step"], default=None)
+    out = {"shape": name, "summary": True, "chosen_s_step": chosen.get("s_step"), "best_grid": best,
+           "best_grid_s_step": measured[best]["s_step"] if best else None, "chosen_oom": chosen.get("oom")}
+    if chosen.get("s_step") and best:
+        out["ratio"] = chosen["s_step"] / measured[best]["s_step"]
+        out["ratio_ok"] = out["ratio"] <= 1.15
+        fastest = {e: min((r["s_step"] for r in measured.values() if r["engine"] == e), default=None)
+                   for e in ("hf_static", "vllm")}
+        timed = {e: t for e, t in fastest.items() if t is not None}
+        out["fastest_engine"] = min(timed, key=timed.get) if len(timed) > 1 else None
+        out["engine_ok"] = out["fastest_engine"] in (None, chosen["engine"])
+    predicted = chosen.get("predicted") or {}
+    if predicted.get("step_s") and chosen.get("s_step"):
+        out["step_over_predicted"] = chosen["s_step"] / predicted["step_s"]
+    if predicted.get("peak_gib") and chosen.get("peak_gib"):
+        out["peak_over_predicted"] = chosen["peak_gib"] / max(predicted["peak_gib"].values())
+        out["peak_ok"] = abs(out["peak_over_predicted"] - 1) <= 0.15
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--shapes", default=None, help="comma-separated (default: all of the mode's shapes)")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run of the script)")
     args = parser.parse_args()
-    print(f"device: {torch.cuda.get_device_name(0)}")
+    shapes, dtype = (TINY, torch.float32) if args.tiny else (SHAPES, torch.bfloat16)
+    workload, after = (TINY_WORKLOAD, CPU) if args.tiny else (WORKLOAD, [])
+    grid_runs = {k: v for k, v in GRID.items() if not (args.tiny and engine_of(v) == "vllm")}
+    device = "cpu" if args.tiny else torch.cuda.get_device_name(0)
+    print(json.dumps({"device": device, "steps": args.steps, "workload": workload}), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.shapes.split(","):
-            folder = Path(qwen_model(f"{tmp}/{name}", "0123456789+=", SHAPES[name], 2048, torch.bfloat16))
+        for name in (args.shapes.split(",") if args.shapes else list(shapes)):
+            folder = Path(qwen_model(f"{tmp}/{name}", "0123456789+=", shapes[name], 2048, dtype))
             chosen_file = Path(tmp) / f"{name}.json"
-            plan = subprocess.run([sys.executable, "-m", "flowrl", "plan", "grpo", "--cluster", "found", "--write",
-                                   str(chosen_file), *[f"--set={kv}" for kv in [*WORKLOAD, f"model.path={folder}"]]],
-                                  capture_output=True, text=True, timeout=600)
-            print(f"== {name}\n{plan.stdout}{plan.stderr[-500:]}")
-            predicted = re.search(r"predicted ([\d.]+) s/step, peak ([\d.]+) GiB", plan.stdout)
-            chosen = train(folder, Path(tmp) / f"{name}-chosen", args.steps, [], chosen_file) \
-                if chosen_file.exists() else {"ok": False, "s_step": None}
-            grid = {label: train(folder, Path(tmp) / f"{name}-{i}", args.steps, extra)
-                    for i, (label, extra) in enumerate(GRID.items())}
-            best = min((r["s_step"] for r in grid.values() if r["ok"] and r["s_step"]), default=None)
-            for label, r in [("chosen", chosen), *grid.items()]:
-                print(f"{name} {label:28s} {r}")
-            if chosen["s_step"] and best:
-                print(f"{name}: chosen {chosen['s_step']:.2f} s/step, best of grid {best:.2f}: ratio "
-                      f"{chosen['s_step'] / best:.2f}x (bar <= 1.15)")
-            if predicted and chosen["s_step"]:
-                print(f"{name}: predicted {predicted[1]} s/step, {predicted[2]} GiB; measured "
-                      f"{chosen['s_step']:.2f} s/step, {chosen['peak_gib']} GiB")
+            written = plan(folder, chosen_file, "1xH100-80G" if args.tiny else "found", workload)
+            if written is None:
+                chosen = {"ok": False, "s_step": None, "error": "refused by the planner", "engine": None}
+            else:
+                values = written.get("roles", {}).get("rollout", {})
+                chosen = {**train(folder, Path(tmp) / f"{name}-chosen", args.steps, [], after, chosen_file),
+                          "engine": values.get("engine", "hf_static"),
+                          "predicted": {k: written["plan"]["predicted"][k] for k in ("layout", "step_s", "peak_gib")}}
+            print(json.dumps({"shape": name, "run": "chosen", **chosen}), flush=True)
+            grid = {}
+            for i, (label, extra) in enumerate(grid_runs.items()):
+                # an empty prediction: the run logs memory/peak_gib (flowrl.runtime.plan_record)
+                got = train(folder, Path(tmp) / f"{name}-{i}", args.steps, workload,
+                            [*extra, *after, "plan.predicted.step_s=0"])
+                grid[label] = {**got, "engine": engine_of(extra)}
+                print(json.dumps({"shape": name, "run": label, **grid[label]}), flush=True)
+            print(json.dumps(summary(name, chosen, grid)), flush=True)
 
 
 if __name__ == "__main__":

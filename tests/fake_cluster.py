@@ -185,7 +185,8 @@ def train_bytes(case: Case, cand: Candidate) -> dict[str, int]:
     load = RankLoad(world, rows=-(-case.work.rows // world), seq_len=case.work.seq_len,
                     tokens=-(-cand.micro_batch_size // world) * case.work.seq_len,
                     gradient_checkpointing=cand.gradient_checkpointing)
-    engine = HFTrainConfig.model_validate({"offload_params": cand.offload_params, "compile": case.roles.compile})
+    engine = HFTrainConfig.model_validate({"offload_params": cand.offload_params, "compile": case.roles.compile,
+                                           "max_tokens_per_micro_batch": cand.token_budget})  # 0: rows
     parts = engine.estimate_memory(case.shape, load)
     frozen = engine.estimate_memory(case.shape, load, trainable=False)
     moments = 0 if cand.offload_optimizer else parts["optimizer"]

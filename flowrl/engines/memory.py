@@ -11,7 +11,8 @@ flowrl.plan.resources says how a plan's roles load each rank and sums the estima
   (the MLP keeps its input, gate and up outputs, the activation and the product: 2 h + 8 i; attention and the
   two RMSNorms, which transformers computes in fp32, about 22 h), 34 h for torch.compile'd passes (inductor
   fuses the elementwise ops and saves fewer of their outputs) and where i is unknown (Korthikanti et al., a
-  4h GELU MLP), 2 h with checkpointing (each layer's input); and the fp32 logits of the tokens computed at once
+  4h GELU MLP); with checkpointing 2 h a layer (each layer's input) plus one layer's full activations (the
+  layer the backward pass recomputes: 24 h + 8 i, or 34 h); and the fp32 logits of the tokens computed at once
   (3 copies: logits, log-softmax, its gradient). Calibrated on one H200: eager Qwen2.5-0.5B (h 896, i 4864)
   peaked at 33.5 GiB updating 4 x 4352 tokens and 17.4 GiB for 4 x 1280 (docs/long_context.md), where this
   predicts 34.1 and 17.6 GiB (34 h: 22.5 and 14.1); compiled, 32 x 384 tokens peaked at 22.8 GiB against 23.2
@@ -119,13 +120,10 @@ def trained(shape: ModelShape, load: RankLoad, *, trained_params: int | None = N
 def activations(shape: ModelShape, load: RankLoad, compiled: bool = False) -> int:
     """One micro-batch's saved activations for the backward pass (see the module docstring)."""
     h, i = shape.hidden_size, shape.intermediate_size
-    if load.gradient_checkpointing:
-        per_layer = RECOMPUTE_BYTES * h
-    elif compiled or not i:
-        per_layer = GPT_ACTIVATION_BYTES * h
-    else:
-        per_layer = 24 * h + 8 * i
-    return load.tokens * shape.num_layers * per_layer
+    full = GPT_ACTIVATION_BYTES * h if compiled or not i else 24 * h + 8 * i
+    if load.gradient_checkpointing:  # every layer's input, and the layer being recomputed in full
+        return load.tokens * (shape.num_layers * RECOMPUTE_BYTES * h + full)
+    return load.tokens * shape.num_layers * full
 
 
 def logits(shape: ModelShape, load: RankLoad, chunk_tokens: int | None = None) -> int:

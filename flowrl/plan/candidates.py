@@ -77,7 +77,8 @@ class Candidate:
         opts = [name for name, on in (("ckpt", self.gradient_checkpointing), ("offload-opt", self.offload_optimizer),
                                       ("offload-params", self.offload_params)) if on]
         opts += [f"lora {self.lora_rank}"] if self.lora_rank else []
-        return f"{layout}; {engine}; micro {self.micro_batch_size}" + (f"; {', '.join(opts)}" if opts else "")
+        micro = f"tokens {self.token_budget}" if self.token_budget else f"micro {self.micro_batch_size}"
+        return f"{layout}; {engine}; {micro}" + (f"; {', '.join(opts)}" if opts else "")
 
 
 @dataclass(frozen=True)

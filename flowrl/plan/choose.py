@@ -69,8 +69,9 @@ class PlannerConfig(BaseModel):
     allow_lora: bool = Field(False, description="May the planner train LoRA adapters (changes the math)?")
     lora_rank: int = Field(64, ge=1, description="The LoRA rank tried when allow_lora.")
     headroom: float = Field(0.95, gt=0, le=1, description="Share of a card's memory a layout may plan to use.")
-    token_budget: bool = Field(True, description="Choose the trained roles' max_tokens_per_micro_batch from memory "
-                                                 "(flowrl.plan.passes.token_budget).")
+    token_budget: bool = Field(True, description="Choose the trained and frozen roles' max_tokens_per_micro_batch "
+                                                 "from memory (flowrl.plan.passes.token_budget), where the chosen "
+                                                 "layout under it is predicted no slower than with its rows.")
     max_buffer_depth: int = Field(1, ge=0, description="The most batches in flight the planner may advise for an "
                                                        "fl.buffer on split pools (deeper is staler: it changes "
                                                        "the math, so raise it only where you allow that).")

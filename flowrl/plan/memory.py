@@ -4,8 +4,11 @@ Train pool, per GPU (the train engines' own estimates, flowrl.engines.hf.configs
 sharded over the pool by FSDP2):
 - resident between passes: each trained role's weights and AdamW moments (not with offload_optimizer: they
   wait on the CPU), each frozen role's weights (none where a LoRA actor lends its base);
-- an update: resident + the role's gradients, one micro-batch's activations (checkpointed: the layers' inputs)
-  and its logits; with offload_optimizer the optimizer step then holds weights, gradients and the moments;
+- an update: resident + the role's gradients, one micro-batch's activations (checkpointed: the layers' inputs
+  and the one layer recomputed in full) and its logits; a token budget (max_tokens_per_micro_batch, set on
+  every trained and frozen role) makes a micro-batch that many tokens (one row where a row is longer), in the
+  update and in the no-grad passes alike; with offload_optimizer the optimizer step then holds the weights,
+  the gradients and the moments (AdamW's two, in the parameters' dtype) and no activations or logits;
 - the rollout on the same pool: hf_static keeps its own copy of the weights (none on one GPU: it generates
   with the actor's module) and its static KV cache of its rows at full length, through every phase, plus the
   sampling logits while it generates; vLLM pre-allocates `gpu_memory_utilization` of the card (weights, its
@@ -100,10 +103,11 @@ def train_phases(cand: Candidate, shape: ModelShape, work: Work, roles: Roles) -
     """Bytes per GPU of the train pool: resident, during an update, during an offloaded optimizer step."""
     world = cand.train_gpus
     load = RankLoad(world, rows=-(-work.rows // world), seq_len=work.seq_len,
-                    tokens=cand.token_budget or -(-cand.micro_batch_size // world) * work.seq_len,
+                    tokens=-(-cand.micro_batch_size // world) * work.seq_len,
                     gradient_checkpointing=cand.gradient_checkpointing)
     engine = HFTrainConfig.model_validate({"offload_params": cand.offload_params, "lora_rank": cand.lora_rank,
-                                           "compile": roles.compile})
+                                           "compile": roles.compile,
+                                           "max_tokens_per_micro_batch": cand.token_budget})
     parts = engine.estimate_memory(shape, load)
     frozen = engine.estimate_memory(shape, load, trainable=False, base_lent=roles.frozen_lent)
     moments = 0 if cand.offload_optimizer else parts["optimizer"]

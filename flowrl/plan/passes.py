@@ -3,11 +3,17 @@
 `token_budget`: the largest power-of-two budget of tokens per micro-batch and rank (the train engines'
 `max_tokens_per_micro_batch`: rows are grouped up to it, a longer row runs alone) whose update still fits the
 card beside everything else the pool holds, from one sequence up to a rank's whole share of the step.
+flowrl.runtime.auto_plan rescores the chosen layout under it (its peak and step time, as plan.predicted has
+them) and keeps it where it is predicted no slower than the layout's rows per micro-batch.
 
 `buffer_depth`: for split pools with an `fl.buffer`, how many batches the producers may run ahead. Producer-bound
 steps (generation as slow as training or slower) gain nothing past 1. Where training is slower, the buffer must
 hide the slowest generation, every row at max_new_tokens: ceil(that / the consumers' seconds) batches, at most
 `max_depth` (deeper means staler rows: the planner stays within what the user allows).
+Advice only: a graph's buffer depth is `fl.buffer(max_staleness=k)`, an int fixed when the algorithm is
+traced (grpo_async takes it from its option algo.max_staleness); the graph API has no depth left to the
+planner and the planner cannot tell which option feeds it, so `flowrl plan` prints the depth and the user sets
+the option (it changes which weights sampled the rows: the math).
 """
 
 from __future__ import annotations

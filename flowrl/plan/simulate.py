@@ -40,7 +40,8 @@ def node_seconds(node: GraphNode, cand: Candidate, shape: ModelShape, work: Work
         return costs.scaled("generate", generate_s(cand, shape, work, costs, fit))
     if node.category in ("forward", "update"):
         tokens = work.update_tokens() / cand.train_gpus
-        micro = cand.micro_batch_size // cand.train_gpus * work.seq_len
+        micro = max(cand.token_budget, work.seq_len) if cand.token_budget else \
+            cand.micro_batch_size // cand.train_gpus * work.seq_len
         mfu = d.train_mfu * micro / (micro + d.half_mfu_tokens)
         flops = (2 if node.category == "forward" else 6 + 2 * cand.gradient_checkpointing) * shape.compute_params()
         seconds = flops * tokens * work.epochs ** (node.category == "update") / (peak * mfu)
@@ -76,7 +77,9 @@ def offload_s(cand: Candidate, shape: ModelShape, work: Work, costs: CostModel) 
     if cand.offload_optimizer:
         seconds += steps * 2 * 2 * shard / (d.pcie_gbs * 1e9)  # AdamW's two moments in and out
     if cand.offload_params:
-        micros = work.rows * work.epochs / cand.micro_batch_size
+        per_micro = max(1, cand.token_budget // work.seq_len) * cand.train_gpus if cand.token_budget else \
+            cand.micro_batch_size
+        micros = work.rows * work.epochs / per_micro
         seconds += micros * 2 * shard / (d.pcie_gbs * 1e9)
         seconds += steps * shape.num_params / cand.train_gpus / (d.cpu_adam_gparams_s * 1e9)
     return seconds

@@ -9,6 +9,7 @@ placement and engine options) that `flowrl train --config FILE` takes.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +64,17 @@ def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, p
     space = Space(lora_ranks=(lora,), gradient_checkpointing=(True,) if cfg.model.gradient_checkpointing
                   else (False, True))
     costs, planner = costs or CostModel(cluster.kind), planner or PlannerConfig()
-    choice = planner.build().choose(nodes, depth, shape, work, summary, cluster, space, batch, costs)
+    chooser = planner.build()
+    choice = chooser.choose(nodes, depth, shape, work, summary, cluster, space, batch, costs)
     values = overrides(choice.best.cand, others, followers, trained, choice)
     budget = token_budget(choice.best.cand, shape, work, summary, cluster, batch, planner.headroom) \
         if planner.token_budget else 0
-    if budget:  # micro-batches grouped by tokens: a row count would have no effect (and warn)
-        values.pop("train.micro_batch_size")
-        values.update({f"roles.{role}.max_tokens_per_micro_batch": budget for role in trained})
+    budgeted = chooser.score(replace(choice.best.cand, token_budget=budget), nodes, depth, shape, work, summary,
+                             cluster, batch, costs) if budget else None  # its peak and time under the budget
+    if budgeted and budgeted.seconds is not None and budgeted.seconds <= choice.best.seconds:
+        values.pop("train.micro_batch_size")  # micro-batches grouped by tokens: a row count would have no effect
+        values.update({f"roles.{role}.max_tokens_per_micro_batch": budget for role in trained + frozen})
+        choice = replace(choice, best=budgeted, scored=[budgeted if s is choice.best else s for s in choice.scored])
     if depth:
         values["plan.buffer_depth"] = buffer_depth(nodes, dict(choice.best.node_s), choice.best.cand, work,
                                                    planner.max_buffer_depth)

@@ -7,9 +7,11 @@ model.path is unset), the workload from the run config, and flowrl.plan.resource
 
 from __future__ import annotations
 
+import itertools
 import json
 import tempfile
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import transformers
 
 from flowrl.config import RunConfig, validate
 from flowrl.engines.configs import EngineConfig
+from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.engines.models.tiny_model import build_tiny_model
 from flowrl.errors import MissingField, PlanError
 from flowrl.graph.algorithm import Algorithm
@@ -46,7 +49,7 @@ def plan_on_gpus(cfg: RunConfig, algo: Algorithm, task: Any, gpus: int, nodes: i
     cfg = cfg.model_copy(update={"placement": placement, "train": cfg.train.model_copy(update={"device": "cuda"})})
     plan = make_plan(cfg, algo, task)
     shape, work, per_gpu = _estimate(cfg, plan, model_config(cfg, task), prompt_len)
-    check_fits(plan, per_gpu, int(gpu_gib * GIB))
+    check_with_fixes(cfg, plan, shape, work, per_gpu, int(gpu_gib * GIB))
     pools = {pool.name: pool for pool in plan.pools.values()}
     if fmt == "json":
         return json.dumps({"gpus": gpus, "nodes": nodes, "gpu_gib": gpu_gib, "num_params": shape.num_params,
@@ -101,14 +104,56 @@ def check_memory(cfg: RunConfig, plan: Plan, model_path: Path, gpu_bytes: int | 
         return
     config = json.loads((model_path / "config.json").read_text())
     try:
-        _, _, per_gpu = _estimate(cfg, plan, config, cfg.data.max_prompt_length or prompt_len)
+        shape, work, per_gpu = _estimate(cfg, plan, config, cfg.data.max_prompt_length or prompt_len)
     except KeyError as err:
         warnings.warn(f"no memory estimate: {model_path / 'config.json'} has no {err}", stacklevel=2)
         return
     try:
-        check_fits(plan, per_gpu, gpu_bytes)
+        check_with_fixes(cfg, plan, shape, work, per_gpu, gpu_bytes)
     except PlanError as err:
         raise PlanError(f"{err} (or train.memory_check=false to try anyway)") from None
+
+
+def check_with_fixes(cfg: RunConfig, plan: Plan, shape: ModelShape, work: Workload, per_gpu: dict,
+                     gpu_bytes: int) -> None:
+    """check_fits, whose refusal also names every smallest set of flowrl's own memory options with which the
+    estimate fits these GPUs: activation checkpointing, the optimizer offloaded, LoRA on the policy (it changes
+    the math: offered, never applied), a token budget of one sequence per micro-batch."""
+    try:
+        check_fits(plan, per_gpu, gpu_bytes)
+    except PlanError as err:
+        found = fixes(cfg, plan, shape, work, gpu_bytes)
+        hint = "; or ".join(" + ".join(f) for f in found) if found else "none of flowrl's memory options alone"
+        raise PlanError(f"{err}; it would fit with {hint} (`flowrl plan ALGO --cluster found --explain` chooses "
+                        f"among them)") from None
+
+
+def fixes(cfg: RunConfig, plan: Plan, shape: ModelShape, work: Workload, gpu_bytes: int) -> list[list[str]]:
+    """The smallest sets of `--set` values with which every pool's estimate fits `gpu_bytes` a GPU."""
+    engines = _engines(cfg, plan)
+    tuned = [r for r, e in engines.items() if isinstance(e, HFTrainConfig)]
+    trained = [r for r in tuned if plan.specs[r].trainable]
+    policies = [r for r in trained if any(s.weights_from == r for s in plan.specs.values())]
+    budget = 1 << (work.seq_len - 1).bit_length()  # the smallest power of two that holds one sequence
+    options = {"model.gradient_checkpointing=true": ((), {}),
+               **{f"roles.{r}.offload_optimizer=true": ((r,), {"offload_optimizer": True}) for r in trained},
+               **{f"roles.{r}.lora_rank=64": ((r,), {"lora_rank": 64}) for r in policies},
+               "token budget": (tuple(tuned), {"max_tokens_per_micro_batch": budget})}
+    names = {"token budget": " + ".join(f"roles.{r}.max_tokens_per_micro_batch={budget}" for r in tuned)}
+    found: list[frozenset[str]] = []
+    for size in range(1, len(options) + 1):
+        for combo in itertools.combinations(options, size):
+            if any(f <= set(combo) for f in found):
+                continue
+            changed, each = dict(engines), replace(work, gradient_checkpointing=work.gradient_checkpointing or
+                                                   "model.gradient_checkpointing=true" in combo)
+            for key in combo:
+                roles, update = options[key]
+                changed.update({r: changed[r].model_copy(update=update) for r in roles})
+            per_gpu = estimate(plan, shape, each, changed)
+            if all(sum(sum(p.values()) for p in roles.values()) <= gpu_bytes for roles in per_gpu.values()):
+                found.append(frozenset(combo))
+    return [[names.get(k, k) for k in options if k in f] for f in found]
 
 
 def _estimate(cfg: RunConfig, plan: Plan, config: dict, prompt_len: int) -> tuple[ModelShape, Workload, dict]:
