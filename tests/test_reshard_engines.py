@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 from tensordict import TensorDict
 
 from flowrl import metrics
+from flowrl.engines.hf.configs import HFRolloutConfig, HFTrainConfig
 from flowrl.engines.hf.rollout import HFRolloutEngine
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
 from flowrl.engines.protocols import SamplingParams
@@ -61,9 +62,9 @@ def _colocated_rank(rank, path, out, stall):
     dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))
     tokenizer = load_tokenizer(path)
-    train = HFTrainEngine(load_causal_lm(path), kind="actor", lr=1.0)
-    resharded, gathered = HFRolloutEngine(load_causal_lm(path), tokenizer), HFRolloutEngine(load_causal_lm(path),
-                                                                                           tokenizer)
+    train = HFTrainEngine(load_causal_lm(path), HFTrainConfig(lr=1.0), kind="actor")
+    resharded, gathered = HFRolloutEngine(load_causal_lm(path), tokenizer, HFRolloutConfig()), \
+        HFRolloutEngine(load_causal_lm(path), tokenizer, HFRolloutConfig())
     sync = resharded.weight_sync(train, timeout_s=3.0 if stall else 60.0)
     assert isinstance(sync, ReshardSync) and sync.timeout_s == (3.0 if stall else 60.0)
     if stall:  # rank 1 never takes part; rank 0 waits on its rows
@@ -135,7 +136,7 @@ def _split_rank(rank, path, out, port, stall):
     heads = model_heads(model.config)
     entries = [(n, tuple(t.shape), t.dtype) for n, t in model.state_dict().items()]
     transport = ReshardTransport(group, ReshardShape(entries, *heads, num_train=2, tp=1), BUCKET)
-    rollout, rows = HFRolloutEngine(load_causal_lm(path), tokenizer), []
+    rollout, rows = HFRolloutEngine(load_causal_lm(path), tokenizer, HFRolloutConfig()), []
     ids, mask = _prompts(tokenizer)
     for step in range(1 if stall else SYNCS):
         _move(model.state_dict().values(), step)  # every rank: the whole model (the reference), its rows sent
@@ -158,7 +159,7 @@ def _split_rank(rank, path, out, port, stall):
             torch.save(dict(error=str(err), seconds=time.perf_counter() - start), out / f"rank{rank}.pt")
             return
         new = rollout.generate(ids, mask, GREEDY)
-        reference = HFRolloutEngine(model, tokenizer).generate(ids, mask, GREEDY)
+        reference = HFRolloutEngine(model, tokenizer, HFRolloutConfig()).generate(ids, mask, GREEDY)
         ours, theirs = rollout.model.state_dict(), model.state_dict()
         with torch.no_grad():
             logits = model(input_ids=torch.cat([ids, new["response_ids"]], 1)).logits[:, ids.shape[1] - 1:-1]
