@@ -90,6 +90,43 @@ def test_no_import_cycles():
     assert list(nx.simple_cycles(graph)) == []
 
 
+PACKAGES = {"flowrl": ROOT, "algorithms": ROOT.parent / "algorithms"}
+
+
+def private_uses(path: Path, module: str, known: set[str]) -> set[tuple[int, str]]:
+    """(line, `module.name`) of each private name of another flowrl or algorithms module that `path` uses:
+    `from X import _name`, or `X._name` where X is a module bound by an import."""
+    tree, found, bound = ast.parse(path.read_text()), set(), {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+            for a in node.names:
+                if f"{node.module}.{a.name}" in known:
+                    bound[a.asname or a.name] = f"{node.module}.{a.name}"
+                elif _private(a.name) and node.module != module:
+                    found.add((node.lineno, f"{node.module}.{a.name}"))
+        elif isinstance(node, ast.Import):
+            bound |= {a.asname or a.name: a.name for a in node.names if a.name.split(".")[0] in PACKAGES}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = bound.get(ast.unparse(node.value))
+            if owner is not None and owner != module:
+                found.add((node.lineno, f"{owner}.{node.attr}"))
+    return found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_private_name_is_imported_across_modules():
+    """A name another module needs is public (in a neutral module where two wings share it), never `_name`."""
+    paths = {".".join((top, *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"): p
+             for top, root in PACKAGES.items() for p in root.rglob("*.py")}
+    found = [f"{path.relative_to(ROOT.parent)}:{line} uses {name}" for module, path in sorted(paths.items())
+             for line, name in sorted(private_uses(path, module, set(paths)))]
+    assert found == [], "\n".join(found)
+
+
 @pytest.mark.parametrize("path", [*sorted((ROOT / "plan").glob("*.py")),
                                   *(ROOT / "runtime" / f for f in ("executor.py", "ray/executor.py",
                                                                     "ray/pools.py", "ray/nodes.py",
