@@ -27,15 +27,13 @@ def modules() -> dict[str, Path]:
 MODULE_STRING = re.compile(r"flowrl(\.\w+)+\.?(:\w+)?")  # "flowrl.roles.actor:Actor"; "flowrl.roles." heads an f-string
 
 
-def imports(path: Path, module: str, top_level_only: bool = False, typing_only: bool = True) -> set[str]:
+def imports(path: Path, module: str, top_level_only: bool = False) -> set[str]:
     """The flowrl modules `path` imports (`from flowrl import x` resolved to flowrl.x where x is a module),
-    function-local imports included unless `top_level_only`, those under `if TYPE_CHECKING:` unless not
-    `typing_only`."""
+    function-local imports and those under `if TYPE_CHECKING:` included unless `top_level_only`."""
     tree = ast.parse(path.read_text())
     nodes = tree.body if top_level_only else ast.walk(tree)
-    skipped = set() if typing_only else {id(n) for n in _type_checking_imports(tree)}
     found = set()
-    for node in (n for n in nodes if id(n) not in skipped):
+    for node in nodes:
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("flowrl")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("flowrl"):
@@ -43,11 +41,6 @@ def imports(path: Path, module: str, top_level_only: bool = False, typing_only: 
             found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
                       for a in node.names}
     return found
-
-
-def _type_checking_imports(tree: ast.AST) -> list[ast.AST]:
-    blocks = [n for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)]
-    return [inner for block in blocks for stmt in block.body for inner in ast.walk(stmt)]
 
 
 def named_modules(path: Path) -> set[str]:
@@ -80,11 +73,12 @@ def test_imports_only_go_down_the_layers(module):
 
 
 def test_no_import_cycles():
-    """Function-local imports count: one that breaks a cycle at import time still ties the modules together
-    (imports for type annotations only, under `if TYPE_CHECKING:`, never run and do not)."""
+    """Function-local imports count: one that breaks a cycle at import time still ties the modules together;
+    so do imports for type annotations only, under `if TYPE_CHECKING:` (a type two modules share goes to a
+    protocol or to the lower module)."""
     graph = nx.DiGraph()
     for module, path in modules().items():
-        for target in imports(path, module, typing_only=False):
+        for target in imports(path, module):
             if target in modules() and target != module and not module.startswith(target + "."):
                 graph.add_edge(module, target)
     assert list(nx.simple_cycles(graph)) == []

@@ -15,16 +15,13 @@ from __future__ import annotations
 import importlib
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from flowrl.data.scoring.pool import call_with_deadline
 from flowrl.engines.weights.reshard_plan import check_layout
-
-if TYPE_CHECKING:
-    from flowrl.engines.vllm.rollout import VLLMRolloutEngine
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"  # vLLM's reload_weights, layer by layer
 GIB = 1 << 30
@@ -125,7 +122,13 @@ def tensor_parallel_group(size: int) -> Any:
     return group
 
 
-def close_at_exit(engine: "weakref.ref[VLLMRolloutEngine]") -> None:
+class Closable(Protocol):
+    """What close_at_exit closes (the engine, flowrl.engines.vllm.rollout's VLLMRolloutEngine)."""
+
+    def close(self) -> None: ...
+
+
+def close_at_exit(engine: "weakref.ref[Closable]") -> None:
     if (alive := engine()) is not None:
         alive.close()
 

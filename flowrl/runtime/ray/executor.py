@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from flowrl.runtime.ray import loopback as ray_loopback
 
@@ -43,8 +43,10 @@ from ray.exceptions import GetTimeoutError, RayActorError  # noqa: E402
 from tensordict import TensorDict
 
 from flowrl import metrics
+from flowrl.config import ExecutorSection
 from flowrl.engines.weights.reshard_sync import ReshardShape
 from flowrl.engines.weights.buckets import WeightSyncTimeout
+from flowrl.engines.weights.registry import TransportConfig
 from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
 from flowrl.graph.role import close_role
@@ -61,14 +63,21 @@ from flowrl.runtime.ray.pools import PoolEngine, start_pool, write_folder
 from flowrl.runtime.ray.pools import CONNECT_TIMEOUT_S, check_listening, init_ray  # noqa: F401 (re-exported)
 from flowrl.runtime.scheduling import call_node, ready
 
-if TYPE_CHECKING:
-    from flowrl.runtime.executor_configs import RayExecutorConfig
-
 _EMPTY = TensorDict({}, batch_size=[0])
 
 
+class RayConfig(Protocol):
+    """What RayExecutor reads of the config that builds it (flowrl.runtime.executor_configs.RayExecutorConfig)."""
+
+    @property
+    def options(self) -> ExecutorSection: ...
+
+    @property
+    def sync(self) -> TransportConfig: ...
+
+
 class RayExecutor(Executor):
-    def __init__(self, plan: Plan, factory: Any, config: "RayExecutorConfig", extra_driver_roles: tuple[str, ...] = ()):
+    def __init__(self, plan: Plan, factory: Any, config: RayConfig, extra_driver_roles: tuple[str, ...] = ()):
         """`factory` (a flowrl.runtime.factory.RoleFactory, or any object with build(names) and for_pool(pool))
         builds the driver's roles here and each pool's roles in its workers. `config` (kept as `self.config`):
         its options are the run's executor section (flowrl.config.ExecutorSection: node_timeout_s, the watchdog;
