@@ -12,6 +12,7 @@ from flowrl.graph.role import ROLES
 from flowrl.roles.rollout import GENERATED
 
 ROOT = Path(__file__).parent.parent / "flowrl"
+PACKAGES = {"flowrl": ROOT, "algorithms": ROOT.parent / "algorithms"}
 LAYERS = [("errors", "metrics"), ("data",), ("graph",), ("engines",), ("rl",), ("roles",), ("algorithms",), ("plan",),
           ("config",), ("runtime",), ("cli", "__main__", "__init__")]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
@@ -64,6 +65,19 @@ def test_at_most_six_modules_at_the_top_and_each_in_a_layer():
     assert {layer(m) for m in modules()} <= set(RANK), {layer(m) for m in modules()} - set(RANK)
 
 
+MAX_MODULES = 15
+LARGER_PACKAGES = {"algorithms": "the catalogue of prebuilt algorithms: one small preset file each, a list, not a "
+                                 "corridor of split files"}
+
+
+@pytest.mark.parametrize("folder", sorted({str(p.parent.relative_to(ROOT.parent)) for top in PACKAGES.values()
+                                           for p in top.rglob("*.py")} - set(LARGER_PACKAGES)))
+def test_no_package_holds_more_than_fifteen_modules(folder):
+    """A package past ~15 modules is a flat corridor: group it into wings by concern (issue 42 point 3)."""
+    own = sorted(p.name for p in (ROOT.parent / folder).glob("*.py") if p.name != "__init__.py")
+    assert len(own) <= MAX_MODULES, f"{folder}: {len(own)} modules {own}"
+
+
 @pytest.mark.parametrize("module", sorted(modules()))
 def test_imports_only_go_down_the_layers(module):
     """Top-level and function-local imports, and "module:attribute" strings for a lazy import, alike."""
@@ -82,9 +96,6 @@ def test_no_import_cycles():
             if target in modules() and target != module and not module.startswith(target + "."):
                 graph.add_edge(module, target)
     assert list(nx.simple_cycles(graph)) == []
-
-
-PACKAGES = {"flowrl": ROOT, "algorithms": ROOT.parent / "algorithms"}
 
 
 def private_uses(path: Path, module: str, known: set[str]) -> set[tuple[int, str]]:

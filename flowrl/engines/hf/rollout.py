@@ -2,7 +2,7 @@
 
 Slow but exact and dependency-free: the rollout model is a plain nn.Module, so
 with one process it can be the very module the train engine updates (see
-weight_sync.SharedModuleSync). Sampling follows SamplingParams only: every
+flowrl.engines.weights.in_process.SharedModuleSync). Sampling follows SamplingParams only: every
 sampling field is set explicitly, because generate() fills unset fields from
 the checkpoint's generation_config.json (e.g. repetition_penalty=1.05, top_k=20
 in Qwen2.5-Instruct), which would make rollout and training logprobs disagree.

@@ -46,7 +46,7 @@ from flowrl import metrics
 from flowrl.config import ExecutorSection
 from flowrl.engines.weights.reshard_sync import ReshardShape
 from flowrl.engines.weights.buckets import WeightSyncTimeout
-from flowrl.engines.weights.registry import TransportConfig
+from flowrl.engines.weights.transport_configs import TransportConfig
 from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
 from flowrl.graph.role import close_role
@@ -84,7 +84,7 @@ class RayExecutor(Executor):
         ship_files, model folders, checkpoints and exports through the object store, the factory then needing
         folders() and relocated(); placement_timeout_s; cpu_threads, torch's threads in each worker; gc_freeze,
         each worker freezing its heap after the first step, never thawed as the workers end with the executor),
-        its `sync` how weights move between split pools (flowrl.engines.weights.registry.TransportConfig)."""
+        its `sync` how weights move between split pools (flowrl.engines.weights.transport_configs.TransportConfig)."""
         nodes, _, spread = checked_nodes(plan)
         options = config.options
         super().__init__(plan, nodes, spread, options.gc_freeze, None)
