@@ -1,5 +1,6 @@
-"""Agent programs for the black-box agent tests (flowrl.engines.service.agents): each plays one episode through
-the endpoint's base_url with plain HTTP (urllib) or the openai client, as an outside program would."""
+"""Agent programs for the black-box agent tests (flowrl.engines.service.black_box_agents): each plays one
+episode through the endpoint's base_url with plain HTTP (urllib) or the openai client, as an outside program
+would."""
 
 import json
 import os

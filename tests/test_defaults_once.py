@@ -15,7 +15,7 @@ import flowrl.algorithms  # noqa: F401 (registers the prebuilt algorithms)
 from flowrl.config.run_config import RunConfig
 from flowrl.config.sections import CheckpointConfig
 from flowrl.engines.configs import ROLLOUT_ENGINES, TRAIN_ENGINES
-from flowrl.engines.weights.registry import TransportConfig
+from flowrl.engines.weights.transport_configs import TransportConfig
 from flowrl.graph.algorithm import ALGORITHMS
 from flowrl.graph.role import ROLES
 from flowrl.plan.calibrate import PlanSection

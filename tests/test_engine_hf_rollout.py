@@ -3,7 +3,8 @@ import torch
 from tensordict import TensorDict
 
 from flowrl.engines.hf.configs import HFRolloutConfig, HFTrainConfig
-from flowrl.engines.hf.rollout import HFRolloutEngine, mask_after_eos
+from flowrl.engines.hf.rollout import HFRolloutEngine
+from flowrl.engines.responses import mask_after_eos
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.weights.in_process import StreamedSync, SharedModuleSync, choose_weight_sync

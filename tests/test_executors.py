@@ -9,7 +9,7 @@ import pytest
 import flowrl as fl
 from flowrl.algorithms import grpo
 from flowrl.config import load_run_config
-from flowrl.engines.weights.registry import TRANSPORTS, CollectiveTransportConfig, TransportConfig
+from flowrl.engines.weights.transport_configs import TRANSPORTS, CollectiveTransportConfig, TransportConfig
 from flowrl.engines.weights.in_process import StreamedSync
 from flowrl.runtime.executor_configs import (EXECUTORS, ExecutorConfig, LocalExecutorConfig, RayExecutorConfig,
                                       executor_config)

@@ -12,6 +12,7 @@ from flowrl.graph.role import ROLES
 from flowrl.roles.rollout import GENERATED
 
 ROOT = Path(__file__).parent.parent / "flowrl"
+PACKAGES = {"flowrl": ROOT, "algorithms": ROOT.parent / "algorithms"}
 LAYERS = [("errors", "metrics"), ("data",), ("graph",), ("engines",), ("rl",), ("roles",), ("algorithms",), ("plan",),
           ("config",), ("runtime",), ("cli", "__main__", "__init__")]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
@@ -27,15 +28,13 @@ def modules() -> dict[str, Path]:
 MODULE_STRING = re.compile(r"flowrl(\.\w+)+\.?(:\w+)?")  # "flowrl.roles.actor:Actor"; "flowrl.roles." heads an f-string
 
 
-def imports(path: Path, module: str, top_level_only: bool = False, typing_only: bool = True) -> set[str]:
+def imports(path: Path, module: str, top_level_only: bool = False) -> set[str]:
     """The flowrl modules `path` imports (`from flowrl import x` resolved to flowrl.x where x is a module),
-    function-local imports included unless `top_level_only`, those under `if TYPE_CHECKING:` unless not
-    `typing_only`."""
+    function-local imports and those under `if TYPE_CHECKING:` included unless `top_level_only`."""
     tree = ast.parse(path.read_text())
     nodes = tree.body if top_level_only else ast.walk(tree)
-    skipped = set() if typing_only else {id(n) for n in _type_checking_imports(tree)}
     found = set()
-    for node in (n for n in nodes if id(n) not in skipped):
+    for node in nodes:
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.startswith("flowrl")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("flowrl"):
@@ -43,11 +42,6 @@ def imports(path: Path, module: str, top_level_only: bool = False, typing_only: 
             found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
                       for a in node.names}
     return found
-
-
-def _type_checking_imports(tree: ast.AST) -> list[ast.AST]:
-    blocks = [n for n in ast.walk(tree) if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)]
-    return [inner for block in blocks for stmt in block.body for inner in ast.walk(stmt)]
 
 
 def named_modules(path: Path) -> set[str]:
@@ -71,6 +65,19 @@ def test_at_most_six_modules_at_the_top_and_each_in_a_layer():
     assert {layer(m) for m in modules()} <= set(RANK), {layer(m) for m in modules()} - set(RANK)
 
 
+MAX_MODULES = 15
+LARGER_PACKAGES = {"algorithms": "the catalogue of prebuilt algorithms: one small preset file each, a list, not a "
+                                 "corridor of split files"}
+
+
+@pytest.mark.parametrize("folder", sorted({str(p.parent.relative_to(ROOT.parent)) for top in PACKAGES.values()
+                                           for p in top.rglob("*.py")} - set(LARGER_PACKAGES)))
+def test_no_package_holds_more_than_fifteen_modules(folder):
+    """A package past ~15 modules is a flat corridor: group it into wings by concern (issue 42 point 3)."""
+    own = sorted(p.name for p in (ROOT.parent / folder).glob("*.py") if p.name != "__init__.py")
+    assert len(own) <= MAX_MODULES, f"{folder}: {len(own)} modules {own}"
+
+
 @pytest.mark.parametrize("module", sorted(modules()))
 def test_imports_only_go_down_the_layers(module):
     """Top-level and function-local imports, and "module:attribute" strings for a lazy import, alike."""
@@ -80,14 +87,49 @@ def test_imports_only_go_down_the_layers(module):
 
 
 def test_no_import_cycles():
-    """Function-local imports count: one that breaks a cycle at import time still ties the modules together
-    (imports for type annotations only, under `if TYPE_CHECKING:`, never run and do not)."""
+    """Function-local imports count: one that breaks a cycle at import time still ties the modules together;
+    so do imports for type annotations only, under `if TYPE_CHECKING:` (a type two modules share goes to a
+    protocol or to the lower module)."""
     graph = nx.DiGraph()
     for module, path in modules().items():
-        for target in imports(path, module, typing_only=False):
+        for target in imports(path, module):
             if target in modules() and target != module and not module.startswith(target + "."):
                 graph.add_edge(module, target)
     assert list(nx.simple_cycles(graph)) == []
+
+
+def private_uses(path: Path, module: str, known: set[str]) -> set[tuple[int, str]]:
+    """(line, `module.name`) of each private name of another flowrl or algorithms module that `path` uses:
+    `from X import _name`, or `X._name` where X is a module bound by an import."""
+    tree, found, bound = ast.parse(path.read_text()), set(), {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+            for a in node.names:
+                if f"{node.module}.{a.name}" in known:
+                    bound[a.asname or a.name] = f"{node.module}.{a.name}"
+                elif _private(a.name) and node.module != module:
+                    found.add((node.lineno, f"{node.module}.{a.name}"))
+        elif isinstance(node, ast.Import):
+            bound |= {a.asname or a.name: a.name for a in node.names if a.name.split(".")[0] in PACKAGES}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = bound.get(ast.unparse(node.value))
+            if owner is not None and owner != module:
+                found.add((node.lineno, f"{owner}.{node.attr}"))
+    return found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_private_name_is_imported_across_modules():
+    """A name another module needs is public (in a neutral module where two wings share it), never `_name`."""
+    paths = {".".join((top, *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"): p
+             for top, root in PACKAGES.items() for p in root.rglob("*.py")}
+    found = [f"{path.relative_to(ROOT.parent)}:{line} uses {name}" for module, path in sorted(paths.items())
+             for line, name in sorted(private_uses(path, module, set(paths)))]
+    assert found == [], "\n".join(found)
 
 
 @pytest.mark.parametrize("path", [*sorted((ROOT / "plan").glob("*.py")),

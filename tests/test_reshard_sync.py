@@ -15,7 +15,7 @@ from flowrl.engines.models.folders import load_causal_lm
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.weights.reshard_plan import Layout, plan, sync_bytes
 from flowrl.engines.weights.reshard_sync import ReshardSync
-from flowrl.engines.vllm.process import _gather_rows, tensor_parallel_group
+from flowrl.engines.vllm.process import gather_rows, tensor_parallel_group
 from flowrl.engines.weights.in_process import StreamedSync
 from cli_process import START_METHOD
 from vllm_tp_reference import vllm_params
@@ -48,7 +48,7 @@ def _rank(rank, model_path, out):
             tensor_parallel_group(3)
         group = tensor_parallel_group(TP)
         prompts, seeds = [[rank, i] for i in range(rank + 1)], [10 * rank + i for i in range(rank + 1)]
-        mine, (everyone, every_seed) = _gather_rows(group, prompts, seeds)
+        mine, (everyone, every_seed) = gather_rows(group, prompts, seeds)
         rows = dict(group_prompts=everyone, mine=fake_generate(everyone, every_seed)[mine])
         engine = HFTrainEngine(load_causal_lm(model_path), HFTrainConfig(lr=1.0), kind="actor")
         sync, loader, syncs = ReshardSync(StreamedSync(), TP, bucket_bytes=16 << 10), TensorRankLoader(rank % TP), []

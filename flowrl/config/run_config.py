@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SerializeAsAny, field_validator, model_validator
 
-from flowrl.engines.weights.registry import TransportConfig
+from flowrl.engines.weights.transport_configs import TransportConfig
 import flowrl.roles  # noqa: F401 (registers the built-in roles the role sections name)
 from flowrl.graph.role import ROLES, RoleSpec
 from flowrl.graph.role_config import RoleConfig, SectionError, engine_source, section, sections
@@ -32,7 +32,7 @@ class RunConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig)
     sync: SerializeAsAny[TransportConfig] = Field(
         default_factory=lambda: TransportConfig.model_validate({}), description="The weight transport "
-        "(`sync.transport`, a name in flowrl.engines.weights.registry.TRANSPORTS) and its options.")
+        "(`sync.transport`, a name in flowrl.engines.weights.transport_configs.TRANSPORTS) and its options.")
     placement: Placement | Literal["auto"] = Field("auto", description="Resource pools, or 'auto': every model "
                                                    "role on one pool (the hybrid engine) of one rank per torchrun "
                                                    "rank, or with executor.name=ray on CUDA, of every GPU of the "

@@ -4,13 +4,10 @@ when verl's value has no effect there, and refused in one line when the command 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from flowrl.config.verl_keys import AR, BY_KEY
+from flowrl.config.verl_keys import AR, BY_KEY, Given, Mapped
 from flowrl.rl.options import KLLoss, KLReward
-
-if TYPE_CHECKING:
-    from flowrl.config.verl_map import Given, Mapped
 
 ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo", "reinforce_plus_plus": "reinforce_pp",
               "reinforce_plus_plus_baseline": "reinforce_pp_baseline", "remax": "remax"}

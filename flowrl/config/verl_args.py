@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from flowrl.config.verl_keys import BY_KEY, VERL_SECTIONS
-from flowrl.config.verl_map import Mapped, translate
+from flowrl.config.verl_keys import BY_KEY, VERL_SECTIONS, Mapped
+from flowrl.config.verl_map import translate
 
 SCALARS = {"true": True, "false": False, "null": None, "none": None, "~": None}
 

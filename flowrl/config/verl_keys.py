@@ -5,11 +5,16 @@ both), each key with verl's default where that default changes the math (verl/tr
 A key listed with no flowrl key, or any other key of verl's sections (VERL_SECTIONS: speed, memory, logging,
 verl's workers), is accepted and named as not honoured; a key outside them is named as not verl's. A key whose
 value would change what is trained and that flowrl cannot reproduce is refused by the translation in one line.
+
+`Given` reads a command's values through the table; `Mapped` is what the translation makes of them (the
+algorithm, the overrides, the notes), both shared by verl_map and verl_algo.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import shlex
+from dataclasses import dataclass, field
 from typing import Any
 
 NO_DEFAULT = object()
@@ -170,6 +175,50 @@ BY_KEY = {entry.key: entry for entry in TABLE}
 
 VERL_SECTIONS = (AR, "critic", "reward_model", "custom_reward_function", "trainer", "algorithm", "data",
                  "global_profiler", "ray_kwargs", "transfer_queue", "reward_manager")
+
+
+class Given:
+    """The verl values a command set, read through the table: every key read is one the table lists (so
+    docs/verl.md names it), and each read is recorded, so the keys nothing read can be named."""
+
+    def __init__(self, values: dict[str, Any]):
+        self.values, self.read = values, set()
+
+    def __call__(self, key: str, default: Any = None) -> Any:
+        assert key in BY_KEY, f"{key} is read but not in flowrl.config.verl_keys.TABLE"
+        self.read.add(key)
+        if key in self.values:
+            return self.values[key]
+        entry = BY_KEY[key].default
+        return default if entry is NO_DEFAULT else entry
+
+    def has(self, key: str) -> bool:
+        self.read.add(key)
+        return key in self.values
+
+
+@dataclass
+class Mapped:
+    algorithm: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def words(self) -> list[str]:
+        """The overrides as `key=value` words flowrl's loader parses back to the same values."""
+        return [f"{key}={as_word(value)}" for key, value in self.overrides.items()]
+
+    def command(self) -> str:
+        return shlex.join(["flowrl", "train", self.algorithm, *self.words()])
+
+
+def as_word(value: Any) -> str:
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except json.JSONDecodeError:
+            return value  # a path or a name: read back as the same string
+        return json.dumps(value)  # "1" or "true" as a string
+    return json.dumps(value)
 
 
 def table_markdown() -> str:

@@ -10,57 +10,10 @@ refused: ValueError, one line naming it.
 
 from __future__ import annotations
 
-import json
-import shlex
-from dataclasses import dataclass, field
 from typing import Any
 
-from flowrl.config.verl_keys import AR, BY_KEY, NO_DEFAULT, VERL_SECTIONS
+from flowrl.config.verl_keys import AR, BY_KEY, NO_DEFAULT, VERL_SECTIONS, Given, Mapped, as_word
 from flowrl.config.verl_algo import algo_options, choose_algorithm
-
-
-class Given:
-    """The verl values a command set, read through the table: every key read is one the table lists (so
-    docs/verl.md names it), and each read is recorded, so the keys nothing read can be named."""
-
-    def __init__(self, values: dict[str, Any]):
-        self.values, self.read = values, set()
-
-    def __call__(self, key: str, default: Any = None) -> Any:
-        assert key in BY_KEY, f"{key} is read but not in flowrl.config.verl_keys.TABLE"
-        self.read.add(key)
-        if key in self.values:
-            return self.values[key]
-        entry = BY_KEY[key].default
-        return default if entry is NO_DEFAULT else entry
-
-    def has(self, key: str) -> bool:
-        self.read.add(key)
-        return key in self.values
-
-
-@dataclass
-class Mapped:
-    algorithm: str
-    overrides: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def words(self) -> list[str]:
-        """The overrides as `key=value` words flowrl's loader parses back to the same values."""
-        return [f"{key}={as_word(value)}" for key, value in self.overrides.items()]
-
-    def command(self) -> str:
-        return shlex.join(["flowrl", "train", self.algorithm, *self.words()])
-
-
-def as_word(value: Any) -> str:
-    if isinstance(value, str):
-        try:
-            json.loads(value)
-        except json.JSONDecodeError:
-            return value  # a path or a name: read back as the same string
-        return json.dumps(value)  # "1" or "true" as a string
-    return json.dumps(value)
 
 
 def not_honoured(key: str, value: Any, why: str) -> str:

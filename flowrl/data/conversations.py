@@ -116,7 +116,7 @@ class ConversationTask:
                          "`flowrl train rm`")
 
 
-def _render(tokenizer: Any, messages: Messages, generation_prompt: bool) -> list[int]:
+def render_chat(tokenizer: Any, messages: Messages, generation_prompt: bool) -> list[int]:
     return list(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt,
                                               return_dict=False))
 
@@ -134,8 +134,8 @@ def encode_conversation(tokenizer: Any, messages: Messages) -> tuple[list[int], 
         return ids, mask
     ids, mask = [], []
     for i, m in enumerate(messages):
-        start = _render(tokenizer, messages[:i], True) if m["role"] == "assistant" and i else ids
-        full = _render(tokenizer, messages[:i + 1], False)
+        start = render_chat(tokenizer, messages[:i], True) if m["role"] == "assistant" and i else ids
+        full = render_chat(tokenizer, messages[:i + 1], False)
         if full[:len(ids)] != ids or full[:len(start)] != start:
             raise ValueError(f"the chat template renders turn {i} of a conversation differently once later turns "
                              f"follow (it rewrites earlier turns), so the assistant's tokens cannot be found")

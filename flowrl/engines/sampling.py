@@ -36,6 +36,18 @@ FILTERED = torch.finfo(torch.float32).min
 Truncation = tuple[tuple[int, float, torch.Tensor], ...]  # (top_k, top_p, which rows or tokens) per setting
 
 
+def check_sampling_params(params: SamplingParams) -> None:
+    """A rollout engine's check of the parameters of a call: one line naming the bad field."""
+    if params.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+    if not params.greedy and not params.temperature > 0:
+        raise ValueError(f"temperature must be > 0 when sampling, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+    if params.top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {params.top_k}")
+
+
 def sampling_columns(params: SamplingParams, rows: int) -> dict[str, torch.Tensor]:
     """The SAMPLED_WITH columns of `rows` rows sampled with `params`; a greedy row's logprobs are those of
     the plain softmax (temperature 1, nothing truncated), as the samplers record them."""

@@ -2,7 +2,7 @@
 
 The rollout role starts the endpoint (flowrl.engines.service.endpoint) over its engine as a StreamingEngine on
 the first call, and stops it when the run closes. Each prompt row's episode gets its own `base_url`
-(`/episodes/<id>/v1`); the agent program (flowrl.engines.service.agents) talks to it with any OpenAI client;
+(`/episodes/<id>/v1`); the agent program (flowrl.engines.service.black_box_agents) talks to it with any OpenAI client;
 its calls become the row (flowrl.engines.service.episodes): exactly the sampled tokens (loss 1), what the
 client added between them (loss 0), the sampler's logprobs, and each token's policy version in
 `token_versions`. The episode's reward is what the agent returned (0 when it failed or timed out); a reward
@@ -21,7 +21,7 @@ from flowrl import metrics
 from flowrl.data.batch import left_pad, right_pad
 from flowrl.data.imports import import_attribute
 from flowrl.engines.protocols import FinishReason, SamplingParams
-from flowrl.engines.service import agents
+from flowrl.engines.service import black_box_agents as agents
 from flowrl.engines.service.episodes import EpisodeTokens, episode_tokens
 from flowrl.engines.streaming.protocol import StreamingEngine
 

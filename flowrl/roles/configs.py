@@ -158,8 +158,8 @@ class RolloutConfig(GeneratorConfig):
                                     "one turn's sample (past it the run fails in one line).")
 
     agent: str | None = Field(None, description="The agent program `rollout.agents` runs per episode, as "
-                              "'module:function' or 'file.py:function' (flowrl.engines.service.agents): called "
-                              "with the episode's OpenAI base_url, it returns the episode's reward.")
+                              "'module:function' or 'file.py:function' (flowrl.engines.service.black_box_agents): "
+                              "called with the episode's OpenAI base_url, it returns the episode's reward.")
     agent_command: list[str] | None = Field(None, description="Or a program started per episode with "
                                             "FLOWRL_BASE_URL, FLOWRL_API_KEY, FLOWRL_PROMPT and FLOWRL_META set; "
                                             "the last line it prints is the reward.")

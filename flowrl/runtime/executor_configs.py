@@ -20,7 +20,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from flowrl.config import ExecutorSection, RunConfig
-from flowrl.engines.weights.registry import TransportConfig
+from flowrl.engines.weights.transport_configs import TransportConfig
 from flowrl.graph.registry import Registry
 from flowrl.plan.planner import Plan
 from flowrl.runtime.offpolicy import buffering

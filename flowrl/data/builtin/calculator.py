@@ -107,7 +107,7 @@ class CalculatorEnv(_ToolEnv):
         keys, pressed, _ = text.partition("=")
         if not pressed:
             return EnvStep(reward=answer_score(text, self.meta["answer"]), done=True)
-        result = _calculate(f"{self.prompt}{keys}", tuple(sorted(self.limits.items())))
+        result = calculate(f"{self.prompt}{keys}", tuple(sorted(self.limits.items())))
         value = result.output.strip()
         if result.error or not _LEADING_INT.fullmatch(value):
             return self.observe("?", result.error or f"not an integer: {value[:40]!r}")
@@ -116,7 +116,7 @@ class CalculatorEnv(_ToolEnv):
 
 
 @functools.lru_cache(maxsize=4096)
-def _calculate(expression: str, limits: tuple[tuple[str, Any], ...]) -> ToolResult:
+def calculate(expression: str, limits: tuple[tuple[str, Any], ...]) -> ToolResult:
     """The sandboxed tool's result for a calculator expression; cached, since arithmetic is pure (the samples
     of one prompt press "=" on the same display)."""
     return run_python(f"print({expression})", **dict(limits))

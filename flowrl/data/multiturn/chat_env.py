@@ -39,8 +39,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from flowrl.data.builtin.calculator import _calculate, answer_score
-from flowrl.data.conversations import Messages, _render
+from flowrl.data.builtin.calculator import calculate, answer_score
+from flowrl.data.conversations import Messages, render_chat
 from flowrl.data.multiturn.envs import EnvStep
 from flowrl.data.isolation.sandbox import ToolResult, run_python
 from flowrl.data.scoring.scorers import resolve, scorer_name
@@ -72,7 +72,7 @@ def _string_argument(arguments: dict[str, Any], key: str, tool: str) -> str | To
 def _calculator(arguments: dict[str, Any], limits: dict[str, Any]) -> ToolResult:
     expression = _string_argument(arguments, "expression", "calculator")
     return expression if isinstance(expression, ToolResult) else \
-        _calculate(expression, tuple(sorted(limits.items())))  # the calculator env's sandboxed, cached evaluation
+        calculate(expression, tuple(sorted(limits.items())))  # the calculator env's sandboxed, cached evaluation
 
 
 def _python(arguments: dict[str, Any], limits: dict[str, Any]) -> ToolResult:
@@ -129,10 +129,10 @@ def tool_messages(messages: Messages, tools: list[str], tool_format: str = "herm
 
 def tool_prompt(tokenizer: Any, messages: Messages, tools: list[str], tool_format: str = "hermes") -> list[int]:
     """Prompt ids: the template's own `tools` rendering when it has one, else `tool_messages` (module doc)."""
-    plain = _render(tokenizer, messages, True)
+    plain = render_chat(tokenizer, messages, True)
     listed = list(tokenizer.apply_chat_template(messages, tools=tool_schemas(tools), tokenize=True,
                                                 add_generation_prompt=True, return_dict=False))
-    return listed if listed != plain else _render(tokenizer, tool_messages(messages, tools, tool_format), True)
+    return listed if listed != plain else render_chat(tokenizer, tool_messages(messages, tools, tool_format), True)
 
 
 class ChatToolEnv:
@@ -147,7 +147,7 @@ class ChatToolEnv:
         tool_schemas(self.config.tools)
         self.format = get_format(self.config.tool_format)
         self.tokenizer, self.eos = tokenizer, tokenizer.eos_token_id
-        self.head = _render(tokenizer, STAND_IN, True)
+        self.head = render_chat(tokenizer, STAND_IN, True)
         self.messages: Messages = []
         self.tail: list[int] = []  # every sampled turn and observation so far, as the context holds them
         self.meta: dict[str, Any] = {}
@@ -173,7 +173,7 @@ class ChatToolEnv:
     def observation(self, turn_ids: list[int], closed: bool, num_results: int) -> list[int] | str:
         """The tokens the template adds after the sampled turn, or a one-line continuity error (module doc)."""
         turn = len(self.messages) - num_results
-        upto = _render(self.tokenizer, STAND_IN + self.messages[:turn], False)
+        upto = render_chat(self.tokenizer, STAND_IN + self.messages[:turn], False)
         ends = [i for i, t in enumerate(upto) if t == self.eos and i >= len(self.head)]
         if not ends:
             return f"token continuity: the chat template puts no eos (id {self.eos}) after an assistant turn"
@@ -182,7 +182,7 @@ class ChatToolEnv:
         sampled = self.head + self.tail + list(turn_ids) + pending
         if prefix != sampled:
             return f"token continuity: {self._first_difference(sampled, prefix)}"
-        after = _render(self.tokenizer, STAND_IN + self.messages, True)
+        after = render_chat(self.tokenizer, STAND_IN + self.messages, True)
         if after[:len(prefix)] != prefix:
             return (f"token continuity: the chat template renders turn {self._turns()} differently once tool results "
                     f"follow (it rewrites earlier turns)")

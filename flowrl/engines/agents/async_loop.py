@@ -35,7 +35,7 @@ import torch
 from tensordict import TensorDict
 
 from flowrl.data.multiturn.envs import Environment, EnvStep
-from flowrl.engines.agents.loop import Episode, _cut_by_budget, _observe, _result, _step_thread, _time_out
+from flowrl.engines.agents.loop import Episode, cut_by_budget, episodes_result, observe_step, step_thread, time_out
 from flowrl.engines.protocols import FinishReason, SamplingParams
 from flowrl.engines.streaming.protocol import Request, StreamingEngine
 
@@ -72,7 +72,7 @@ async def play_episodes(engine: StreamingEngine, envs: Sequence[Environment], pr
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-    out, stats = _result([p.episode for p in episodes], pad_id, loop.timing())
+    out, stats = episodes_result([p.episode for p in episodes], pad_id, loop.timing())
     out["token_versions"] = _versions([p.versions for p in episodes], out["response_ids"].shape[1])
     return out, stats
 
@@ -119,7 +119,7 @@ class _Loop:
         return {"generate": self.generating.seconds, "env": self.stepping.seconds}
 
     async def play(self, played: _Played, row: int) -> None:
-        """Plays one episode to its end (or max_turns: _result then marks it MAX_TURNS)."""
+        """Plays one episode to its end (or max_turns: episodes_result then marks it MAX_TURNS)."""
         episode = played.episode
         for turn in range(self.max_turns):
             left = self.max_total_tokens - len(episode.ids)
@@ -131,16 +131,16 @@ class _Loop:
             episode.add(sample.response_ids[:left], 1, sample.logprobs[:left])
             played.versions += sample.versions[:left]
             episode.turns += 1
-            if _cut_by_budget(len(sample.response_ids), left, self.params.max_new_tokens, sample.finish):
+            if cut_by_budget(len(sample.response_ids), left, self.params.max_new_tokens, sample.finish):
                 episode.finish = FinishReason.MAX_TOKENS  # not sent to the environment
                 return
             async with self.slots:
                 with self.stepping:
                     step = await _step(episode.env, list(sample.response_ids), self.step_timeout_s)
             if step is None:
-                _time_out(episode, self.step_timeout_s)
+                time_out(episode, self.step_timeout_s)
             else:
-                _observe(episode, step, self.max_total_tokens)
+                observe_step(episode, step, self.max_total_tokens)
             played.align()
             if episode.finish is not None:
                 return
@@ -172,7 +172,7 @@ async def _step(env: Environment, turn_ids: list[int], timeout_s: float | None) 
         except RuntimeError:  # the loop has closed: the step was abandoned long ago
             pass
 
-    _step_thread(env, turn_ids, done)
+    step_thread(env, turn_ids, done)
     try:
         return await asyncio.wait_for(future, timeout_s)
     except TimeoutError:

@@ -97,7 +97,7 @@ def run_episodes(engine: RolloutEngine, envs: Sequence[Environment], prompts: Se
             turn_ids = out["response_ids"][row, :n].tolist()
             episode.add(turn_ids[:left], 1, out["rollout_logprobs"][row, :min(n, left)].tolist())
             episode.turns += 1
-            if _cut_by_budget(n, left, params.max_new_tokens, finishes[row]):  # not sent to the environment
+            if cut_by_budget(n, left, params.max_new_tokens, finishes[row]):  # not sent to the environment
                 episode.finish = FinishReason.MAX_TOKENS
             else:
                 sent.append((episode, turn_ids))
@@ -105,20 +105,21 @@ def run_episodes(engine: RolloutEngine, envs: Sequence[Environment], prompts: Se
             [_step_within(episode.env, turn_ids, step_timeout_s) for episode, turn_ids in sent]
         for (episode, _), step in zip(sent, steps):
             if step is None:
-                _time_out(episode, step_timeout_s)
+                time_out(episode, step_timeout_s)
             else:
-                _observe(episode, step, max_total_tokens)
+                observe_step(episode, step, max_total_tokens)
         timing["env"] += time.perf_counter() - start
-    return _result(episodes, pad_id, timing)
+    return episodes_result(episodes, pad_id, timing)
 
 
-def _cut_by_budget(n: int, left: int, max_new_tokens: int, finish: int) -> bool:
+def cut_by_budget(n: int, left: int, max_new_tokens: int, finish: int) -> bool:
     """Whether a turn of n tokens, with `left` tokens of the episode's budget, was cut by the budget: it is
     longer, or exactly as long and stopped by a length limit the budget set (not by its eos)."""
     return n > left or (n == left < max_new_tokens and finish != FinishReason.STOP)
 
 
-def _result(episodes: list[Episode], pad_id: int, timing: dict[str, float]) -> tuple[TensorDict, dict[str, Any]]:
+def episodes_result(episodes: list[Episode], pad_id: int,
+                    timing: dict[str, float]) -> tuple[TensorDict, dict[str, Any]]:
     """The rows and stats of finished episodes (those still running reached max_turns)."""
     for episode in episodes:
         episode.finish = episode.finish if episode.finish is not None else FinishReason.MAX_TURNS
@@ -126,8 +127,8 @@ def _result(episodes: list[Episode], pad_id: int, timing: dict[str, float]) -> t
     return _rows(episodes, pad_id), _stats(episodes, timing)
 
 
-def _step_thread(env: Environment, turn_ids: list[int],
-                 done: Callable[[EnvStep | None, BaseException | None], None]) -> threading.Thread:
+def step_thread(env: Environment, turn_ids: list[int],
+                done: Callable[[EnvStep | None, BaseException | None], None]) -> threading.Thread:
     """Starts env.step(turn_ids) in a daemon thread of its own (abandoned if it hangs: a thread cannot be
     killed), which calls done(step, None), or done(None, what the step raised)."""
     def run() -> None:
@@ -149,7 +150,7 @@ def _step_within(env: Environment, turn_ids: list[int], timeout_s: float | None)
     if timeout_s is None:
         return env.step(turn_ids)
     box: dict[str, Any] = {}
-    thread = _step_thread(env, turn_ids, lambda step, error: box.update(step=step, error=error))
+    thread = step_thread(env, turn_ids, lambda step, error: box.update(step=step, error=error))
     thread.join(timeout_s)
     if thread.is_alive():
         return None
@@ -158,13 +159,13 @@ def _step_within(env: Environment, turn_ids: list[int], timeout_s: float | None)
     return box["step"]
 
 
-def _time_out(episode: Episode, timeout_s: float | None) -> None:
+def time_out(episode: Episode, timeout_s: float | None) -> None:
     """Ends an episode whose step hung: reward 0, the timeout as its tool error; its environment is never stepped again."""
     episode.reward, episode.timed_out, episode.finish = 0.0, True, FinishReason.STOP
     episode.error = f"environment step timed out after {timeout_s:g} s"
 
 
-def _observe(episode: Episode, step: EnvStep, max_total_tokens: int) -> None:
+def observe_step(episode: Episode, step: EnvStep, max_total_tokens: int) -> None:
     """Takes the environment's step: its reward, its error, and its observation cut to the budget left."""
     episode.reward += float(step.reward)
     episode.error = episode.error or step.error

@@ -2,7 +2,7 @@
 
 Slow but exact and dependency-free: the rollout model is a plain nn.Module, so
 with one process it can be the very module the train engine updates (see
-weight_sync.SharedModuleSync). Sampling follows SamplingParams only: every
+flowrl.engines.weights.in_process.SharedModuleSync). Sampling follows SamplingParams only: every
 sampling field is set explicitly, because generate() fills unset fields from
 the checkpoint's generation_config.json (e.g. repetition_penalty=1.05, top_k=20
 in Qwen2.5-Instruct), which would make rollout and training logprobs disagree.
@@ -19,7 +19,9 @@ from tensordict import TensorDict
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from flowrl.engines.protocols import FinishReason, SamplingParams, TrainEngine, WeightSync
+from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
+from flowrl.engines.responses import responses, right_pad_cat
+from flowrl.engines.sampling import check_sampling_params
 from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S
 from flowrl.engines.weights.in_process import choose_weight_sync
 
@@ -58,14 +60,14 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with _seeded(seed, self.device), torch.inference_mode():
+            with seeded(seed, self.device), torch.inference_mode():
                 chunks = [self._generate_chunk(ids, mask, config, params) for ids, mask in
                           zip(prompt_ids_BP.split(self.micro_batch_size), prompt_mask_BP.split(self.micro_batch_size))]
         finally:
             self.model.train(was_training)
         # clone outside inference mode: inference tensors cannot be saved for a later backward
-        response_ids_BR = _right_pad_cat([ids.clone() for ids, _ in chunks], self.pad_id)
-        logprobs_BR = _right_pad_cat([logprobs.clone() for _, logprobs in chunks], 0.0)
+        response_ids_BR = right_pad_cat([ids.clone() for ids, _ in chunks], self.pad_id)
+        logprobs_BR = right_pad_cat([logprobs.clone() for _, logprobs in chunks], 0.0)
         return responses(response_ids_BR, logprobs_BR, self.eos_id, self.pad_id, prompt_ids_BP.device)
 
     def weight_sync(self, train: TrainEngine, timeout_s: float = SYNC_TIMEOUT_S) -> WeightSync:
@@ -106,7 +108,7 @@ class HFRolloutEngine:
         return response_BR, recorder.finish(response_BR)
 
     def _generation_config(self, params: SamplingParams) -> GenerationConfig:
-        _check_params(params)
+        check_sampling_params(params)
         # greedy decoding ignores the sampling flags; None keeps transformers from warning about them
         sampling = dict(temperature=None, top_p=None, top_k=None, min_p=None, typical_p=None) if params.greedy \
             else dict(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=0.0, typical_p=1.0)
@@ -164,44 +166,8 @@ class _SampledLogprobs(LogitsProcessor):
         self.pending = None
 
 
-def responses(ids_BR: torch.Tensor, logprobs_BR: torch.Tensor, eos_id: int, pad_id: int,
-              device: torch.device) -> TensorDict:
-    """The RolloutEngine output from sampled ids and their logprobs: pad after the first eos, the mask, the
-    logprobs zeroed on padding, and each row's finish reason; on `device`."""
-    ids_BR, mask_BR = mask_after_eos(ids_BR, eos_id, pad_id)
-    stopped_B = ((ids_BR == eos_id) & mask_BR.bool()).any(-1)
-    finish_B = torch.where(stopped_B, int(FinishReason.STOP), int(FinishReason.LENGTH))
-    return TensorDict(response_ids=ids_BR.to(device), response_mask=mask_BR.to(device),
-                      rollout_logprobs=(logprobs_BR * mask_BR).to(device), finish_reason=finish_B.to(device),
-                      batch_size=[ids_BR.shape[0]])
-
-
-def mask_after_eos(response_ids_BR: torch.Tensor, eos_id: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids with pad_id after the first eos, mask 1 through the first eos and 0 after)."""
-    is_eos_BR = response_ids_BR == eos_id
-    after_eos_BR = (is_eos_BR.long().cumsum(-1) - is_eos_BR.long()) > 0
-    return response_ids_BR.masked_fill(after_eos_BR, pad_id), (~after_eos_BR).long()
-
-
-def _right_pad_cat(chunks: list[torch.Tensor], pad_id: int | float) -> torch.Tensor:
-    width = max(chunk.shape[1] for chunk in chunks)
-    padded = [torch.nn.functional.pad(chunk, (0, width - chunk.shape[1]), value=pad_id) for chunk in chunks]
-    return torch.cat(padded, dim=0)
-
-
-def _check_params(params: SamplingParams) -> None:
-    if params.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
-    if not params.greedy and not params.temperature > 0:
-        raise ValueError(f"temperature must be > 0 when sampling, got {params.temperature}")
-    if not 0 < params.top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
-    if params.top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0 = off), got {params.top_k}")
-
-
 @contextlib.contextmanager
-def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+def seeded(seed: int | None, device: torch.device) -> Iterator[None]:
     """Seeds torch's RNG for the block and restores the caller's RNG state after."""
     if seed is None:
         yield

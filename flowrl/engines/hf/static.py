@@ -47,8 +47,9 @@ from flowrl import metrics
 from flowrl.engines.hf.attention import use_flowrl_sdpa
 from flowrl.engines.hf.decode_loop import DecodeLoop, force_eos
 from flowrl.engines.hf.decode_regions import RegionalDecodeStep, WholeDecodeStep, supports_regions
-from flowrl.engines.hf.rollout import HFRolloutEngine, _seeded, responses
+from flowrl.engines.hf.rollout import HFRolloutEngine, seeded
 from flowrl.engines.protocols import SamplingParams
+from flowrl.engines.responses import responses
 from flowrl.engines.sampling import truncate
 
 if TYPE_CHECKING:  # its config builds this engine
@@ -91,7 +92,7 @@ class StaticCacheRolloutEngine(HFRolloutEngine):
         self.model.eval()
         try:
             # greedy rows draw (and ignore) noise too, in a fork of the RNG: the caller's draws stay as they were
-            with _seeded(0 if seed is None and params.greedy else seed, self.device), torch.no_grad():
+            with seeded(0 if seed is None and params.greedy else seed, self.device), torch.no_grad():
                 ids_BP, mask_BP = _pad_to_bucket(prompt_ids_BP.to(self.device), prompt_mask_BP.to(self.device),
                                                  self.pad_id)
                 eos_at_B = torch.full((ids_BP.shape[0],), params.max_new_tokens + 1, device=self.device) \

@@ -133,7 +133,7 @@ def atomic_dir(target: str | os.PathLike, marked: bool = False) -> Iterator[path
         yield tmp
         if marked:
             (tmp / MARKER).write_text("written by flowrl; `flowrl export` may replace this folder whole\n")
-        _replace_dir(tmp, target)
+        replace_dir(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -145,7 +145,7 @@ def current_umask() -> int:
     return mask
 
 
-def _replace_dir(src: pathlib.Path, target: pathlib.Path) -> None:
+def replace_dir(src: pathlib.Path, target: pathlib.Path) -> None:
     if not target.exists():
         os.replace(src, target)
         return

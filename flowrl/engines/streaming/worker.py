@@ -28,8 +28,8 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from flowrl.engines.hf.rollout import _check_params
 from flowrl.engines.protocols import FinishReason, SamplingParams
+from flowrl.engines.sampling import check_sampling_params
 from flowrl.engines.streaming.protocol import Request, Sample
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class StreamWorker:
 
     async def sample(self, request: Request) -> Sample:
         """The finished response to `request` (raises the worker's error if it failed)."""
-        _check_params(request.params)
+        check_sampling_params(request.params)
         job = Job(request, asyncio.get_running_loop(), asyncio.get_running_loop().create_future())
         with self.cond:
             self._check_alive()

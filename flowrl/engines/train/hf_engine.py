@@ -101,8 +101,8 @@ class HFTrainEngine:
         self.compiled = compile
         self._layers = CompiledLayers(self.model) if compile and not self.sharded else None
         self._whole = compile and not self._layers
-        self._model_fn = torch.compile(self.model) if self._whole else self.model
-        self._decoder_fn = torch.compile(self.model.get_decoder()) if self._whole and self.kind == "actor" else None
+        self.model_fn = torch.compile(self.model) if self._whole else self.model
+        self.decoder_fn = torch.compile(self.model.get_decoder()) if self._whole and self.kind == "actor" else None
 
     def _optimizer(self, config: HFTrainConfig, betas: tuple[float, float], eps: float) -> None:
         """AdamW over the trained parameters, then the LR schedule (flowrl.engines.train.lr_schedules)."""
@@ -269,7 +269,7 @@ class HFTrainEngine:
             if self._whole:  # as indices, of a dynamic size: an int is guarded on, a compile per response width
                 width = inputs["input_ids"].shape[1]
                 keep = self._dynamic({"keep": torch.arange(width - keep, width, device=self.device)})["keep"]
-            logits_BRV = self._model_fn(**inputs, logits_to_keep=keep).logits[:, :-1]
+            logits_BRV = self.model_fn(**inputs, logits_to_keep=keep).logits[:, :-1]
             logits_NV = apply_sampling(logits_BRV.reshape(-1, logits_BRV.shape[-1]), temperature_N, truncation,
                                        response_ids.reshape(-1))
             return full_logits_logprobs(logits_NV.view(logits_BRV.shape), response_ids, outputs, ids)
@@ -279,12 +279,12 @@ class HFTrainEngine:
         at_BR = column_BL[:, num_prompt:]
         before_BR = (at_BR - 1).clamp(min=0)
         if self.kind in ("critic", "reward"):
-            head_BL = self._model_fn(input_ids=input_ids, use_cache=False).logits[..., 0]
+            head_BL = self.model_fn(input_ids=input_ids, use_cache=False).logits[..., 0]
             if self.kind == "critic":  # the value of the state before each response token
                 return {"values": head_BL.gather(1, before_BR).float()}
             # the score after each response token (a reward model reads the last one)
             return {"scores": head_BL.gather(1, at_BR).float()}
-        decoder = self.model.get_decoder() if self._decoder_fn is None else self._decoder_fn
+        decoder = self.model.get_decoder() if self.decoder_fn is None else self.decoder_fn
         hidden_BLH = decoder(input_ids=input_ids, use_cache=False).last_hidden_state
         hidden_BRH = hidden_BLH.gather(1, before_BR[..., None].expand(-1, -1, hidden_BLH.shape[-1]))
         return token_logprobs(hidden_BRH, self.model.get_output_embeddings().weight, response_ids, temperature_N,

@@ -21,7 +21,7 @@ Outputs are gathered back to each row's response columns, so callers see [B, R] 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Protocol
 
 import torch
 from tensordict import TensorDict
@@ -33,8 +33,19 @@ from flowrl.engines.train.logprobs import full_logits_logprobs, token_logprobs
 from flowrl.engines.train.model_outputs import gathered_columns
 from flowrl.engines.sampling import RowSampling, apply_sampling
 
-if TYPE_CHECKING:
-    from flowrl.engines.train.hf_engine import HFTrainEngine
+
+class PackedEngine(Protocol):
+    """What packed_outputs reads of the train engine it computes for (flowrl.engines.train.hf_engine's
+    HFTrainEngine): its kind, model, forward functions (compiled or not) and log-probability options."""
+
+    kind: str
+    model: torch.nn.Module
+    model_fn: Callable[..., Any]  # the model's forward, compiled when the whole model is
+    decoder_fn: Callable[..., Any] | None  # the decoder's, compiled; None: model.get_decoder()
+    lora: Any
+    logprob_chunk_tokens: int
+    sharded: bool
+    compiled: bool
 
 
 @dataclass(frozen=True)
@@ -97,7 +108,7 @@ def gather_BR(values_1N: torch.Tensor, index_BR: torch.Tensor) -> torch.Tensor:
     return values_1N[0][index_BR]
 
 
-def packed_outputs(engine: HFTrainEngine, mb: TensorDict, sampling: RowSampling,
+def packed_outputs(engine: PackedEngine, mb: TensorDict, sampling: RowSampling,
                    outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """HFTrainEngine's outputs [B, R] of the (trimmed) micro-batch, computed packed: what its padded passes
     compute (flowrl.engines.train.hf_engine), from one sequence of the rows' real tokens."""
@@ -106,27 +117,27 @@ def packed_outputs(engine: HFTrainEngine, mb: TensorDict, sampling: RowSampling,
     response_ids, ids = mb["response_ids"], {column: mb[column] for column in gathered_columns(outputs)}
     temperature_N, truncation = sampling.per_token(response_ids.shape[1])
     if engine.kind in ("critic", "reward"):
-        head_1N = engine._model_fn(**inputs).logits[..., 0]
+        head_1N = engine.model_fn(**inputs).logits[..., 0]
         if engine.kind == "critic":  # the value of the state before each response token
             return {"values": gather_BR(head_1N, packed.before_BR).float()}
         return {"scores": gather_BR(head_1N, packed.at_BR).float()}  # the score after each response token
     if engine.logprob_chunk_tokens and not engine.sharded:
-        decoder = engine.model.get_decoder() if engine._decoder_fn is None else engine._decoder_fn
+        decoder = engine.model.get_decoder() if engine.decoder_fn is None else engine.decoder_fn
         hidden_BRH = gather_BR(decoder(**inputs).last_hidden_state, packed.before_BR)
         return token_logprobs(hidden_BRH, engine.model.get_output_embeddings().weight, response_ids, temperature_N,
                               outputs, engine.logprob_chunk_tokens, compiled=engine.compiled, truncation=truncation,
                               ids=ids)
     # full logits (FSDP2 runs lm_head inside the root module's forward): only at the positions that predict
     before_BR = packed.before_BR
-    logits_NV = engine._model_fn(**inputs, logits_to_keep=before_BR.flatten()).logits[0]
+    logits_NV = engine.model_fn(**inputs, logits_to_keep=before_BR.flatten()).logits[0]
     logits_NV = apply_sampling(logits_NV, temperature_N, truncation, response_ids.reshape(-1))
     return full_logits_logprobs(logits_NV.view(*before_BR.shape, -1), response_ids, outputs, ids)
 
 
-def _wants_block_mask(engine: HFTrainEngine, device: torch.device) -> bool:
+def _wants_block_mask(engine: PackedEngine, device: torch.device) -> bool:
     """On CUDA under flowrl_sdpa: a BlockMask, not the dense N x N mask transformers builds for SDPA."""
     base = engine.model.get_base_model() if engine.lora else engine.model
     return device.type == "cuda" and getattr(base.config, "_attn_implementation", None) == FLOWRL_SDPA
 
 
-__all__ = ["Packed", "document_block_mask", "document_ids", "gather_BR", "pack", "packed_outputs"]
+__all__ = ["PackedEngine", "Packed", "document_block_mask", "document_ids", "gather_BR", "pack", "packed_outputs"]

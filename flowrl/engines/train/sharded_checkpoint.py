@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 
-from flowrl.engines.models.folders import _replace_dir
+from flowrl.engines.models.folders import replace_dir
 
 METADATA = ".metadata"
 
@@ -99,7 +99,7 @@ def save(path: str | pathlib.Path, model: torch.nn.Module, optimizer: torch.opti
         dcp.save(_state(model, optimizer, scheduler, trainable_only), checkpoint_id=tmp, no_dist=not _distributed())
     _barrier()  # every rank's files are written
     if _rank() == 0:
-        _replace_dir(tmp, target)
+        replace_dir(tmp, target)
     _barrier()
 
 

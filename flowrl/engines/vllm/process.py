@@ -1,11 +1,11 @@
 """What the in-process vLLM engine (flowrl.engines.vllm.rollout) needs around vLLM; imports no vLLM.
 
-- `_start_within`: vLLM's start-up under a deadline; `_close_at_exit`: the engine closed at the interpreter's exit.
-- `tensor_parallel_group` and `_gather_rows`: every rank of a tensor-parallel engine sends the same requests
+- `start_within`: vLLM's start-up under a deadline; `close_at_exit`: the engine closed at the interpreter's exit.
+- `tensor_parallel_group` and `gather_rows`: every rank of a tensor-parallel engine sends the same requests
   (tensor_parallel_size k on a pool of N ranks: N / k data-parallel replicas, each gathering its own rows).
 - `token_logprobs`: the sampler's logprob of each token of a vLLM completion; `flat_logprobs_option`: asks for
   them flat.
-- `_device_used_gib`: the device memory in use (what a sleep frees).
+- `device_used_gib`: the device memory in use (what a sleep frees).
 - `RotaryReloadFilter`: drops the warning vLLM's reload_weights logs for rotary layers (RELOAD_LOGGER).
 - `preload(RELOAD_IMPORTS)`: imports at start-up what vLLM imports inside its first reload_weights.
 """
@@ -15,16 +15,13 @@ from __future__ import annotations
 import importlib
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from flowrl.data.scoring.pool import call_with_deadline
 from flowrl.engines.weights.reshard_plan import check_layout
-
-if TYPE_CHECKING:
-    from flowrl.engines.vllm.rollout import VLLMRolloutEngine
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"  # vLLM's reload_weights, layer by layer
 GIB = 1 << 30
@@ -60,7 +57,7 @@ class RotaryReloadFilter(logging.Filter):
                     and str(record.args[0]).endswith("RotaryEmbedding"))
 
 
-def _start_within(start: Any, timeout_s: float, cuda: bool) -> Any:
+def start_within(start: Any, timeout_s: float, cuda: bool) -> Any:
     """start() (vLLM's constructor) under a deadline (flowrl.data.scoring.pool.call_with_deadline): a hung
     start-up stops the run in one line. vLLM runs in this process, so there is nothing to kill: the thread is
     abandoned and ends with the process. The thread starts on the caller's CUDA device (the current device is per
@@ -101,7 +98,7 @@ def flat_logprobs_option(sampling_params: type) -> dict:
     return {"flat_logprobs": True} if "flat_logprobs" in getattr(sampling_params, "__struct_fields__", ()) else {}
 
 
-def _device_used_gib(cuda: bool) -> float:
+def device_used_gib(cuda: bool) -> float:
     """Memory in use on the current CUDA device, every allocator's (vLLM's sleep-mode pool is not torch's);
     0 off CUDA."""
     if not cuda:
@@ -125,12 +122,18 @@ def tensor_parallel_group(size: int) -> Any:
     return group
 
 
-def _close_at_exit(engine: "weakref.ref[VLLMRolloutEngine]") -> None:
+class Closable(Protocol):
+    """What close_at_exit closes (the engine, flowrl.engines.vllm.rollout's VLLMRolloutEngine)."""
+
+    def close(self) -> None: ...
+
+
+def close_at_exit(engine: "weakref.ref[Closable]") -> None:
     if (alive := engine()) is not None:
         alive.close()
 
 
-def _gather_rows(group: Any, prompts: list, seeds: list) -> tuple[slice, tuple[list, list]]:
+def gather_rows(group: Any, prompts: list, seeds: list) -> tuple[slice, tuple[list, list]]:
     """Every rank of a tensor-parallel engine (`group`, tensor_parallel_group's; None: one rank) must send the
     same requests: the rows of all its ranks, and this rank's slice of them."""
     if group is None:

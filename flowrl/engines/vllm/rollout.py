@@ -45,10 +45,11 @@ from transformers import AutoConfig
 
 from flowrl import metrics
 from flowrl.engines.configs import ModelSource, RolloutEngineConfig
-from flowrl.engines.hf.rollout import _check_params, _right_pad_cat, responses
 from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
-from flowrl.engines.vllm.process import (GIB, RELOAD_IMPORTS, RELOAD_LOGGER, RotaryReloadFilter, _close_at_exit,
-                                         _device_used_gib, _gather_rows, _start_within, tensor_parallel_group,
+from flowrl.engines.responses import responses, right_pad_cat
+from flowrl.engines.sampling import check_sampling_params
+from flowrl.engines.vllm.process import (GIB, RELOAD_IMPORTS, RELOAD_LOGGER, RotaryReloadFilter, close_at_exit,
+                                         device_used_gib, gather_rows, start_within, tensor_parallel_group,
                                          flat_logprobs_option, preload, token_logprobs)
 from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S
 from flowrl.engines.weights.reshard_sync import ReshardSync
@@ -142,21 +143,21 @@ class VLLMRolloutEngine:
             distributed_executor_backend="external_launcher" if config.tensor_parallel_size > 1 else None,
             **(dict(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=1) if config.max_lora_rank
                else {}))
-        self.llm = _start_within(start, config.start_timeout_s, self.cuda)
+        self.llm = start_within(start, config.start_timeout_s, self.cuda)
         preload(RELOAD_IMPORTS)  # not inside the first weight sync
         self.closed = False
-        atexit.register(_close_at_exit, weakref.ref(self))  # before the interpreter frees vLLM's memory
+        atexit.register(close_at_exit, weakref.ref(self))  # before the interpreter frees vLLM's memory
 
     def generate(self, prompt_ids_BP: torch.Tensor, prompt_mask_BP: torch.Tensor, params: SamplingParams,
                  *, seed: int | None = None) -> TensorDict:
         """Responses right-padded with pad_id, the mask 1 through the first eos, the sampler's logprobs (0 on
         padding) and each row's finish reason."""
-        _check_params(params)
+        check_sampling_params(params)
         rows = prompt_ids_BP.shape[0]
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids_BP.cpu(), prompt_mask_BP.cpu())]
         seeds = [None] * rows if seed is None or not self.config.seed_rows else \
             torch.randint(2**31 - 1, (rows,), generator=torch.Generator().manual_seed(seed)).tolist()
-        mine, (prompts, seeds) = _gather_rows(self.tp_group, prompts, seeds)  # one request set per TP engine
+        mine, (prompts, seeds) = gather_rows(self.tp_group, prompts, seeds)  # one request set per TP engine
         self._wake()
         with self._peak_memory("generate"):
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
@@ -168,7 +169,7 @@ class VLLMRolloutEngine:
             sample = output.outputs[0]
             ids.append(torch.tensor([list(sample.token_ids)]))
             logprobs.append(torch.tensor([token_logprobs(sample)], dtype=torch.float32))
-        return responses(_right_pad_cat(ids, self.pad_id), _right_pad_cat(logprobs, 0.0), self.eos_id, self.pad_id,
+        return responses(right_pad_cat(ids, self.pad_id), right_pad_cat(logprobs, 0.0), self.eos_id, self.pad_id,
                          prompt_ids_BP.device)
 
     def weight_sync(self, train: TrainEngine, timeout_s: float = SYNC_TIMEOUT_S) -> WeightSync:
@@ -249,10 +250,10 @@ class VLLMRolloutEngine:
     def _sleep(self) -> None:
         if not self.config.free_cache_engine:
             return
-        used, start = _device_used_gib(self.cuda), time.perf_counter()
+        used, start = device_used_gib(self.cuda), time.perf_counter()
         self.llm.sleep(level=self.config.free_cache_engine)
         metrics.log("timing_s/vllm_sleep", time.perf_counter() - start)
-        metrics.log("memory/vllm_freed_gib", used - _device_used_gib(self.cuda))
+        metrics.log("memory/vllm_freed_gib", used - device_used_gib(self.cuda))
         self.sleeping, self.weights_fresh = {"weights", "kv_cache"}, False
 
     def _wake(self) -> None:

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 Named = tuple[str, torch.Tensor]
-SYNC_TIMEOUT_S = 600.0  # sync.timeout_s's default (flowrl.engines.weights.registry), where engines build syncs
+SYNC_TIMEOUT_S = 600.0  # sync.timeout_s's default (flowrl.engines.weights.transport_configs), where engines build syncs
 ALIGN = 16  # byte offset of every tensor in a bucket's buffer: any dtype may view it
 
 

@@ -1,6 +1,6 @@
-"""The resharding weight sync: each rank moves only the shard it keeps (flowrl.engines.weights.reshard_plan's plan, run
-by flowrl.engines.weights.reshard), where today's path (flowrl.engines.weights.in_process.StreamedSync,
-weight_transport.CollectiveTransport) all-gathers every full tensor on every train rank.
+"""The resharding weight sync: each rank moves only the shard it keeps (flowrl.engines.weights.reshard_plan's
+plan, run by flowrl.engines.weights.reshard), where the other paths (flowrl.engines.weights.in_process.StreamedSync,
+flowrl.engines.weights.buckets.CollectiveTransport) all-gather every full tensor on every train rank.
 
 - `WeightShards`: what a sharded train engine offers (HFTrainEngine.weight_shards): each state-dict entry's
   name, whole shape and dtype, its local FSDP2 `Shard(0)` rows, the model's head counts and the device the

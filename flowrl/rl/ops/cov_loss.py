@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from flowrl.rl.ops.masked import masked_mean, valid_mask
-from flowrl.rl.ops.policy_loss import _log_ratio, _ratio_metrics, check_clip_args
+from flowrl.rl.ops.policy_loss import clamped_log_ratio, ratio_metrics, check_clip_args
 
 
 def token_covariance(advantages_BT: torch.Tensor, logprobs_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
@@ -47,7 +47,7 @@ def clip_cov(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantage
         raise ValueError(f"cov_ratio must be > 0, got {cov_ratio}")
     valid_BT = valid_mask(mask_BT, logprobs_BT)
     adv_BT = torch.where(valid_BT, advantages_BT, 0)
-    log_ratio_BT = _log_ratio(logprobs_BT, old_logprobs_BT, valid_BT)
+    log_ratio_BT = clamped_log_ratio(logprobs_BT, old_logprobs_BT, valid_BT)
     ratio_BT = torch.exp(log_ratio_BT)
     loss1_BT = -adv_BT * ratio_BT
     loss2_BT = -adv_BT * torch.clamp(ratio_BT, 1 - clip_low, 1 + clip_high)
@@ -61,7 +61,7 @@ def clip_cov(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantage
         dropped_N[candidates_N[order[:_num_picked(cov_ratio, valid_BT)]]] = True
     keep_BT = ~dropped_N.reshape(candidates_BT.shape)
     loss_BT = torch.where(valid_BT & keep_BT, torch.maximum(loss1_BT, loss2_BT), 0)
-    metrics = _ratio_metrics(log_ratio_BT, ratio_BT, clipped_BT, valid_BT)
+    metrics = ratio_metrics(log_ratio_BT, ratio_BT, clipped_BT, valid_BT)
     metrics["cov_clipfrac"] = masked_mean((~keep_BT).to(ratio_BT.dtype), valid_BT).detach()
     return loss_BT, metrics
 
@@ -81,7 +81,7 @@ def kl_cov(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_
         raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
     valid_BT = valid_mask(mask_BT, logprobs_BT)
     adv_BT = torch.where(valid_BT, advantages_BT, 0)
-    log_ratio_BT = _log_ratio(logprobs_BT, old_logprobs_BT, valid_BT)
+    log_ratio_BT = clamped_log_ratio(logprobs_BT, old_logprobs_BT, valid_BT)
     ratio_BT = torch.exp(log_ratio_BT)
     loss_BT = -adv_BT * ratio_BT
     flat_valid = valid_BT.reshape(-1).nonzero().squeeze(-1)
@@ -91,6 +91,6 @@ def kl_cov(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_
         penalised_N[flat_valid[torch.topk(cov_N, _num_picked(kl_cov_ratio, valid_BT)).indices]] = True
     penalised_BT = penalised_N.reshape(valid_BT.shape)
     loss_BT = torch.where(penalised_BT, loss_BT + kl_coef * log_ratio_BT.abs(), loss_BT)
-    metrics = _ratio_metrics(log_ratio_BT, ratio_BT, torch.zeros_like(valid_BT), valid_BT)
+    metrics = ratio_metrics(log_ratio_BT, ratio_BT, torch.zeros_like(valid_BT), valid_BT)
     metrics["cov_klfrac"] = masked_mean(penalised_BT.to(ratio_BT.dtype), valid_BT).detach()
     return torch.where(valid_BT, loss_BT, 0), metrics

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from flowrl.rl.ops.masked import masked_mean, valid_mask
-from flowrl.rl.ops.policy_loss import _log_ratio, _ratio_metrics, check_clip_args
+from flowrl.rl.ops.policy_loss import clamped_log_ratio, ratio_metrics, check_clip_args
 
 IS_LOG_EPS = 1e-10  # verl's geo_mean: log(w + 1e-10) before the weights' geometric mean
 
@@ -21,7 +21,7 @@ def _inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT):
     valid_BT = valid_mask(mask_BT, logprobs_BT)
     adv_BT = torch.where(valid_BT, advantages_BT, 0)
     logp_BT = torch.where(valid_BT, logprobs_BT, 0)
-    return valid_BT, adv_BT, logp_BT, _log_ratio(logprobs_BT, old_logprobs_BT, valid_BT)
+    return valid_BT, adv_BT, logp_BT, clamped_log_ratio(logprobs_BT, old_logprobs_BT, valid_BT)
 
 
 def reinforce(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
@@ -35,7 +35,7 @@ def reinforce(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantag
     valid_BT, adv_BT, logp_BT, log_ratio_BT = _inputs(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT)
     loss_BT = torch.where(valid_BT, -adv_BT * logp_BT, 0)
     ratio_BT = log_ratio_BT.detach().exp()
-    return loss_BT, _ratio_metrics(log_ratio_BT, ratio_BT, torch.zeros_like(valid_BT), valid_BT)
+    return loss_BT, ratio_metrics(log_ratio_BT, ratio_BT, torch.zeros_like(valid_BT), valid_BT)
 
 
 def gpg(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
@@ -61,7 +61,7 @@ def sapo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT
     tau_BT = torch.where(adv_BT > 0, tau_pos, tau_neg).to(ratio_BT.dtype)
     gate_BT = torch.sigmoid(tau_BT * (ratio_BT - 1.0)) * (4.0 / tau_BT)
     loss_BT = torch.where(valid_BT, -gate_BT * adv_BT, 0)
-    return loss_BT, _ratio_metrics(log_ratio_BT, ratio_BT, torch.zeros_like(valid_BT), valid_BT)
+    return loss_BT, ratio_metrics(log_ratio_BT, ratio_BT, torch.zeros_like(valid_BT), valid_BT)
 
 
 def gmpo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT: torch.Tensor,
@@ -93,8 +93,8 @@ def gmpo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT
         row_loss_B = row_loss_B * torch.exp(masked_mean(log_w_BT, valid_BT, dim=-1))
     loss_BT = torch.where(valid_BT, row_loss_B.unsqueeze(-1), 0)
     clipped_BT = log_ratio_BT != clamped_BT
-    metrics = _ratio_metrics(log_ratio_BT, seq_ratio_B.detach().unsqueeze(-1).expand_as(log_ratio_BT),
-                             clipped_BT & (adv_BT > 0), valid_BT)
+    metrics = ratio_metrics(log_ratio_BT, seq_ratio_B.detach().unsqueeze(-1).expand_as(log_ratio_BT),
+                            clipped_BT & (adv_BT > 0), valid_BT)
     metrics["clipfrac_lower"] = masked_mean((clipped_BT & (adv_BT < 0)).to(loss_BT.dtype), valid_BT).detach()
     return loss_BT, metrics
 
@@ -116,5 +116,5 @@ def dro(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT:
     raw_log_ratio_BT = torch.where(valid_BT, logprobs_BT - old_logprobs_BT, 0)
     loss_BT = -(adv_BT * logp_BT - 0.5 * beta * raw_log_ratio_BT.square())
     ratio_BT = log_ratio_BT.detach().exp()
-    return torch.where(valid_BT, loss_BT, 0), _ratio_metrics(log_ratio_BT, ratio_BT, torch.zeros_like(valid_BT),
-                                                             valid_BT)
+    return torch.where(valid_BT, loss_BT, 0), ratio_metrics(log_ratio_BT, ratio_BT, torch.zeros_like(valid_BT),
+                                                            valid_BT)

@@ -32,13 +32,13 @@ def check_clip_args(clip_low: float, clip_high: float, dual_clip: float | None =
         raise ValueError(f"dual_clip must be > 1 (e.g. 3.0) or None, got {dual_clip}")
 
 
-def _log_ratio(logprobs_BT, old_logprobs_BT, valid_BT) -> torch.Tensor:
+def clamped_log_ratio(logprobs_BT, old_logprobs_BT, valid_BT) -> torch.Tensor:
     diff_BT = torch.where(valid_BT, logprobs_BT - old_logprobs_BT, 0)
     return diff_BT.clamp(min=-LOG_RATIO_CLAMP, max=LOG_RATIO_CLAMP)
 
 
 @torch.no_grad()
-def _ratio_metrics(log_ratio_BT, ratio_BT, clipped_BT, valid_BT) -> dict[str, torch.Tensor]:
+def ratio_metrics(log_ratio_BT, ratio_BT, clipped_BT, valid_BT) -> dict[str, torch.Tensor]:
     return {
         "clipfrac": masked_mean(clipped_BT.to(ratio_BT.dtype), valid_BT),
         "approx_kl": masked_mean(-log_ratio_BT, valid_BT),
@@ -60,12 +60,12 @@ def ppo_clip(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantage
     check_clip_args(clip_low, clip_high, dual_clip)
     valid_BT = valid_mask(mask_BT, logprobs_BT)
     adv_BT = torch.where(valid_BT, advantages_BT, 0)
-    log_ratio_BT = _log_ratio(logprobs_BT, old_logprobs_BT, valid_BT)
+    log_ratio_BT = clamped_log_ratio(logprobs_BT, old_logprobs_BT, valid_BT)
     ratio_BT = torch.exp(log_ratio_BT)
     loss1_BT = -adv_BT * ratio_BT
     loss2_BT = -adv_BT * torch.clamp(ratio_BT, 1 - clip_low, 1 + clip_high)
     loss_BT = torch.maximum(loss1_BT, loss2_BT)
-    metrics = _ratio_metrics(log_ratio_BT, ratio_BT, loss2_BT > loss1_BT, valid_BT)
+    metrics = ratio_metrics(log_ratio_BT, ratio_BT, loss2_BT > loss1_BT, valid_BT)
     if dual_clip is not None:
         loss3_BT = -adv_BT * dual_clip
         capped_BT = (loss_BT > loss3_BT) & (adv_BT < 0)
@@ -97,7 +97,7 @@ def gspo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_BT
     loss1_BT = -adv_BT * s_BT
     loss2_BT = -adv_BT * torch.clamp(s_BT, 1 - clip_low, 1 + clip_high)
     loss_BT = torch.maximum(loss1_BT, loss2_BT)
-    metrics = _ratio_metrics(log_ratio_BT, s_BT, loss2_BT > loss1_BT, valid_BT)
+    metrics = ratio_metrics(log_ratio_BT, s_BT, loss2_BT > loss1_BT, valid_BT)
     return torch.where(valid_BT, loss_BT, 0), metrics
 
 
@@ -115,11 +115,11 @@ def cispo(logprobs_BT: torch.Tensor, old_logprobs_BT: torch.Tensor, advantages_B
     valid_BT = valid_mask(mask_BT, logprobs_BT)
     adv_BT = torch.where(valid_BT, advantages_BT, 0)
     logp_BT = torch.where(valid_BT, logprobs_BT, 0)
-    log_ratio_BT = _log_ratio(logprobs_BT, old_logprobs_BT, valid_BT)
+    log_ratio_BT = clamped_log_ratio(logprobs_BT, old_logprobs_BT, valid_BT)
     ratio_BT = torch.exp(log_ratio_BT)
     weight_BT = torch.clamp(ratio_BT, 1 - clip_low, 1 + clip_high).detach()
     loss_BT = -weight_BT * adv_BT * logp_BT
-    metrics = _ratio_metrics(log_ratio_BT, ratio_BT, weight_BT != ratio_BT, valid_BT)
+    metrics = ratio_metrics(log_ratio_BT, ratio_BT, weight_BT != ratio_BT, valid_BT)
     return torch.where(valid_BT, loss_BT, 0), metrics
 
 
@@ -162,13 +162,13 @@ def _trust_region_pg(logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, keep_
     adv_BT = torch.where(valid_BT, advantages_BT, 0)
     logp_BT = torch.where(valid_BT, logprobs_BT, 0)
     old_BT = torch.where(valid_BT, old_logprobs_BT, 0)
-    log_ratio_BT = _log_ratio(logprobs_BT, old_logprobs_BT, valid_BT)
+    log_ratio_BT = clamped_log_ratio(logprobs_BT, old_logprobs_BT, valid_BT)
     ratio_BT = torch.exp(log_ratio_BT)
     with torch.no_grad():
         keep_BT = keep_fn(logp_BT, old_BT, adv_BT) & valid_BT
         weight_BT = ratio_BT.clamp(max=ratio_cap)
     loss_BT = torch.where(keep_BT, -adv_BT * weight_BT * logp_BT, 0)
-    metrics = _ratio_metrics(log_ratio_BT, ratio_BT, ~keep_BT, valid_BT)
+    metrics = ratio_metrics(log_ratio_BT, ratio_BT, ~keep_BT, valid_BT)
     metrics["truncfrac"] = masked_mean((keep_BT & (ratio_BT > ratio_cap)).to(ratio_BT.dtype), valid_BT).detach()
     return loss_BT, metrics
 

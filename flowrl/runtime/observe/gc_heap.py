@@ -11,7 +11,7 @@ the H200 (docs/benchmarks.md, 2026-12-04, sixth session) freezing after the firs
 sleep (a full collection) from 0.13-0.21 to 0.09-0.11 s.
 
 The local executor freezes its process after its first step; the Ray executor has each worker freeze its own
-(flowrl.runtime.ray.nodes._freeze_heaps). `freeze_heap()` collects once and moves every object tracked then
+(flowrl.runtime.ray.nodes.freeze_heaps). `freeze_heap()` collects once and moves every object tracked then
 into the permanent generation, which no later collection walks (gc.freeze). Objects made later are collected as
 usual; a frozen object is still freed when its last reference goes, so only reference cycles among frozen objects
 wait: `thaw_heap()` (at the executor's close, when its freeze was the first) hands them back to the collector. `GcClock` adds up the collector's seconds,

@@ -1,5 +1,5 @@
-"""SpreadRunner: one streamed rollout over R replicas, each a runner of its own (flowrl.runtime.offpolicy.stream_runner's
-StreamRunner in this process, or ray_streaming's RemoteRunner in a rollout worker).
+"""SpreadRunner: one streamed rollout over R replicas, each a runner of its own (StreamRunner in this process,
+flowrl.runtime.offpolicy.stream_runner; or RemoteRunner in a rollout worker, flowrl.runtime.ray.streaming).
 
 The driver's Streamer (flowrl.runtime.offpolicy.streaming) sees one runner. Each prompt group goes whole to one replica
 (its n samples share that replica's prefix cache): the one with the fewest groups outstanding (submitted and not

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from flowrl.runtime.ray import loopback as ray_loopback
 
@@ -43,8 +43,10 @@ from ray.exceptions import GetTimeoutError, RayActorError  # noqa: E402
 from tensordict import TensorDict
 
 from flowrl import metrics
+from flowrl.config import ExecutorSection
 from flowrl.engines.weights.reshard_sync import ReshardShape
 from flowrl.engines.weights.buckets import WeightSyncTimeout
+from flowrl.engines.weights.transport_configs import TransportConfig
 from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
 from flowrl.graph.role import close_role
@@ -55,28 +57,35 @@ from flowrl.runtime.ray import cluster as ray_cluster, streaming as ray_streamin
 from flowrl.plan.planner import Plan
 from flowrl.runtime.distributed import average
 from flowrl.runtime.executor import Executor, VersionBook
-from flowrl.runtime.ray.nodes import (NodeTimeout, WorkerDied, _cause, _checked_nodes, _freeze_heaps, _Launched,
-                                      _merge, _split)
-from flowrl.runtime.ray.pools import PoolEngine, _start_pool, _write_folder
-from flowrl.runtime.ray.pools import CONNECT_TIMEOUT_S, _check_listening, init_ray  # noqa: F401 (re-exported)
+from flowrl.runtime.ray.nodes import (Launched, NodeTimeout, WorkerDied, checked_nodes, freeze_heaps, merge_outputs,
+                                      remote_cause, split_rows)
+from flowrl.runtime.ray.pools import PoolEngine, start_pool, write_folder
+from flowrl.runtime.ray.pools import CONNECT_TIMEOUT_S, check_listening, init_ray  # noqa: F401 (re-exported)
 from flowrl.runtime.scheduling import call_node, ready
-
-if TYPE_CHECKING:
-    from flowrl.runtime.executor_configs import RayExecutorConfig
 
 _EMPTY = TensorDict({}, batch_size=[0])
 
 
+class RayConfig(Protocol):
+    """What RayExecutor reads of the config that builds it (flowrl.runtime.executor_configs.RayExecutorConfig)."""
+
+    @property
+    def options(self) -> ExecutorSection: ...
+
+    @property
+    def sync(self) -> TransportConfig: ...
+
+
 class RayExecutor(Executor):
-    def __init__(self, plan: Plan, factory: Any, config: "RayExecutorConfig", extra_driver_roles: tuple[str, ...] = ()):
+    def __init__(self, plan: Plan, factory: Any, config: RayConfig, extra_driver_roles: tuple[str, ...] = ()):
         """`factory` (a flowrl.runtime.factory.RoleFactory, or any object with build(names) and for_pool(pool))
         builds the driver's roles here and each pool's roles in its workers. `config` (kept as `self.config`):
         its options are the run's executor section (flowrl.config.ExecutorSection: node_timeout_s, the watchdog;
         ship_files, model folders, checkpoints and exports through the object store, the factory then needing
         folders() and relocated(); placement_timeout_s; cpu_threads, torch's threads in each worker; gc_freeze,
         each worker freezing its heap after the first step, never thawed as the workers end with the executor),
-        its `sync` how weights move between split pools (flowrl.engines.weights.registry.TransportConfig)."""
-        nodes, _, spread = _checked_nodes(plan)
+        its `sync` how weights move between split pools (flowrl.engines.weights.transport_configs.TransportConfig)."""
+        nodes, _, spread = checked_nodes(plan)
         options = config.options
         super().__init__(plan, nodes, spread, options.gc_freeze, None)
         self.config, self.sync = config, config.sync
@@ -93,8 +102,8 @@ class RayExecutor(Executor):
             setups = []
             for name, pool in pools.items():
                 roles = tuple(r for r, p in plan.pools.items() if p.name == name)
-                self.workers[name], started = _start_pool(pool, self.groups[name], factory.for_pool(pool), roles,
-                                                          shipped, options.cpu_threads)
+                self.workers[name], started = start_pool(pool, self.groups[name], factory.for_pool(pool), roles,
+                                                         shipped, options.cpu_threads)
                 setups += started
             ray.get(setups)
         except BaseException:
@@ -107,7 +116,7 @@ class RayExecutor(Executor):
         """Each worker's heap. (A step with a buffer (k >= 1) and the producers on pools of their own runs step
         t+k's producers in a thread beside step t's consumers (flowrl.runtime.offpolicy.buffering); a streamed buffer
         samples on the rollout's pool while the consumers run (flowrl.runtime.ray.streaming).)"""
-        _freeze_heaps([w for workers in self.workers.values() for w in workers])
+        freeze_heaps([w for workers in self.workers.values() for w in workers])
 
     def for_plan(self, plan: Plan) -> "RayExecutor":
         """A view running `plan` (e.g. the evaluation) on these workers; its pools must be among them."""
@@ -118,7 +127,7 @@ class RayExecutor(Executor):
                                 f"which these workers do not host")
         view = copy.copy(self)
         view.plan, view.gc_freeze = plan, False  # the executor's own first step freezes (an evaluation runs first)
-        view.nodes, view.fill_at, view.spread = _checked_nodes(plan)  # view.book: this executor's
+        view.nodes, view.fill_at, view.spread = checked_nodes(plan)  # view.book: this executor's
         view.pipeline = buffering.make(plan, view.nodes, lambda: view.versions, overlap=True, spread=view.spread)
         view.stream = ray_streaming.make(plan, view.nodes, view._workers_of, lambda: view.versions)
         return view
@@ -142,7 +151,7 @@ class RayExecutor(Executor):
         target = None if self.config.options.ship_files else path
         saved = ray.get([w.save_pretrained.remote(role, target, tokenizer_ref) for w in self._workers_of(role)])
         if self.config.options.ship_files:
-            _write_folder({name: data for files in saved for name, data in files.items()}, path)
+            write_folder({name: data for files in saved for name, data in files.items()}, path)
 
     def close(self) -> None:
         """Ends the workers (of every view: close only the executor you built) and closes the driver's roles."""
@@ -190,17 +199,17 @@ class RayExecutor(Executor):
                 return batch
         return batch
 
-    def _launch(self, node: Node, batch: TensorDict, calls: StepCalls) -> _Launched:
+    def _launch(self, node: Node, batch: TensorDict, calls: StepCalls) -> Launched:
         start = time.perf_counter()
         info = calls.next(node.role, node.method)
         if node.kind is NodeKind.SYNC and self._split_source(node.role) is not None:
             return self._launch_sync(node, start)
         workers = self.workers[node.pool]
-        shards = [_EMPTY] * len(workers) if node.kind is NodeKind.SYNC else _split(batch, node, len(workers))
+        shards = [_EMPTY] * len(workers) if node.kind is NodeKind.SYNC else split_rows(batch, node, len(workers))
         keep = None if node.kind is NodeKind.ROWS else tuple(sorted(node.writes))
         calls_ = [w.call.remote(node, ray.put(shard), info, keep) for w, shard in zip(workers, shards)]
         self.book.counted(node, self.plan)
-        return _Launched(node, [b for b, _ in calls_], [m for _, m in calls_], start)
+        return Launched(node, [b for b, _ in calls_], [m for _, m in calls_], start)
 
     def _split_source(self, role: str) -> str | None:
         """The role's weight source when it lives on another pool (its weights must be sent), else None."""
@@ -209,20 +218,20 @@ class RayExecutor(Executor):
             return None
         return source
 
-    def _launch_sync(self, node: Node, start: float) -> _Launched:
+    def _launch_sync(self, node: Node, start: float) -> Launched:
         """Split pools: the source's weights streamed over a collective (flowrl.engines.weights.buckets) from its
         rank 0 into every rank of the follower, only when the source was updated since the last sync."""
         source = self._split_source(node.role)
         version = self.book.updates[source]
         if self.book.synced.get(node.role) == version:
-            return _Launched(node, [], [], start)
+            return Launched(node, [], [], start)
         key = f"{source}->{node.role}"
         if key not in self._sync_groups:
             self._open_sync(key, source, node.role)
         sent = [w.send_weights.remote(source, key) for w in self._workers_of(source)]  # every rank takes part
         loaded = [w.receive_weights.remote(node.role, key, version) for w in self._workers_of(node.role)]
         self.book.synced[node.role] = version
-        return _Launched(node, [b for b, _ in loaded], [*sent, *(m for _, m in loaded)], start)
+        return Launched(node, [b for b, _ in loaded], [*sent, *(m for _, m in loaded)], start)
 
     def _open_sync(self, key: str, source: str, follower: str) -> None:
         """The weight-sync group (NCCL when both pools are on CUDA, else gloo), formed once: every rank of the
@@ -244,7 +253,7 @@ class RayExecutor(Executor):
             raise WeightSyncTimeout(f"weight sync {key}: the group of {size} ranks did not form within "
                                     f"{timeout:g} s") from None
         except WeightSyncTimeout as err:
-            raise WeightSyncTimeout(_cause(err)) from None
+            raise WeightSyncTimeout(remote_cause(err)) from None
         self._sync_groups.add(key)
 
     def _reshard_shape(self, source: str, follower: str, timeout: float) -> ReshardShape | None:
@@ -269,7 +278,7 @@ class RayExecutor(Executor):
         """sync.timeout_s, or executor.node_timeout_s where that is shorter."""
         return min(self.sync.timeout_s, self.config.options.node_timeout_s or self.sync.timeout_s)
 
-    def _resolve(self, done: list[_Launched], batch: TensorDict) -> TensorDict:
+    def _resolve(self, done: list[Launched], batch: TensorDict) -> TensorDict:
         """Wait for `done` (one ray.get, under the watchdog) and merge their results into the batch in trace order."""
         values = iter(self._get(done))
         for launched in done:
@@ -278,10 +287,10 @@ class RayExecutor(Executor):
                 for name, value in average([next(values) for _ in launched.logged]).items():
                     metrics.log(name, value)
             metrics.log(f"timing_s/{launched.node.name}", time.perf_counter() - launched.start)
-            batch = _merge(launched.node, outs, batch)
+            batch = merge_outputs(launched.node, outs, batch)
         return batch
 
-    def _get(self, done: list[_Launched]) -> list[Any]:
+    def _get(self, done: list[Launched]) -> list[Any]:
         """ray.get of every result; a node past executor.node_timeout_s, or a dead worker, is a named error."""
         refs = [ref for run in done for ref in (*run.batches, *run.logged)]
         timeout = None
@@ -293,12 +302,12 @@ class RayExecutor(Executor):
         except GetTimeoutError:
             raise NodeTimeout(self._stuck(done)) from None
         except WeightSyncTimeout as err:  # a worker's, which Ray wraps with the remote traceback
-            raise WeightSyncTimeout(_cause(err)) from None
+            raise WeightSyncTimeout(remote_cause(err)) from None
         except RayActorError as err:
             raise WorkerDied(f"a worker died while running {', '.join(r.node.label() for r in done)}: "
                              f"{' '.join(str(err).split())[:300]}; rerun to resume from the last checkpoint") from None
 
-    def _stuck(self, done: list[_Launched]) -> str:
+    def _stuck(self, done: list[Launched]) -> str:
         ready, _ = ray.wait([ref for run in done for ref in run.batches], num_returns=sum(len(r.batches) for r in done),
                             timeout=0)
         finished = set(ready)

@@ -1,10 +1,10 @@
 """A plan node across a pool's ranks, for the Ray executor (flowrl.runtime.ray.executor).
 
-- `_checked_nodes`: the plan's nodes in schedule order and how a fill deals out its rows.
-- `_split` deals a node's rows evenly over its pool's ranks; `_merge` puts their results back into the batch.
-- `_Launched` is a node in flight (its result and metrics refs, one per rank).
-- `NodeTimeout` and `WorkerDied` are the errors a node ends with; `_cause` is a Ray task's own message.
-- `_freeze_heaps`: the workers freeze their heaps after the first step (executor.gc_freeze).
+- `checked_nodes`: the plan's nodes in schedule order and how a fill deals out its rows.
+- `split_rows` deals a node's rows evenly over its pool's ranks; `merge_outputs` puts their results back into the batch.
+- `Launched` is a node in flight (its result and metrics refs, one per rank).
+- `NodeTimeout` and `WorkerDied` are the errors a node ends with; `remote_cause` is a Ray task's own message.
+- `freeze_heaps`: the workers freeze their heaps after the first step (executor.gc_freeze).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from flowrl.runtime.scheduling import Spread, fill_index, scheduled
 
 
 @dataclass
-class _Launched:
+class Launched:
     node: Node
     batches: list[ray.ObjectRef]  # one per rank (for a cross-pool sync: the load_weights calls)
     logged: list[ray.ObjectRef]  # one metrics dict per rank
     start: float
 
 
-def _cause(err: BaseException) -> str:
+def remote_cause(err: BaseException) -> str:
     """The message of the exception a Ray task raised (without Ray's remote traceback)."""
     cause = err.cause if isinstance(err, RayTaskError) else err
     return " ".join(str(cause).split())[:500]
@@ -48,7 +48,7 @@ class WorkerDied(RuntimeError):
 FREEZE_TIMEOUT_S = 120.0  # one collection and gc.freeze() in each worker, queued behind its running call
 
 
-def _freeze_heaps(workers: list[Any]) -> None:
+def freeze_heaps(workers: list[Any]) -> None:
     """Each worker's heap frozen (flowrl.runtime.observe.gc_heap; the workers end with the executor: nothing thaws)."""
     try:
         ray.get([w.freeze_heap.remote() for w in workers], timeout=FREEZE_TIMEOUT_S)
@@ -57,7 +57,7 @@ def _freeze_heaps(workers: list[Any]) -> None:
                           f"of the first step's end; rerun to resume, or set executor.gc_freeze=false") from None
 
 
-def _merge(node: Node, outs: list[Any], batch: TensorDict) -> TensorDict:
+def merge_outputs(node: Node, outs: list[Any], batch: TensorDict) -> TensorDict:
     if node.kind is NodeKind.ROWS:
         return concat(outs)
     if node.kind is NodeKind.MAP and node.writes:
@@ -67,7 +67,7 @@ def _merge(node: Node, outs: list[Any], batch: TensorDict) -> TensorDict:
     return batch
 
 
-def _split(batch: TensorDict, node: Node, num_ranks: int) -> list[TensorDict]:
+def split_rows(batch: TensorDict, node: Node, num_ranks: int) -> list[TensorDict]:
     rows = batch.batch_size[0]
     if rows % num_ranks:
         raise ValueError(f"pool {node.pool!r}: {node.name} got {rows} rows, which do not split evenly over its "
@@ -76,7 +76,7 @@ def _split(batch: TensorDict, node: Node, num_ranks: int) -> list[TensorDict]:
     return [batch[rank * size:(rank + 1) * size] for rank in range(num_ranks)]
 
 
-def _checked_nodes(plan: Plan) -> tuple[list[Node], int | None, Spread]:
+def checked_nodes(plan: Plan) -> tuple[list[Node], int | None, Spread]:
     """The plan's nodes in schedule order, its fill node's index, and how a fill deals out its rows: the driver
     holds them all, and keeps a number of groups every pool after the fill splits evenly."""
     nodes = scheduled(plan)

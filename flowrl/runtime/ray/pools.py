@@ -2,9 +2,9 @@
 
 - `init_ray` starts a local cluster (at 127.0.0.1: ray_loopback acts before Ray is imported, at the top) or
   joins one, after a TCP check that something listens at its address.
-- `_start_pool` starts one `PoolWorker` per rank on its bundle of the pool's placement group, with their
+- `start_pool` starts one `PoolWorker` per rank on its bundle of the pool's placement group, with their
   setup calls in flight.
-- `PoolEngine` is a trainable role across its pool's ranks, for flowrl.runtime.store.checkpoint; `_write_folder`
+- `PoolEngine` is a trainable role across its pool's ranks, for flowrl.runtime.store.checkpoint; `write_folder`
   writes the files the workers sent back as a folder on the driver.
 """
 
@@ -35,14 +35,14 @@ def init_ray(address: str | None = None, **kwargs: Any) -> None:
     address = address or os.environ.get("RAY_ADDRESS") or None
     if not ray.is_initialized():
         if address not in (None, "auto", "local"):
-            _check_listening(address)
+            check_listening(address)
         ray.init(address, **({"include_dashboard": False} if address is None else {}), **kwargs)
 
 
 CONNECT_TIMEOUT_S = 15.0
 
 
-def _check_listening(address: str) -> None:
+def check_listening(address: str) -> None:
     """A cluster address nothing listens on is one line within CONNECT_TIMEOUT_S (ray.init would retry for
     minutes): a TCP connection to its host and port is tried first."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
@@ -67,16 +67,16 @@ class PoolEngine:
     def save(self, path: str) -> None:
         saved = ray.get([w.save.remote(self.role, None if self.ship_files else path) for w in self.workers])
         if self.ship_files:
-            _write_folder({name: data for files in saved for name, data in files.items()}, path)
+            write_folder({name: data for files in saved for name, data in files.items()}, path)
 
     def load(self, path: str) -> None:
         files = ray.put(pack(Path(path))) if self.ship_files else None
         ray.get([w.load.remote(self.role, None if self.ship_files else path, files) for w in self.workers])
 
 
-def _start_pool(pool: Pool, group: Any, factory: Any, roles: tuple[str, ...],
-                shipped: dict[str, ShippedFolder] | None,
-                cpu_threads: int = 0) -> tuple[list[Any], list[ray.ObjectRef]]:
+def start_pool(pool: Pool, group: Any, factory: Any, roles: tuple[str, ...],
+               shipped: dict[str, ShippedFolder] | None,
+               cpu_threads: int = 0) -> tuple[list[Any], list[ray.ObjectRef]]:
     """The pool's workers, one on each bundle of its placement group, and their setup calls (in flight: the
     ranks meet at the address rank 0 finds on its node)."""
     workers = [ray.remote(PoolWorker).options(**ray_cluster.worker_options(pool, group, rank)).remote()
@@ -87,7 +87,7 @@ def _start_pool(pool: Pool, group: Any, factory: Any, roles: tuple[str, ...],
     return workers, setups
 
 
-def _write_folder(files: dict[str, bytes], path: str) -> None:
+def write_folder(files: dict[str, bytes], path: str) -> None:
     """Files the workers sent, written as folder `path` on the driver (whole or not at all)."""
     with atomic_dir(path) as tmp:
         unpack(files, tmp)

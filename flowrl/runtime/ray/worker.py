@@ -31,7 +31,7 @@ from tensordict import TensorDict
 from flowrl import metrics
 from flowrl.engines.weights.reshard import Moved
 from flowrl.engines.weights.reshard_sync import ReshardShape, ReshardTransport, moved_metrics
-from flowrl.engines.weights.registry import TransportConfig
+from flowrl.engines.weights.transport_configs import TransportConfig
 from flowrl.engines.weights.buckets import CollectiveTransport, SyncGroup
 from flowrl.graph.context import CallInfo
 from flowrl.graph.trace import Node

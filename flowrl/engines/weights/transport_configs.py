@@ -33,8 +33,8 @@ class TransportConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
     registry: ClassVar[Registry[type["TransportConfig"]]] = Registry("weight transport")
     transport: str = Field("auto", description="How the actor's weights reach the rollout, by registered name "
-                           "(flowrl.engines.weights.registry.TRANSPORTS): 'in_process' streams them by reference where "
-                           "both share a process (the hybrid engine, each torchrun rank's rollout copy); "
+                           "(flowrl.engines.weights.transport_configs.TRANSPORTS): 'in_process' streams them by "
+                           "reference where both share a process (the hybrid engine, each torchrun rank's rollout copy); "
                            "'collective' broadcasts buckets from train rank 0 over a group of its own with the "
                            "rollout ranks (split Ray pools, NCCL on CUDA, gloo on CPU); 'auto': whichever the "
                            "placement needs. None builds a full state dict.")
