@@ -101,7 +101,8 @@ def _models_in(annotation: object) -> list[type[BaseModel]]:
 
 
 def _config_classes() -> set[type[BaseModel]]:
-    """Every config class reachable from the run config and the registries, nested sections included."""
+    """Every config class reachable from the run config and the registries, nested sections and the base that
+    declares the fields of a config that only builds (flowrl.engines.hf.options) included."""
     roots = [RunConfig, RolloutCorrectionConfig]
     roots += [TRAIN_ENGINES.get(n) for n in TRAIN_ENGINES.names()]
     roots += [config for config in map(_rollout_engine, ROLLOUT_ENGINES.names()) if config is not None]
@@ -114,6 +115,8 @@ def _config_classes() -> set[type[BaseModel]]:
         if config not in seen:
             seen.add(config)
             roots += [m for field in config.model_fields.values() for m in _models_in(field.annotation)]
+            # XConfig(XOptions): the options hold the fields an engine takes, the config builds the engine
+            roots += [base for base in config.__bases__ if base.__name__.endswith("Options")]
     return seen
 
 

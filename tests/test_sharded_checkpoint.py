@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 
 from flowrl.engines.train import lora, sharded_checkpoint
-from flowrl.engines.hf.configs import LORA_TARGETS, HFTrainConfig
+from flowrl.engines.hf.configs import HFTrainConfig
+from flowrl.engines.hf.options import LORA_TARGETS
 from flowrl.engines.models.folders import load_causal_lm
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from fakes import TokenMeanNLL

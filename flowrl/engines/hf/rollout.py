@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import torch
 from tensordict import TensorDict
@@ -25,16 +25,15 @@ from flowrl.engines.sampling import check_sampling_params
 from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S
 from flowrl.engines.weights.in_process import choose_weight_sync
 
-if TYPE_CHECKING:  # its config builds this engine
-    from flowrl.engines.hf.configs import HFRolloutConfig
+from flowrl.engines.hf.options import HFRolloutOptions
 
 
 class HFRolloutEngine:
     """Generates one response per left-padded prompt row, `micro_batch_size` rows per generate() call."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, config: HFRolloutConfig, *,
+    def __init__(self, model: torch.nn.Module, tokenizer, config: HFRolloutOptions, *,
                  device: str | torch.device = "cpu"):
-        """`config`: the options (flowrl.engines.hf.configs.HFRolloutConfig, which builds this engine)."""
+        """`config`: the options (HFRolloutOptions; flowrl.engines.hf.configs.HFRolloutConfig builds this engine)."""
         self._load(model, tokenizer, device)
         self.micro_batch_size = config.micro_batch_size
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDict
@@ -52,8 +52,7 @@ from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.responses import responses
 from flowrl.engines.sampling import truncate
 
-if TYPE_CHECKING:  # its config builds this engine
-    from flowrl.engines.hf.configs import HFStaticRolloutConfig
+from flowrl.engines.hf.options import HFStaticRolloutOptions
 
 PROMPT_BUCKET = 32  # prompt widths are rounded up to a multiple of this
 MAX_SHAPES = 8  # (rows, length) shapes whose caches and graphs are kept (compaction halves the rows)
@@ -64,10 +63,10 @@ COMPACT_MIN_ROWS = 32  # fewer rows than this decode about as fast as this many:
 class StaticCacheRolloutEngine(HFRolloutEngine):
     """Generates all rows of a call in one batch; config.compile=False runs the same step eagerly (CPU, tests)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, config: HFStaticRolloutConfig, *,
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, config: HFStaticRolloutOptions, *,
                  device: str | torch.device = "cpu", compact_min_rows: int | None = COMPACT_MIN_ROWS):
-        """`config`: the options (flowrl.engines.hf.configs.HFStaticRolloutConfig, which builds this engine);
-        its compile None compiles on CUDA devices only. compact_min_rows: see the module's doc (None: never)."""
+        """`config`: the options (HFStaticRolloutOptions; flowrl.engines.hf.configs.HFStaticRolloutConfig builds
+        this engine); its compile None compiles on CUDA devices only. compact_min_rows: see the module's doc (None: never)."""
         self._load(model, tokenizer, device)
         compile = config.compile if config.compile is not None else self.device.type == "cuda"
         use_flowrl_sdpa(self.model)

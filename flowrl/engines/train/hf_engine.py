@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from typing import TYPE_CHECKING, Iterator, Literal
+from typing import Iterator, Literal
 
 import torch
 import torch.distributed as dist
@@ -52,8 +52,7 @@ from flowrl.engines.train.token_batching import budget_micro_batches
 from flowrl.engines.sampling import RowSampling, apply_sampling
 from flowrl.engines.models.folders import atomic_dir
 
-if TYPE_CHECKING:  # its config builds this engine
-    from flowrl.engines.hf.configs import HFTrainConfig
+from flowrl.engines.hf.options import HFTrainOptions
 
 
 class HFTrainEngine:
@@ -63,12 +62,12 @@ class HFTrainEngine:
     `betas` are AdamW's (fixed; tests raise eps to make a step follow the gradient's scale).
     """
 
-    def __init__(self, model: torch.nn.Module, config: HFTrainConfig, *, kind: Literal["actor", "critic", "reward"],
+    def __init__(self, model: torch.nn.Module, config: HFTrainOptions, *, kind: Literal["actor", "critic", "reward"],
                  device: str | torch.device = "cpu", betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  by_length: bool = True):
-        """`config`: the options (flowrl.engines.hf.configs.HFTrainConfig, which builds this engine and documents
-        each option and its default once); `model` is a peft LoRA model (flowrl.engines.train.lora.apply) when
-        config.lora_rank > 0. The rest is how the engine is placed and run, not a run config option:
+        """`config`: the options (HFTrainOptions, which document each option and its default once;
+        flowrl.engines.hf.configs.HFTrainConfig builds this engine); `model` is a peft LoRA model
+        (flowrl.engines.train.lora.apply) when config.lora_rank > 0. The rest is how the engine is placed and run, not a run config option:
         by_length: group rows of similar length into micro-batches (and trim their padding); False keeps
         the batch's row order, as fixed-width micro-batches of verl without dynamic batch size do. FSDP2-sharded
         engines compute full logits whatever config.logprob_chunk_tokens says."""
@@ -104,7 +103,7 @@ class HFTrainEngine:
         self.model_fn = torch.compile(self.model) if self._whole else self.model
         self.decoder_fn = torch.compile(self.model.get_decoder()) if self._whole and self.kind == "actor" else None
 
-    def _optimizer(self, config: HFTrainConfig, betas: tuple[float, float], eps: float) -> None:
+    def _optimizer(self, config: HFTrainOptions, betas: tuple[float, float], eps: float) -> None:
         """AdamW over the trained parameters, then the LR schedule (flowrl.engines.train.lr_schedules)."""
         self.hyperparameters = dict(lr=config.lr, weight_decay=config.weight_decay, betas=betas, eps=eps)
         trained = [p for p in self.model.parameters() if p.requires_grad] or list(self.model.parameters())
