@@ -66,15 +66,25 @@ class _VerifiedFileSystem(FileSystem):
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
-        name = os.path.abspath(path)
-        if name not in self.digests:  # as absent (DCP tries an optional per-rank metadata file first)
-            raise FileNotFoundError(f"{name} is not listed in the checkpoint's signed manifest")
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            data = f.read()
-        if hashlib.sha256(data).hexdigest() != self.digests[name]:
-            raise ChangedFile(f"{name} changed after its signature was checked; refused (not loaded)")
-        yield io.BytesIO(data)
+        yield io.BytesIO(read_checked(path, self.digests))
+
+
+def expected() -> dict[str, str] | None:
+    """The digests loads are checked against here and now (inside expecting()); None outside."""
+    return _EXPECTED.get()
+
+
+def read_checked(path: str | os.PathLike, digests: dict[str, str]) -> bytes:
+    """The file's bytes, read once (never through a symlink) and returned only if they hash to its digest."""
+    name = os.path.abspath(path)
+    if name not in digests:  # as absent (DCP tries an optional per-rank metadata file first)
+        raise FileNotFoundError(f"{name} is not listed in the checkpoint's signed manifest")
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read()
+    if hashlib.sha256(data).hexdigest() != digests[name]:
+        raise ChangedFile(f"{name} changed after its signature was checked; refused (not loaded)")
+    return data
 
 
 def _reader(folder: pathlib.Path) -> dcp.FileSystemReader | None:

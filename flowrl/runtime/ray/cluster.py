@@ -31,6 +31,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from flowrl.engines.train import sharded_checkpoint
 from flowrl.errors import PlanError
 from flowrl.plan.placement import Pool
 
@@ -175,6 +176,15 @@ def pack(folder: Path) -> Files:
     if not folder.is_dir():
         return {}
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def pack_checked(folder: Path, digests: dict[str, str] | None) -> Files:
+    """pack(), but under a signed checkpoint's digests (sharded_checkpoint.expected()) each file's bytes are read
+    once and shipped only if they are the ones its manifest lists; a file it does not list stays behind."""
+    if digests is None:
+        return pack(folder)
+    return {str(p.relative_to(folder)): sharded_checkpoint.read_checked(p, digests)
+            for p in sorted(folder.rglob("*")) if os.path.abspath(p) in digests}
 
 
 def unpack(files: Files, folder: Path) -> None:

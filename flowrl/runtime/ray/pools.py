@@ -22,9 +22,10 @@ ray_loopback.use_for_a_local_cluster()  # before Ray reads its constants (at imp
 import ray  # noqa: E402
 
 from flowrl.engines.models.folders import atomic_dir  # noqa: E402
+from flowrl.engines.train import sharded_checkpoint  # noqa: E402
 from flowrl.plan.placement import Pool  # noqa: E402
 from flowrl.runtime.ray import cluster as ray_cluster  # noqa: E402
-from flowrl.runtime.ray.cluster import ShippedFolder, pack, unpack  # noqa: E402
+from flowrl.runtime.ray.cluster import ShippedFolder, pack_checked, unpack  # noqa: E402
 from flowrl.runtime.ray.worker import PoolWorker  # noqa: E402
 
 
@@ -70,8 +71,15 @@ class PoolEngine:
             write_folder({name: data for files in saved for name, data in files.items()}, path)
 
     def load(self, path: str) -> None:
-        files = ray.put(pack(Path(path))) if self.ship_files else None
-        ray.get([w.load.remote(self.role, None if self.ship_files else path, files) for w in self.workers])
+        """Inside a signed checkpoint's check (flowrl.runtime.store.checkpoint.verified) the bytes loaded are the
+        checked ones: shipped files as this process reads them, a node's own reads against the same digests."""
+        digests, folder = sharded_checkpoint.expected(), os.path.abspath(path)
+        files = ray.put(pack_checked(Path(folder), digests)) if self.ship_files else None
+        try:
+            ray.get([w.load.remote(self.role, None if self.ship_files else folder, files, digests)
+                     for w in self.workers])
+        except ray.exceptions.RayTaskError as err:  # the worker's own error, as a local load raises it
+            raise err.cause from None
 
 
 def start_pool(pool: Pool, group: Any, factory: Any, roles: tuple[str, ...],

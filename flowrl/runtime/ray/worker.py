@@ -15,6 +15,7 @@ driver calls every rank of a pool.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
@@ -29,6 +30,7 @@ import transformers
 from tensordict import TensorDict
 
 from flowrl import metrics
+from flowrl.engines.train import sharded_checkpoint
 from flowrl.engines.weights.reshard import Moved
 from flowrl.engines.weights.reshard_sync import ReshardShape, ReshardTransport, moved_metrics
 from flowrl.engines.weights.transport_configs import TransportConfig
@@ -158,10 +160,13 @@ class PoolWorker:
             self.roles[role].engine.save(str(folder / role))
             return _written(folder)
 
-    def load(self, role: str, path: str | None, files: Files | None = None) -> None:
-        """From `path` on this node, or (None) from the driver's `files`."""
+    def load(self, role: str, path: str | None, files: Files | None = None,
+             digests: dict[str, str] | None = None) -> None:
+        """From `path` on this node, each file checked against `digests` (a signed manifest's) where given, or
+        (None) from the driver's `files`, checked as the driver read them."""
         if path is not None:
-            return self.roles[role].engine.load(path)
+            with sharded_checkpoint.expecting(digests) if digests is not None else contextlib.nullcontext():
+                return self.roles[role].engine.load(path)
         with scratch() as folder:
             unpack(files, folder / role)
             self.roles[role].engine.load(str(folder / role))
