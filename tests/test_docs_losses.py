@@ -39,8 +39,8 @@ def _correction(loss: Loss) -> str:
     c = loss.rollout_correction
     if c is None:
         return "-"
-    return ", ".join(part for part in (c.is_level and f"{c.is_level} IS {_number(c.is_threshold)}",
-                                       c.rs_level and f"{c.rs_level} RS {_number(c.rs_threshold)}") if part)
+    return ", ".join(part for part in (c.is_level and f"{c.is_level} IS {_number(c.config.is_threshold)}",
+                                       c.rs_level and f"{c.rs_level} RS {_number(c.config.rs_threshold)}") if part)
 
 
 def describe_policy(loss_fn) -> list[str]:
