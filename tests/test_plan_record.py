@@ -3,6 +3,7 @@ model refined from its own steps, which the next plan takes (`flowrl plan --cost
 
 import json
 import statistics
+from importlib.util import find_spec
 
 from flowrl.config import load_run_config
 from flowrl.plan.calibrate import PlanSection, Prediction, load_refined
@@ -32,3 +33,14 @@ def test_a_run_records_predicted_against_measured_and_the_next_plan_uses_its_cos
     assert costs.scaled("generate", 1.0) == saved["refined"]["scale"]["generate"]
     _, again = auto_plan.choose(cfg, algo, task, cluster, costs=costs)
     assert again["plan.predicted"]["scale"] == saved["refined"]["scale"]  # the next plan runs on the run's costs
+
+
+def test_a_plan_picks_no_engine_that_is_not_installed(tmp_path, monkeypatch):
+    """With vLLM absent the chosen rollout engine is hf_static, and the explain table scores no vLLM layout."""
+    cfg = load_run_config(None, [f"train.output_dir={tmp_path}", "model.dtype=bfloat16"])
+    algo, task, cluster = resolve_algorithm(cfg.algorithm), run_task(cfg), ClusterConfig.parse("1xH100-80G")
+    installed = auto_plan.choose(cfg, algo, task, cluster)[0]
+    monkeypatch.setattr(auto_plan, "find_spec", lambda name: None if name == "vllm" else object())
+    absent = auto_plan.choose(cfg, algo, task, cluster)[0]
+    assert {s.cand.engine for s in absent.scored} == {"hf_static"}
+    assert {s.cand.engine for s in installed.scored} == ({"hf_static", "vllm"} if find_spec("vllm") else {"hf_static"})

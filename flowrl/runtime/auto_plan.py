@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from flowrl.graph.algorithm import Algorithm
 from flowrl.graph.role import role_spec
 from flowrl.graph.trace import NodeKind
 from flowrl.plan.calibrate import load_refined, predict
-from flowrl.plan.candidates import Candidate, Space, Work
+from flowrl.plan.candidates import ENGINES, Candidate, Space, Work
 from flowrl.plan.choose import Choice, PlannerConfig
 from flowrl.plan.cluster import ClusterConfig
 from flowrl.plan.costs import CostModel
@@ -61,8 +62,8 @@ def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, p
                     compile=bool(getattr(actor, "compile", False)))
     batch = {"mini_batch_size": cfg.train.mini_batch_size,
              "forward_micro_batch_size": cfg.train.forward_micro_batch_size or cfg.train.micro_batch_size}
-    space = Space(lora_ranks=(lora,), gradient_checkpointing=(True,) if cfg.model.gradient_checkpointing
-                  else (False, True))
+    space = Space(engines=installed_engines(), lora_ranks=(lora,),
+                  gradient_checkpointing=(True,) if cfg.model.gradient_checkpointing else (False, True))
     costs, planner = costs or CostModel(cluster.kind), planner or PlannerConfig()
     chooser = planner.build()
     choice = chooser.choose(nodes, depth, shape, work, summary, cluster, space, batch, costs)
@@ -80,6 +81,11 @@ def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, p
                                                    planner.max_buffer_depth)
     values["plan.predicted"] = predict(choice.best, nodes, depth, costs, cluster.device).model_dump(mode="json")
     return choice, values
+
+
+def installed_engines() -> tuple[str, ...]:
+    """The rollout engines a plan may pick here: vLLM (an optional package) only where it is installed."""
+    return tuple(engine for engine in ENGINES if engine != "vllm" or find_spec("vllm") is not None)
 
 
 def overrides(cand: Candidate, others: list[str], followers: list[str], trained: list[str],
