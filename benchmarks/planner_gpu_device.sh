@@ -1,0 +1,15 @@
+#!/bin/bash
+# Issue 43.7 on the device (one call): the planner's chosen layout against the hand grid, benchmarks/planner_one_gpu.py.
+# Carry [.gpu/p3]: flowrl's wheels beyond the image (pydantic, tensordict, datasets, math-verify, gguf and their
+# own; `pip download --no-deps` them, cp312 manylinux, with /.gpu/ in .git/info/exclude). vLLM is not carried here,
+# so the planner leaves it out (flowrl.runtime.auto_plan.installed_engines) and the grid's vLLM rows fail fast.
+# Args: SHAPES STEPS LIMIT_S; one JSON line per run as it ends.
+set -u
+SHAPES=${1:-0.5B}; STEPS=${2:-3}; LIMIT=${3:-400}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/p3/*.whl || exit 4
+ln -sfn ../algorithms flowrl/algorithms  # pyproject maps algorithms/ to flowrl.algorithms; no install here
+export PYTHONPATH=/tmp/site:$(pwd) PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
+date +%T
+timeout "$LIMIT" python3 benchmarks/planner_one_gpu.py --shapes "$SHAPES" --steps "$STEPS" 2>&1 | grep --line-buffered -v -i warn
+echo "rc=${PIPESTATUS[0]} $(date +%T)"
