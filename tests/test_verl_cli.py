@@ -54,7 +54,7 @@ trainer.experiment_name='qwen2_7b_function_rm' trainer.save_freq=20 trainer.test
              """algorithm=grpo train.batch_size=4 roles.rollout.max_new_tokens=4 roles.actor.mini_batch_size=10
 roles.actor.micro_batch_size=4 algo.kl_coef=0.001 model.gradient_checkpointing=true roles.actor.offload_params=false
 roles.actor.offload_optimizer=false roles.actor.forward_micro_batch_size=8 algo.group_size=5
-roles.ref.offload_params=true checkpoint.every=20 eval.every=5"""),
+roles.ref.offload_params=true roles.ref.forward_micro_batch_size=8 checkpoint.every=20 eval.every=5"""),
     # examples/ppo_trainer/run_deepseek7b_llm.sh
     "ppo": ("""algorithm.adv_estimator=gae data.train_batch_size=4 data.max_response_length=4
 actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1
@@ -100,6 +100,7 @@ algorithm.use_kl_in_reward=False algorithm.kl_penalty=kl algorithm.kl_ctrl.kl_co
 trainer.save_freq=-1 trainer.test_freq=5 trainer.total_epochs=15""",
              """algorithm=rloo train.batch_size=4 roles.rollout.max_new_tokens=4 roles.actor.mini_batch_size=10
 roles.actor.micro_batch_size=8 algo.kl_coef=0 model.gradient_checkpointing=true roles.actor.forward_micro_batch_size=16
+roles.ref.forward_micro_batch_size=16
 algo.group_size=5 algo.loss_agg_mode=token-mean algo.dual_clip=3.0 checkpoint.every=0 eval.every=5"""),
     # examples/reinforce_plus_plus_trainer/run_qwen2-7b_math_rf.sh
     "reinforce_pp": ("""algorithm.adv_estimator=reinforce_plus_plus data.train_batch_size=4
