@@ -134,3 +134,27 @@ def test_a_ppo_run_with_a_critic_micro_batch_of_its_own_trains(tmp_path):
     assert len(history) == 1 and "critic/vf_loss" in history[0] and "actor/pg_loss" in history[0], history
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert torch.isfinite(torch.tensor(rows[-1]["critic/vf_loss"]))
+
+
+def test_the_trained_roles_and_only_they_size_updates():
+    """mini_batch_size and epochs sit on the sections of the roles registered trainable (the declared trait)."""
+    from flowrl.graph.role import ROLES
+    from flowrl.roles.configs import TrainedRoleConfig, TrainRoleConfig
+
+    built_in = ("actor", "critic", "ref", "teacher", "reward_model", "learned_reward")  # (tests register others)
+    for name in built_in:
+        spec = ROLES.get(name)
+        assert issubclass(spec.config, TrainRoleConfig)
+        assert issubclass(spec.config, TrainedRoleConfig) == spec.trainable, name
+    assert [name for name in built_in if ROLES.get(name).trainable] == ["actor", "critic", "learned_reward"]
+
+
+def test_the_docs_table_of_update_sizes_gives_the_codes_defaults():
+    import re
+
+    from flowrl.roles.configs import UPDATE_SIZES, TrainedRoleConfig
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    said = dict(re.findall(r"^\| `(\w+)` \| [^|]+ \| (\d+)", text, re.M))
+    assert {key: int(said[key]) for key in UPDATE_SIZES} == \
+        {key: TrainedRoleConfig.model_fields[key].default for key in UPDATE_SIZES}

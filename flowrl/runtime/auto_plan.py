@@ -53,7 +53,8 @@ def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, p
     stream = any(node.kwargs.get("stream") for node in plan.nodes if node.kind is NodeKind.BUFFER)
     trained = [r for r in plan.pools if plan.specs[r].trainable]
     frozen = [r for r in plan.pools if r not in trained and r not in followers]
-    sizes = cfg.section(trained[0]) if trained else TrainedRoleConfig.model_validate({})  # the policy's sizes
+    sized = [section for r in trained if isinstance(section := cfg.section(r, plan.specs[r]), TrainedRoleConfig)]
+    sizes = sized[0] if sized else TrainedRoleConfig.model_validate({})  # the first trained role's (the policy's)
     work = Work(rows=rows, prompt_len=cfg.data.max_prompt_length or prompt_len, response_len=new,
                 mean_response_len=new * MEAN_SHARE, mini_batch_size=sizes.mini_batch_size,
                 epochs=sizes.epochs, stream=stream)
