@@ -77,7 +77,9 @@ def _to_roles(values: dict[str, Any]) -> dict[str, Any]:
         for name in names:
             section = roles.get(name, {})
             section = {"use": section} if isinstance(section, str) else _as_section(section)
-            roles[name] = {key: value, **section}
+            bound = section.get("use") or name  # a name bound to a class of other options keeps them
+            if bound in ROLES and key in ROLES.get(bound).config.model_fields:
+                roles[name] = {key: value, **section}
         warnings.warn(f"train.{key} is deprecated; use {', '.join(f'roles.{n}.{key}' for n in names)} (each "
                       f"role's own)", FutureWarning, stacklevel=4)
     return {**values, "train": train, "roles": roles}

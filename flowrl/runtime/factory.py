@@ -66,8 +66,8 @@ class RoleFactory:
         """The factory with one rank's share (Pool.share) of each role's global batch sizes (roles.<name>.*):
         what a Ray pool's ranks and the local executor's torchrun ranks build from."""
         c = self.context
-        shared = {role: _share(settings, pool, role, c.sections[role]) for role, settings in c.role_settings.items()}
-        return replace(self, context=replace(self.context, role_settings=shared))
+        shared = {role: _share(s, pool, role, c.sections[role]) for role, s in c.role_settings.items()}
+        return replace(self, context=replace(c, role_settings=shared))
 
     def folders(self) -> tuple[Path, ...]:
         """The model folders its roles load from (model.path, model.reward_path, roles.<name>.model)."""
