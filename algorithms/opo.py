@@ -1,5 +1,5 @@
 """OPO (arXiv:2505.23585): the group's length-weighted mean score as baseline, no std, no KL; exact on-policy
-training is train.mini_batch_size = the step's rows (one optimizer step per batch)."""
+training is roles.actor.mini_batch_size = the step's rows (one optimizer step per batch)."""
 
 from pydantic import ConfigDict
 

@@ -93,7 +93,8 @@ def run_config(s: dict, args: argparse.Namespace, model: str, out: str):
     rows = args.prompts * args.group
     sets = [f"algorithm={s['algorithm']}", f"model.path={model}", f"model.dtype={args.dtype}",
             f"train.device={args.device}", f"train.steps={args.steps}", f"train.batch_size={args.prompts}",
-            f"algo.group_size={args.group}", f"train.mini_batch_size={rows}", f"train.micro_batch_size={args.micro}",
+            f"algo.group_size={args.group}", f"roles.actor.mini_batch_size={rows}",
+            f"roles.actor.micro_batch_size={args.micro}",
             "roles.actor.lr=1e-6", f"roles.rollout.max_new_tokens={args.new_tokens}", "roles.actor.compile=false",
             "eval.every=0", "checkpoint.every=0", "checkpoint.export=false", "checkpoint.resume=false",
             f"train.output_dir={out}"]

@@ -41,7 +41,7 @@ echo "tree: $TREE"
 cd /tmp/bt  # flowrl.algorithms is pyproject's mapping of algorithms/: a link stands in for the install
 S="python3 benchmarks/sample_stacks.py 15"
 B="$S benchmarks/grpo_vs_trl.py --device cuda --jsonl $OUT/runs.jsonl"
-COMMON="--flowrl-set roles.actor.compile=true --flowrl-set train.forward_micro_batch_size=128"
+COMMON="--flowrl-set roles.actor.compile=true --flowrl-set roles.actor.forward_micro_batch_size=128"
 VLLM="--systems flowrl --flowrl-set roles.rollout.engine=vllm --flowrl-set roles.rollout.enforce_eager=false \
   --flowrl-set roles.rollout.gpu_memory_utilization=0.3 --flowrl-set roles.rollout.max_num_seqs=512 \
   --flowrl-set roles.rollout.seed_rows=false $COMMON"

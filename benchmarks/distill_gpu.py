@@ -86,7 +86,7 @@ def run_options(args: argparse.Namespace, teacher: Path, student: Path) -> list[
             f"algo.kind={args.kind}", f"algo.policy_gradient={str(args.policy_gradient).lower()}",
             *([f"algo.topk={args.topk}"] if args.kind.startswith("forward_kl_topk") else []),
             f"train.steps={args.steps}", f"train.batch_size={args.batch_size}",
-            f"train.mini_batch_size={args.batch_size}", f"train.micro_batch_size={args.micro_batch_size}",
+            f"roles.actor.mini_batch_size={args.batch_size}", f"roles.actor.micro_batch_size={args.micro_batch_size}",
             f"roles.actor.lr={args.lr}", "eval.every=0", "checkpoint.every=0", "checkpoint.export=false",
             "train.loggers=jsonl", f"train.output_dir={args.output}", f"train.seed={args.seed}", *args.set]
 

@@ -24,8 +24,8 @@ def flowrl_config(wl: Workload, path: str, out: str):
 
     sets = [f"model.path={path}", f"model.dtype={wl.dtype_name}", f"train.device={wl.device}",
             f"train.batch_size={wl.prompts}", f"algo.group_size={wl.group}", f"algo.kl_coef={wl.kl_coef}",
-            f"roles.rollout.max_new_tokens={wl.new_tokens}", f"train.mini_batch_size={wl.rows}",
-            f"train.micro_batch_size={wl.micro}", f"roles.actor.lr={wl.lr}", "eval.every=0", "checkpoint.every=0",
+            f"roles.rollout.max_new_tokens={wl.new_tokens}", f"roles.actor.mini_batch_size={wl.rows}",
+            f"roles.actor.micro_batch_size={wl.micro}", f"roles.actor.lr={wl.lr}", "eval.every=0", "checkpoint.every=0",
             "checkpoint.export=false", "checkpoint.resume=false", f"train.output_dir={out}", *wl.flowrl_sets]
     if wl.variable and wl.flowrl_engine() == "hf_static":
         sets.append("roles.rollout.engine=hf_static_lengths")  # eos at the drawn lengths

@@ -52,7 +52,8 @@ from trl_systems import run_plain, run_trl, run_trl_vllm  # noqa: E402
 FULL_RUN = dict(prompts=64, group=8, new_tokens=256, micro=32)
 SMALL_RUN = dict(prompts=4, group=2, new_tokens=8, micro=4)
 SYSTEMS = ("flowrl", "trl", "trl_vllm", "plain")
-FAST_SETS = ("roles.rollout.engine=hf_static", "roles.actor.compile=true", "train.forward_micro_batch_size=128")
+FAST_SETS = ("roles.rollout.engine=hf_static", "roles.actor.compile=true", "roles.actor.forward_micro_batch_size=128",
+             "roles.critic.forward_micro_batch_size=128")
 """The flowrl options of the H200 runs (docs/benchmarks.md); `train.device=cuda` alone picks them
 (the preset cuda, flowrl.config.presets, tests/test_cuda_defaults.py)."""
 

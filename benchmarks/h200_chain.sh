@@ -17,7 +17,7 @@ W=vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
   HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 B="python3 $TREE/benchmarks/grpo_vs_trl.py --device cuda --jsonl $OUT/runs.jsonl"
-COMMON="--flowrl-set roles.actor.compile=true --flowrl-set train.forward_micro_batch_size=128"
+COMMON="--flowrl-set roles.actor.compile=true --flowrl-set roles.actor.forward_micro_batch_size=128"
 STATIC="--systems flowrl --label hf_static --flowrl-set roles.rollout.engine=hf_static $COMMON"
 VLLM="--systems flowrl --flowrl-set roles.rollout.engine=vllm --flowrl-set roles.rollout.enforce_eager=false \
   --flowrl-set roles.rollout.gpu_memory_utilization=0.3 --flowrl-set roles.rollout.max_num_seqs=512 $COMMON"

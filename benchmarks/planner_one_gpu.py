@@ -46,7 +46,7 @@ TINY = {name: dict(hidden_size=width, num_hidden_layers=2, num_attention_heads=4
 WORKLOAD = ["train.device=cuda", "model.dtype=bfloat16", "train.batch_size=16", "algo.group_size=8",
             "roles.rollout.max_new_tokens=1024", "data.max_prompt_length=256", "eval.every=0",
             "checkpoint.every=0", "checkpoint.export=false"]
-TINY_WORKLOAD = ["model.dtype=float32", "train.batch_size=2", "algo.group_size=2", "train.mini_batch_size=4",
+TINY_WORKLOAD = ["model.dtype=float32", "train.batch_size=2", "algo.group_size=2", "roles.actor.mini_batch_size=4",
                  "roles.rollout.max_new_tokens=16", "data.max_prompt_length=16", "eval.every=0",
                  "checkpoint.every=0", "checkpoint.export=false"]
 CPU = ["train.device=cpu"]  # after the written config: the tiny run plans for a GPU and runs on the CPU

@@ -8,7 +8,7 @@ the greedy test accuracy every --eval-every steps (docs/real_model.md, section 6
 
 A step is one generation batch (--batch-size prompts x --group-size responses), as in flowrl: TRL takes
 --mini-batch-size responses per optimizer step (micro-batches of --micro-batch-size, gradient accumulation),
-so one step is batch*group/mini optimizer steps, as flowrl's train.mini_batch_size gives. The evaluation is
+so one step is batch*group/mini optimizer steps, as flowrl's roles.actor.mini_batch_size gives. The evaluation is
 benchmarks/real_model_eval.greedy_responses (transformers' generate) on the trainer's own model; its time is
 left out of `train_s`, the clock that flowrl's `timing_s/step` sums (real_model_learning.py), so neither
 system is charged for evaluating. OUTPUT/metrics.jsonl holds, per step: reward/mean, the accuracy where

@@ -84,7 +84,7 @@ SAME_NAME = {  # one name, two defaults, because they are two options (or one op
     "group_size": "each algorithm's own, in its config class (GPG's paper samples 5)",
     "loss_agg_mode": "each algorithm's own, in its config class (RLOO's is verl's seq-mean-token-mean)",
     "lr": "roles.critic starts from lr 5e-3 (CriticConfig.ENGINE_DEFAULTS): the value head's, the actor's 2e-3",
-    "micro_batch_size": "train.micro_batch_size (rows per backward) and HFRolloutConfig's (rows per generate())",
+    "micro_batch_size": "a train role's (rows per backward, TrainRoleConfig) and HFRolloutConfig's (rows per generate())",
     "name": "executor.name and task.name",
     "gpu_memory_utilization": "the vLLM rollout's share of a GPU (0.5) and the vLLM teacher's (0.3), which shares the "
                               "GPU with the student's engines",

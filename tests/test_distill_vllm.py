@@ -122,7 +122,7 @@ def test_the_students_topk_kl_to_a_vllm_teacher_falls_on_cpu(tmp_path, teacher_p
     """tests/test_distillation.py's forward top-k run, the teacher's top-4 from vLLM."""
     vllm_teacher.close()  # one vLLM engine at a time in this process: the run starts its own
     cfg = load_run_config(None, [f"train.output_dir={tmp_path / 'run'}", "algorithm=distill", "train.steps=8",
-                                 "train.batch_size=16", "train.mini_batch_size=16", "train.micro_batch_size=8",
+                                 "train.batch_size=16", "roles.actor.mini_batch_size=16", "roles.actor.micro_batch_size=8",
                                  "checkpoint.every=0", "checkpoint.export=false", "model.tiny_hidden_size=128",
                                  f"roles.teacher.model={teacher_path}", "roles.teacher.engine=vllm",
                                  "roles.teacher.kv_cache_gb=0.25", "roles.actor.lr=1e-2",

@@ -153,7 +153,7 @@ def peaked_teacher(tmp_path):
 @pytest.mark.parametrize("kind, policy_gradient", [("k1", "true"), ("k3", "false")])
 def test_the_students_kl_to_its_teacher_falls_on_cpu(tmp_path, kind, policy_gradient):
     cfg = load_run_config(None, [f"train.output_dir={tmp_path / 'run'}", "algorithm=distill", "train.steps=10",
-                                 "train.batch_size=16", "train.mini_batch_size=16", "train.micro_batch_size=16",
+                                 "train.batch_size=16", "roles.actor.mini_batch_size=16", "roles.actor.micro_batch_size=16",
                                  "checkpoint.every=0", "checkpoint.export=false",
                                  f"roles.teacher.model={peaked_teacher(tmp_path)}", "roles.actor.lr=1e-2",
                                  f"algo.kind={kind}", f"algo.policy_gradient={policy_gradient}"])
@@ -168,7 +168,7 @@ def test_the_students_topk_kl_to_its_teacher_falls_on_cpu(tmp_path, kind):
     """The teacher writes its top-4 logprobs and ids (teacher.logprobs(batch, topk=4)); the student's update
     gathers its own logprobs at those ids and descends verl's forward top-k KL, supervised."""
     cfg = load_run_config(None, [f"train.output_dir={tmp_path / 'run'}", "algorithm=distill", "train.steps=8",
-                                 "train.batch_size=16", "train.mini_batch_size=16", "train.micro_batch_size=8",
+                                 "train.batch_size=16", "roles.actor.mini_batch_size=16", "roles.actor.micro_batch_size=8",
                                  "checkpoint.every=0", "checkpoint.export=false",
                                  f"roles.teacher.model={peaked_teacher(tmp_path)}", "roles.actor.lr=1e-2",
                                  f"algo.kind={kind}", "algo.policy_gradient=false", "algo.topk=4",

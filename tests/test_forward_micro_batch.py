@@ -1,5 +1,5 @@
-"""train.forward_micro_batch_size: the rows of each no-grad forward pass (old and reference logprobs, values,
-scores), apart from the backward passes' train.micro_batch_size."""
+"""roles.<name>.forward_micro_batch_size: the rows of each no-grad forward pass (old and reference logprobs,
+values, scores), apart from the backward passes' roles.<name>.micro_batch_size."""
 from pathlib import Path
 
 import pytest
@@ -30,12 +30,12 @@ def settings(*sets: str, world_size: int = 1):
     cfg = load_run_config(None, list(sets))
     plan = fl.compile_plan(grpo, fl.Placement.colocated(("actor", "rollout", "ref")), INPUTS, ROLE_CLASSES)
     factory = make_factory(cfg, plan, ParityTask(), Path("unused"))
-    pool = fl.Pool(name="p", roles=["actor"], world_size=world_size)
-    return factory.for_pool(pool).context.settings
+    pool = fl.Pool(name="p", roles=["actor", "ref"], world_size=world_size)
+    return factory.for_pool(pool).context.role_settings["ref"]  # the actor's sizes: its section sets none
 
 
 def test_forward_passes_take_their_own_micro_batch():
-    s = settings("train.micro_batch_size=4", "train.forward_micro_batch_size=16")
+    s = settings("roles.actor.micro_batch_size=4", "roles.actor.forward_micro_batch_size=16")
     assert (s.micro_batch_size, s.forward_rows) == (4, 16)
     engine = RecordingEngine()
     ids = torch.ones(2, 3, dtype=torch.long)
@@ -45,7 +45,7 @@ def test_forward_passes_take_their_own_micro_batch():
 
 
 def test_forward_micro_batch_defaults_to_micro_and_splits_over_ranks():
-    assert settings("train.micro_batch_size=8").forward_rows == 8
-    assert settings("train.micro_batch_size=8", "train.forward_micro_batch_size=32", world_size=2).forward_rows == 16
-    with pytest.raises(ValueError, match="train.forward_micro_batch_size=3 must be divisible"):
-        settings("train.micro_batch_size=8", "train.forward_micro_batch_size=3", world_size=2)
+    assert settings("roles.actor.micro_batch_size=8").forward_rows == 8
+    assert settings("roles.actor.micro_batch_size=8", "roles.actor.forward_micro_batch_size=32", world_size=2).forward_rows == 16
+    with pytest.raises(ValueError, match="roles.actor.forward_micro_batch_size=3 must be divisible"):
+        settings("roles.actor.micro_batch_size=8", "roles.actor.forward_micro_batch_size=3", world_size=2)

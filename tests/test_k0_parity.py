@@ -28,7 +28,7 @@ ray = pytest.importorskip("ray")
 HERE = Path(__file__).parent
 COMMON = ["algorithm=grpo_async", "task.name=fakes:ParityTask", "train.steps=3", "train.batch_size=4",
           "algo.group_size=4", "algo.max_staleness=0", "algo.kl_coef=0.0", "roles.rollout.max_new_tokens=4",
-          "train.mini_batch_size=16", "train.micro_batch_size=8", "train.forward_micro_batch_size=8",
+          "roles.actor.mini_batch_size=16", "roles.actor.micro_batch_size=8", "roles.actor.forward_micro_batch_size=8",
           "eval.every=0", "checkpoint.every=0"]
 STREAMED = ['roles={"rollout": "sample_seeded_rollout"}', "algo.stream=true"]
 GENERATED = ['roles={"rollout": "sample_seeded_generate"}', "algo.stream=false"]

@@ -114,12 +114,13 @@ def test_balanced_ranks_even_their_tokens_and_train_the_same(tiny_model_path, tm
 
 
 def test_micro_batch_size_under_a_token_budget_warns():
-    """train.micro_batch_size has no effect when every train role groups micro-batches by tokens."""
-    budget = ["roles.actor.max_tokens_per_micro_batch=64", "train.micro_batch_size=8"]
-    with pytest.warns(UserWarning, match="train.micro_batch_size has no effect: "
+    """A role's micro_batch_size has no effect when its engine groups micro-batches by tokens."""
+    budget = ["roles.actor.max_tokens_per_micro_batch=64", "roles.actor.micro_batch_size=8"]
+    with pytest.warns(UserWarning, match="roles.actor.micro_batch_size has no effect: "
                                          "roles.actor.max_tokens_per_micro_batch=64 groups micro-batches by tokens"):
         warn_no_effect(load_run_config(None, budget), {"actor", "ref", "rollout"})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_no_effect(load_run_config(None, budget[:1]), {"actor", "ref", "rollout"})  # left at its default
-        warn_no_effect(load_run_config(None, budget), {"actor", "critic", "rollout"})  # the critic counts rows
+        critic = [budget[0], "roles.critic.micro_batch_size=8"]
+        warn_no_effect(load_run_config(None, critic), {"actor", "critic", "rollout"})  # the critic counts rows

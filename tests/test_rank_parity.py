@@ -28,7 +28,7 @@ EXACT = ("reward/mean", "response_length/mean", "response_length/clip_ratio", "s
          "sampling/rounds", "sampling/groups", "actor/grad_norm", "actor/ratio_mean", "actor/clipfrac",
          "actor/approx_kl")
 COMMON = ["algorithm=dapo", "task.name=fakes:ParityTask", "train.batch_size=4", "algo.group_size=4",
-          "train.mini_batch_size=16", "train.micro_batch_size=8", "train.forward_micro_batch_size=8",
+          "roles.actor.mini_batch_size=16", "roles.actor.micro_batch_size=8", "roles.actor.forward_micro_batch_size=8",
           "eval.every=0", "checkpoint.every=0"]
 RUNS = {"split": [*COMMON, "train.steps=3", "algo.dynamic_sampling=false"],
         "fill": [*COMMON, "train.steps=5", "algo.max_sampling_rounds=8"]}

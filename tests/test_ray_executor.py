@@ -137,8 +137,9 @@ def test_rows_that_do_not_split_over_a_pool_are_named():
             executor.run_step(1, PromptStream(ParityTask(), FakeTokenizer(), batch_size=3))
     finally:
         executor.close()
-    with pytest.raises(ValueError, match="train.mini_batch_size=5 must be divisible by the world_size 2 of pool 'gen'"):
-        fake_executor(placement, cfg=config("unused", "train.mini_batch_size=5"))
+    with pytest.raises(ValueError, match="roles.actor.mini_batch_size=5 must be divisible by the world_size 2 of "
+                                         "pool 'gen'"):
+        fake_executor(placement, cfg=config("unused", "roles.actor.mini_batch_size=5"))
 
 
 @fl.algorithm

@@ -78,7 +78,7 @@ def test_two_grpo_steps_on_cpu_with_the_real_tokenizer_and_chat_template(smollm2
         f"model.path={smollm2}", "task.chat_template=true", f"data.train_files={problems / 'train.parquet'}",
         f"data.reward={Path(__file__).resolve()}:digit_share", "data.reward_workers=0", "train.steps=2",
         "train.batch_size=2", "algo.group_size=2", "algo.kl_coef=0", "roles.rollout.max_new_tokens=16",
-        "train.mini_batch_size=4", "train.micro_batch_size=4", "roles.actor.lr=1e-5", "eval.every=0",
+        "roles.actor.mini_batch_size=4", "roles.actor.micro_batch_size=4", "roles.actor.lr=1e-5", "eval.every=0",
         "checkpoint.export=true", f"train.output_dir={out}"])
     history = train(cfg, progress=False)
     assert [r["step"] for r in history] == [1, 2]

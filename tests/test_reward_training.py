@@ -60,7 +60,8 @@ def test_rm_accuracy_on_held_out_pairs_rises_and_grpo_scores_with_it(tmp_path):
     out = tmp_path / "rm"
     cfg = load_run_config(None, [
         "algorithm=rm", f"data.train_files={train_file}", f"data.val_files={val_file}", "train.steps=12",
-        "train.batch_size=16", "train.mini_batch_size=32", "train.micro_batch_size=32", "eval.every=12",
+        "train.batch_size=16", "roles.learned_reward.mini_batch_size=32",
+        "roles.learned_reward.micro_batch_size=32", "eval.every=12",
         "eval.prompts=16", "roles.actor.lr=3e-3", f"train.output_dir={out}"])
     history = train(cfg, progress=False)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -178,7 +178,7 @@ def test_every_algorithm_passes_the_option_to_its_policy_loss(name):
 @pytest.mark.parametrize("mini_batch", [128, 32])  # 128: one step, old logprobs deferred; 32: computed first
 def test_grpo_with_token_tis_runs_on_cpu_and_logs_a_tiny_mismatch(tmp_path, mini_batch):
     cfg = load_run_config(None, [f"train.output_dir={tmp_path}", "train.steps=2", "train.batch_size=8",
-                                 f"train.mini_batch_size={mini_batch}", "train.micro_batch_size=16",
+                                 f"roles.actor.mini_batch_size={mini_batch}", "roles.actor.micro_batch_size=16",
                                  "checkpoint.every=0", "checkpoint.export=false", "algo.rollout_correction.is_level=token"])
     history = train(cfg, progress=False)
     assert len(history) == 2

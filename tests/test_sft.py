@@ -111,7 +111,7 @@ def sft_config(tmp_path, *extra):
     data.mkdir(exist_ok=True)
     train_file, val_file = write_sft(data / "train.jsonl"), write_sft(data / "val.jsonl", rows=16, seed=1)
     return ["--set", f"data.train_files={train_file}", "--set", f"data.val_files={val_file}", "--set",
-            "train.batch_size=8", "--set", "train.mini_batch_size=8", "--set", "train.micro_batch_size=4", "--set",
+            "train.batch_size=8", "--set", "roles.actor.mini_batch_size=8", "--set", "roles.actor.micro_batch_size=4", "--set",
             "eval.prompts=16", "--set", "roles.actor.lr=1e-3", "--set", "data.shuffle=false", *extra]
 
 
@@ -192,7 +192,7 @@ def test_the_real_smollm2_models_held_out_loss_falls_on_generated_instructions(t
     cfg = load_run_config(None, [
         "algorithm=sft", f"model.path={model}", f"data.train_files={tmp_path / 'train.jsonl'}",
         f"data.val_files={tmp_path / 'val.jsonl'}", "train.steps=3", "train.batch_size=8",
-        "train.mini_batch_size=8", "train.micro_batch_size=4", "eval.every=3", "eval.prompts=8",
+        "roles.actor.mini_batch_size=8", "roles.actor.micro_batch_size=4", "eval.every=3", "eval.prompts=8",
         "roles.actor.lr=2e-5", "checkpoint.export=false", f"train.output_dir={tmp_path / 'run'}"])
     history = train(cfg, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -21,14 +21,15 @@ def sft_data(folder):
     rows = [{"prompt": f"{a}+{b}=", "response": str(a + b)} for a, b in
             ((rng.randint(0, 9), rng.randint(0, 9)) for _ in range(32))]
     (folder / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return [f"data.train_files={folder / 'sft.jsonl'}", "train.mini_batch_size=8", "train.micro_batch_size=4"]
+    return [f"data.train_files={folder / 'sft.jsonl'}", "roles.actor.mini_batch_size=8", "roles.actor.micro_batch_size=4"]
 
 
 def rm_data(folder):
     rows = [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": "=" * len(str(a + b))}
             for a in range(6) for b in range(6)]
     (folder / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return [f"data.train_files={folder / 'pairs.jsonl'}", "train.mini_batch_size=8", "train.micro_batch_size=8"]
+    return [f"data.train_files={folder / 'pairs.jsonl'}", "roles.learned_reward.mini_batch_size=8",
+            "roles.learned_reward.micro_batch_size=8"]
 
 
 RUNS = {

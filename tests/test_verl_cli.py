@@ -51,10 +51,10 @@ actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n
 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 actor_rollout_ref.ref.fsdp_config.param_offload=True
 algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.project_name='verl_grpo_example_gsm8k'
 trainer.experiment_name='qwen2_7b_function_rm' trainer.save_freq=20 trainer.test_freq=5 trainer.total_epochs=15""",
-             """algorithm=grpo train.batch_size=4 roles.rollout.max_new_tokens=4 train.mini_batch_size=10
-train.micro_batch_size=4 algo.kl_coef=0.001 model.gradient_checkpointing=true roles.actor.offload_params=false
-roles.actor.offload_optimizer=false train.forward_micro_batch_size=8 algo.group_size=5
-roles.ref.offload_params=true checkpoint.every=20 eval.every=5"""),
+             """algorithm=grpo train.batch_size=4 roles.rollout.max_new_tokens=4 roles.actor.mini_batch_size=10
+roles.actor.micro_batch_size=4 algo.kl_coef=0.001 model.gradient_checkpointing=true roles.actor.offload_params=false
+roles.actor.offload_optimizer=false roles.actor.forward_micro_batch_size=8 algo.group_size=5
+roles.ref.offload_params=true roles.ref.forward_micro_batch_size=8 checkpoint.every=20 eval.every=5"""),
     # examples/ppo_trainer/run_deepseek7b_llm.sh
     "ppo": ("""algorithm.adv_estimator=gae data.train_batch_size=4 data.max_response_length=4
 actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1
@@ -66,10 +66,11 @@ critic.model.use_remove_padding=True critic.model.path=MODEL critic.model.enable
 critic.ppo_micro_batch_size_per_gpu=2 critic.model.fsdp_config.param_offload=False
 critic.model.fsdp_config.optimizer_offload=False algorithm.use_kl_in_reward=False trainer.critic_warmup=0
 trainer.save_freq=20 trainer.test_freq=1 trainer.use_legacy_worker_impl=auto trainer.total_epochs=15""",
-            """algorithm=ppo train.batch_size=4 roles.rollout.max_new_tokens=4 train.mini_batch_size=2
-train.micro_batch_size=2 roles.actor.offload_params=false roles.actor.offload_optimizer=false algo.kl_coef=0
-model.gradient_checkpointing=true train.forward_micro_batch_size=4 roles.critic.lr=1e-5
+            """algorithm=ppo train.batch_size=4 roles.rollout.max_new_tokens=4 roles.actor.mini_batch_size=2
+roles.actor.micro_batch_size=2 roles.actor.offload_params=false roles.actor.offload_optimizer=false algo.kl_coef=0
+model.gradient_checkpointing=true roles.actor.forward_micro_batch_size=4 roles.critic.lr=1e-5
 roles.critic.weight_decay=0.01 roles.critic.offload_params=false roles.critic.offload_optimizer=false
+roles.critic.mini_batch_size=2 roles.critic.micro_batch_size=4
 algo.lam=1.0 checkpoint.every=20 eval.every=1"""),
     # tests/special_e2e/run_dapo.sh (recipe.dapo.main_dapo)
     "dapo": ("""algorithm.adv_estimator=grpo reward_model.reward_manager=dapo algorithm.use_kl_in_reward=False
@@ -85,8 +86,8 @@ actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 actor_rollout_ref.
 actor_rollout_ref.ref.fsdp_config.param_offload=True trainer.save_freq=-1 trainer.total_epochs=2
 trainer.resume_mode=disable trainer.val_before_train=False""",
              """algorithm=dapo train.batch_size=4 roles.rollout.max_new_tokens=4 algo.group_size=4
-algo.max_sampling_rounds=10 algo.overlong_buffer_len=2 train.mini_batch_size=8 train.micro_batch_size=4
-train.forward_micro_batch_size=4 roles.ref.offload_params=true checkpoint.every=0 eval.every=0
+algo.max_sampling_rounds=10 algo.overlong_buffer_len=2 roles.actor.mini_batch_size=8 roles.actor.micro_batch_size=4
+roles.actor.forward_micro_batch_size=4 roles.ref.offload_params=true checkpoint.every=0 eval.every=0
 checkpoint.resume=false"""),
     # examples/rloo_trainer/run_qwen2-7b.sh, but algorithm.use_kl_in_reward=False: flowrl's RLOO has KL as a loss
     # only (test_a_kl_flowrl_places_elsewhere_is_refused)
@@ -97,8 +98,9 @@ actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 actor_rollout_ref.
 actor_rollout_ref.rollout.n=5 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8
 algorithm.use_kl_in_reward=False algorithm.kl_penalty=kl algorithm.kl_ctrl.kl_coef=0.001 trainer.critic_warmup=0
 trainer.save_freq=-1 trainer.test_freq=5 trainer.total_epochs=15""",
-             """algorithm=rloo train.batch_size=4 roles.rollout.max_new_tokens=4 train.mini_batch_size=10
-train.micro_batch_size=8 algo.kl_coef=0 model.gradient_checkpointing=true train.forward_micro_batch_size=16
+             """algorithm=rloo train.batch_size=4 roles.rollout.max_new_tokens=4 roles.actor.mini_batch_size=10
+roles.actor.micro_batch_size=8 algo.kl_coef=0 model.gradient_checkpointing=true roles.actor.forward_micro_batch_size=16
+roles.ref.forward_micro_batch_size=16
 algo.group_size=5 algo.loss_agg_mode=token-mean algo.dual_clip=3.0 checkpoint.every=0 eval.every=5"""),
     # examples/reinforce_plus_plus_trainer/run_qwen2-7b_math_rf.sh
     "reinforce_pp": ("""algorithm.adv_estimator=reinforce_plus_plus data.train_batch_size=4
@@ -108,7 +110,7 @@ actor_rollout_ref.actor.kl_loss_coef=0.001 actor_rollout_ref.actor.kl_loss_type=
 actor_rollout_ref.actor.entropy_coeff=0 actor_rollout_ref.rollout.name=hf actor_rollout_ref.rollout.n=4
 algorithm.use_kl_in_reward=True trainer.save_freq=-1 trainer.test_freq=5 trainer.total_epochs=15""",
                      """algorithm=reinforce_pp train.batch_size=4 roles.rollout.max_new_tokens=4
-roles.actor.lr=3e-6 train.mini_batch_size=16 train.micro_batch_size=4 algo.group_size=4 algo.kl_coef=0.001
+roles.actor.lr=3e-6 roles.actor.mini_batch_size=16 roles.actor.micro_batch_size=4 algo.group_size=4 algo.kl_coef=0.001
 checkpoint.every=0 eval.every=5"""),
     # examples/gspo_trainer/test_gspo_3b_math.sh
     "gspo": ("""algorithm.adv_estimator=grpo actor_rollout_ref.actor.policy_loss.loss_mode=gspo data.shuffle=true
@@ -131,7 +133,7 @@ actor_rollout_ref.rollout.val_kwargs.top_p=0.7 reward_model.reward_manager=dapo
 trainer.total_epochs=10 trainer.resume_mode=auto trainer.log_val_generations=2""",
              """algorithm=gspo train.batch_size=4 roles.rollout.max_new_tokens=4 algo.group_size=4
 roles.actor.max_tokens_per_micro_batch=40 roles.actor.forward_max_tokens_per_micro_batch=60
-roles.ref.forward_max_tokens_per_micro_batch=60 roles.actor.weight_decay=0.1 train.mini_batch_size=8
+roles.ref.forward_max_tokens_per_micro_batch=60 roles.actor.weight_decay=0.1 roles.actor.mini_batch_size=8
 checkpoint.every=10 eval.every=10 checkpoint.resume=true"""),
     # examples/remax_trainer/run_qwen2.5-3b_seq_balance.sh, but algorithm.use_kl_in_reward=False: flowrl's ReMax has
     # no KL term (test_a_kl_flowrl_places_elsewhere_is_refused)
@@ -142,7 +144,7 @@ actor_rollout_ref.model.enable_gradient_checkpointing=True actor_rollout_ref.rol
 actor_rollout_ref.rollout.n=4 actor_rollout_ref.ref.fsdp_config.param_offload=True algorithm.use_kl_in_reward=False
 algorithm.kl_penalty=kl algorithm.kl_ctrl.kl_coef=0.001 trainer.val_before_train=False trainer.save_freq=-1
 trainer.test_freq=5 trainer.total_epochs=5""",
-              """algorithm=remax train.batch_size=4 roles.rollout.max_new_tokens=4 train.mini_batch_size=8
+              """algorithm=remax train.batch_size=4 roles.rollout.max_new_tokens=4 roles.actor.mini_batch_size=8
 roles.actor.max_tokens_per_micro_batch=64 model.gradient_checkpointing=true algo.group_size=4
 roles.ref.offload_params=true checkpoint.every=0 eval.every=5"""),
 }
@@ -213,7 +215,8 @@ def test_a_kl_flowrl_places_elsewhere_is_refused(case, message, data):
 def test_plain_flowrl_train_names_a_verl_key_and_what_it_means_under_verl(capsys):
     assert cli.main(["train", f"{AR}.actor.ppo_mini_batch_size=256"]) == cli.EXIT_USER_ERROR
     assert capsys.readouterr().err.strip() == (
-        f"flowrl: error: {AR}.actor.ppo_mini_batch_size: a verl key; with --verl it means train.mini_batch_size "
+        f"flowrl: error: {AR}.actor.ppo_mini_batch_size: a verl key; with --verl it means "
+        f"roles.actor.mini_batch_size "
         f"(prompts, x rollout.n (responses))")
 
 
@@ -244,3 +247,24 @@ def test_the_docs_table_is_the_mapping():
     page = (Path(__file__).parent.parent / "docs" / "verl.md").read_text()
     assert page.endswith(table_markdown()), "docs/verl.md: its table is not verl_keys.table_markdown()'s"
     assert all(f"| `{entry.key}` |" in page for entry in TABLE)
+
+
+def test_the_critic_and_the_reference_sizes_map_onto_their_own_roles(data):
+    """verl sizes the critic (critic.ppo_*) and the reference (ref.log_prob_micro_batch_size_per_gpu) apart from
+    the actor: each becomes its role's own key, counted over all ranks (2 GPUs here)."""
+    verl_words = words(f"{COMMON} {CASES['ppo'][0]}", data) + [
+        "critic.ppo_mini_batch_size=1", "critic.ppo_epochs=2", "critic.forward_micro_batch_size_per_gpu=3",
+        f"{AR}.ref.log_prob_micro_batch_size_per_gpu=5"]
+    mapped = from_verl(verl_words)
+    o = mapped.overrides
+    assert (o["roles.actor.mini_batch_size"], o["roles.actor.micro_batch_size"], o["roles.actor.epochs"],
+            o["roles.actor.forward_micro_batch_size"]) == (2, 2, 1, 4)
+    assert (o["roles.critic.mini_batch_size"], o["roles.critic.micro_batch_size"], o["roles.critic.epochs"],
+            o["roles.critic.forward_micro_batch_size"]) == (1, 4, 2, 6)
+    assert o["roles.ref.forward_micro_batch_size"] == 10
+    assert not [note for note in mapped.notes if "_batch_size" in note.split("=")[0] or "ppo_epochs" in note], \
+        mapped.notes
+    cfg = load_run_config(None, [f"algorithm={mapped.algorithm}", *mapped.words()])
+    assert (cfg.section("critic").micro_batch_size, cfg.section("ref").forward_micro_batch_size) == (4, 10)
+    unset = from_verl(words(f"{COMMON} {CASES['ppo'][0]}", data)).overrides  # the critic's unset: the actor's
+    assert (unset["roles.critic.mini_batch_size"], unset["roles.critic.epochs"]) == (2, 1)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import warnings
 
 from flowrl.graph.role import ROLES, RoleSpec
+from flowrl.graph.role_config import RoleConfig
+from flowrl.roles.configs import UPDATE_SIZES, TrainedRoleConfig, TrainRoleConfig
 from flowrl.config.run_config import RunConfig
 
 
@@ -23,24 +25,40 @@ def warn_no_effect(cfg: RunConfig, used_sections: set[str]) -> None:
             if getattr(cfg.model, key) != getattr(default.model, key):
                 warnings.warn(f"model.{key} has no effect: model.path is set", stacklevel=2)
     t = cfg.train
-    if t.micro_batch_size > t.mini_batch_size:
-        warnings.warn(f"train.micro_batch_size={t.micro_batch_size} above train.mini_batch_size={t.mini_batch_size} "
-                      f"has no effect: micro-batches never exceed a mini-batch", stacklevel=2)
     trained = sorted(name for name in used_sections if name in ROLES and ROLES.get(name).trainable)
-    engines = {name: getattr(cfg.section(name), "engine", None) for name in trained}  # a controller has none
-    budgets = {name: engine.model_dump().get("max_tokens_per_micro_batch", 0)
-               for name, engine in engines.items() if engine is not None}
-    if t.micro_batch_size != default.train.micro_batch_size and budgets and all(budgets.values()):
-        named = ", ".join(f"roles.{name}.max_tokens_per_micro_batch={budget}" for name, budget in budgets.items())
-        warnings.warn(f"train.micro_batch_size has no effect: {named} groups micro-batches by tokens", stacklevel=2)
+    for name in trained:
+        _warn_sizes(name, cfg.section(name))
     if cfg.task.name not in ("arithmetic", "calculator") and cfg.task.max_operand != default.task.max_operand:
         warnings.warn("task.max_operand has no effect: task.name is neither 'arithmetic' nor 'calculator'",
                       stacklevel=2)
     if t.memory_check is not default.train.memory_check and t.device != "cuda":
         warnings.warn("train.memory_check has no effect: train.device is not 'cuda'", stacklevel=2)
     for name in cfg.roles:
-        if name not in used_sections:
+        if name not in used_sections and not _sizes_only(cfg.roles[name]):
             warnings.warn(f"roles.{name}.* has no effect: no role of the algorithm builds on it", stacklevel=2)
+
+
+def _warn_sizes(name: str, section: RoleConfig) -> None:
+    """A trained role's micro_batch_size above its mini_batch_size, or set where its engine groups micro-batches
+    by tokens, has no effect."""
+    if not isinstance(section, TrainedRoleConfig):  # a controller (kl_ctrl) has no engine and no sizes
+        return
+    if section.micro_batch_size > section.mini_batch_size:
+        warnings.warn(f"roles.{name}.micro_batch_size={section.micro_batch_size} above roles.{name}.mini_batch_size="
+                      f"{section.mini_batch_size} has no effect: micro-batches never exceed a mini-batch", stacklevel=3)
+    budget = section.engine.model_dump().get("max_tokens_per_micro_batch", 0)
+    if budget and section.micro_batch_size != type(section).model_fields["micro_batch_size"].default:
+        warnings.warn(f"roles.{name}.micro_batch_size has no effect: roles.{name}.max_tokens_per_micro_batch={budget} "
+                      f"groups micro-batches by tokens", stacklevel=3)
+
+
+def _sizes_only(section: RoleConfig | dict) -> bool:
+    """A section holding only update sizes (a deprecated train.* key's or the cuda preset's, which every role
+    that has them gets): no warning where its role is not in the run."""
+    if not isinstance(section, TrainRoleConfig):
+        return False
+    sizes = {key: getattr(section, key) for key in section.model_fields_set & set(UPDATE_SIZES)}
+    return section == type(section).model_validate(sizes)
 
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks (vLLM 0.26)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "cuda": {"roles.rollout.engine": "hf_static", "roles.actor.compile": True, "train.forward_micro_batch_size": 128},
+    "cuda": {"roles.rollout.engine": "hf_static", "roles.actor.compile": True,
+             "roles.actor.forward_micro_batch_size": 128, "roles.critic.forward_micro_batch_size": 128},
 }
 """Each preset's values by dotted key; `cuda` is applied when train.device is cuda."""
 
@@ -40,4 +41,7 @@ def apply_cuda(values: dict[str, Any], rollout_options: frozenset[str] = frozens
         roles["rollout"] = {**rollout, "engine": engine}  # micro_batch_size: hf's own
     if isinstance(actor, dict) and actor.get("engine", "hf") == "hf":
         roles["actor"] = {"compile": preset["roles.actor.compile"], **actor}
-    values["train"].setdefault("forward_micro_batch_size", preset["train.forward_micro_batch_size"])
+    for key, value in preset.items():  # the no-grad passes' sizes: each role's own (others start from the actor's)
+        name, _, field = key.removeprefix("roles.").partition(".")
+        if field == "forward_micro_batch_size" and isinstance(roles.get(name, {}), dict):
+            roles[name] = {field: value, **roles.get(name, {})}

@@ -39,16 +39,6 @@ class ModelConfig(Section):
 class TrainConfig(Section):
     steps: int = Field(50, ge=1, description="Training steps (one batch of prompts each).")
     batch_size: int = Field(32, ge=1, description="Prompts per step (groups, once sampled), over all ranks.")
-    mini_batch_size: int = Field(128, ge=1, description="Responses per optimizer step, over all ranks of the "
-                                                        "pool (each rank takes 1/world_size, as verl's "
-                                                        "ppo_mini_batch_size).")
-    micro_batch_size: int = Field(64, ge=1, description="Responses per forward/backward pass, over all ranks "
-                                                        "of the pool (each rank takes 1/world_size).")
-    forward_micro_batch_size: int = Field(0, ge=0, description="Responses per no-grad forward pass (old and "
-                                                               "reference logprobs, values, scores), over all "
-                                                               "ranks of the pool (each rank takes "
-                                                               "1/world_size); 0: train.micro_batch_size.")
-    epochs: int = Field(1, ge=1, description="Passes over each step's batch per update.")
     balance_batch: bool = Field(False, description="Before each train engine pass (update, old and reference "
                                 "logprobs, values) on a pool of several ranks, move rows between the ranks so "
                                 "each holds as many rows and near-equal tokens (verl's trainer.balance_batch; "

@@ -75,21 +75,18 @@ def model_keys(v: Given, out: Mapped, gpus: int) -> None:
 def batch_keys(v: Given, out: Mapped, gpus: int) -> None:
     """Prompts and per-GPU counts as flowrl's responses over all ranks; token budgets per rank as they are."""
     o, actor, n = out.overrides, f"{AR}.actor", int(v(f"{AR}.rollout.n"))
-    o["train.mini_batch_size"] = int(v(f"{actor}.ppo_mini_batch_size")) * n
-    o["train.epochs"] = int(v(f"{actor}.ppo_epochs"))
+    o["roles.actor.mini_batch_size"] = int(v(f"{actor}.ppo_mini_batch_size")) * n
+    o["roles.actor.epochs"] = int(v(f"{actor}.ppo_epochs"))
     if v(f"{actor}.use_dynamic_bsz"):
         o["roles.actor.max_tokens_per_micro_batch"] = int(v(f"{actor}.ppo_max_token_len_per_gpu"))
     elif v.has(f"{actor}.ppo_micro_batch_size_per_gpu"):
-        o["train.micro_batch_size"] = int(v(f"{actor}.ppo_micro_batch_size_per_gpu")) * gpus
+        o["roles.actor.micro_batch_size"] = int(v(f"{actor}.ppo_micro_batch_size_per_gpu")) * gpus
     elif v.has(f"{actor}.ppo_micro_batch_size"):
-        o["train.micro_batch_size"] = int(v(f"{actor}.ppo_micro_batch_size"))
-    forward = [int(v(f"{AR}.{role}.log_prob_micro_batch_size_per_gpu")) * gpus for role in ("rollout", "ref")
-               if v.has(f"{AR}.{role}.log_prob_micro_batch_size_per_gpu")]
-    if forward:
-        o["train.forward_micro_batch_size"] = forward[0]
-    if len(set(forward)) > 1:
-        out.notes.append(not_honoured(f"{AR}.ref.log_prob_micro_batch_size_per_gpu", forward[1] // gpus,
-                                      "flowrl has one train.forward_micro_batch_size: the rollout's is kept"))
+        o["roles.actor.micro_batch_size"] = int(v(f"{actor}.ppo_micro_batch_size"))
+    # the rollout's log-prob passes are the actor's old logprobs; the reference's start from the actor's
+    for role, target in (("rollout", "roles.actor"), ("ref", "roles.ref")):
+        if v.has(f"{AR}.{role}.log_prob_micro_batch_size_per_gpu"):
+            o[f"{target}.forward_micro_batch_size"] = int(v(f"{AR}.{role}.log_prob_micro_batch_size_per_gpu")) * gpus
     for role, target in (("rollout", "roles.actor"), ("ref", "roles.ref")):
         if v(f"{AR}.{role}.log_prob_use_dynamic_bsz", v(f"{actor}.use_dynamic_bsz")) and \
                 v.has(f"{AR}.{role}.log_prob_max_token_len_per_gpu"):
@@ -162,14 +159,20 @@ def critic_keys(v: Given, out: Mapped, gpus: int) -> None:
         o["roles.critic.model"] = v("critic.model.path")
     if v(actor + ".use_dynamic_bsz") and v.has("critic.ppo_max_token_len_per_gpu"):
         o["roles.critic.max_tokens_per_micro_batch"] = int(v("critic.ppo_max_token_len_per_gpu"))
-    for key in ("ppo_mini_batch_size", "ppo_epochs"):
-        if v.has(f"critic.{key}") and v(f"critic.{key}") != v(f"{actor}.{key}"):
-            raise ValueError(f"critic.{key}={v(f'critic.{key}')}: flowrl's critic updates on the actor's "
-                             f"{key} ({v(f'{actor}.{key}')})")
-    per_gpu = v("critic.ppo_micro_batch_size_per_gpu")
-    if per_gpu is not None and per_gpu != v(f"{actor}.ppo_micro_batch_size_per_gpu"):
-        out.notes.append(not_honoured("critic.ppo_micro_batch_size_per_gpu", per_gpu,
-                                      "train.micro_batch_size is the actor's, for both"))
+    critic_sizes(v, out, gpus)
+
+
+def critic_sizes(v: Given, out: Mapped, gpus: int) -> None:
+    """The critic's own update sizes; one it leaves unset is the actor's (verl's critic.yaml interpolates them)."""
+    o, n = out.overrides, int(v(f"{AR}.rollout.n"))
+    o["roles.critic.mini_batch_size"] = int(v("critic.ppo_mini_batch_size", v(f"{AR}.actor.ppo_mini_batch_size"))) * n
+    o["roles.critic.epochs"] = int(v("critic.ppo_epochs", v(f"{AR}.actor.ppo_epochs")))
+    if v.has("critic.ppo_micro_batch_size_per_gpu"):
+        o["roles.critic.micro_batch_size"] = int(v("critic.ppo_micro_batch_size_per_gpu")) * gpus
+    elif "roles.actor.micro_batch_size" in o:
+        o["roles.critic.micro_batch_size"] = o["roles.actor.micro_batch_size"]
+    if v.has("critic.forward_micro_batch_size_per_gpu"):
+        o["roles.critic.forward_micro_batch_size"] = int(v("critic.forward_micro_batch_size_per_gpu")) * gpus
 
 
 def reward_keys(v: Given, out: Mapped, gpus: int) -> None:

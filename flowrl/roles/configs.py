@@ -11,12 +11,14 @@ and `roles.ref.compile=false` sets the reference apart (flowrl.config.RunConfig.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, SerializeAsAny, field_validator, model_serializer, model_validator
 
 from flowrl.data.multiturn.envs import EnvSpec, load_env
 from flowrl.roles.agents import AgentSpec
+from flowrl.roles.context import UpdateSettings
 from flowrl.engines.configs import EngineConfig, Head, RolloutEngineConfig, TrainEngineConfig
 from flowrl.graph.role_config import RoleConfig
 
@@ -72,28 +74,68 @@ class EngineRoleConfig(RoleConfig):
         return {**values, **values.pop("engine")}
 
 
+UPDATE_SIZES = ("mini_batch_size", "micro_batch_size", "forward_micro_batch_size", "epochs")
+"""The options sizing a train engine's passes, on the section of the role whose passes they size (verl's
+actor.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, ref.log_prob_micro_batch_size_per_gpu, ...)."""
+
+
 class TrainRoleConfig(EngineRoleConfig):
-    """A role holding a TrainEngine: `roles.actor`, `roles.critic`, `roles.learned_reward`."""
+    """A role holding a TrainEngine: `roles.actor`, `roles.critic`, `roles.ref`, `roles.reward_model`, ...; the
+    sizes of its passes are its own (UPDATE_SIZES), and a section starting from another role's (the reference
+    from the actor's) starts from that role's sizes too."""
 
     HEAD: ClassVar[Head] = "actor"
     engine: SerializeAsAny[TrainEngineConfig] = Field(default_factory=lambda: TrainEngineConfig.model_validate({}),
                                                       description="The train engine (a name in "
                                                                   "flowrl.engines.TRAIN_ENGINES) and its options.")
+    micro_batch_size: int = Field(64, ge=1, description="Responses per forward/backward pass of this role's "
+                                  "engine, over all ranks of its pool (each rank takes 1/world_size; verl's "
+                                  "ppo_micro_batch_size_per_gpu x GPUs).")
+    forward_micro_batch_size: int = Field(0, ge=0, description="Responses per no-grad forward pass of this "
+                                          "role's engine (old or reference logprobs, values, scores), over all "
+                                          "ranks of its pool (verl's log_prob_micro_batch_size_per_gpu x GPUs); "
+                                          "0: its micro_batch_size.")
+
+    @classmethod
+    def starting_from(cls, source: RoleConfig, values: dict[str, Any]) -> dict[str, Any]:
+        """The source's engine values and its update sizes (those this section has) under this section's own."""
+        sizes = {key: getattr(source, key) for key in UPDATE_SIZES
+                 if key in cls.model_fields and key in type(source).model_fields}
+        return super().starting_from(source, {**sizes, **values})
+
+    def update_settings(self, balance_batch: bool) -> UpdateSettings:
+        """The sizes of this role's engine passes (global: flowrl.runtime.factory shares them over a pool)."""
+        return UpdateSettings(micro_batch_size=self.micro_batch_size,
+                              forward_micro_batch_size=self.forward_micro_batch_size, balance_batch=balance_batch)
 
     def build(self, cls: type, ctx: Any) -> Any:
         return cls(self.engine.build(ctx.model, head=self.HEAD, device=ctx.device), ctx.settings)
 
 
-class ActorConfig(TrainRoleConfig):
+class TrainedRoleConfig(TrainRoleConfig):
+    """A role whose engine the run trains (registered `trainable`: actor, critic, learned_reward): the sizes of
+    its updates besides those of its passes."""
+
+    mini_batch_size: int = Field(128, ge=1, description="Responses per optimizer step of this role, over all "
+                                 "ranks of its pool (each rank takes 1/world_size, as verl's ppo_mini_batch_size).")
+    epochs: int = Field(1, ge=1, description="Passes of this role's update over each step's batch (verl's "
+                                             "ppo_epochs).")
+
+    def update_settings(self, balance_batch: bool) -> UpdateSettings:
+        return replace(super().update_settings(balance_batch), mini_batch_size=self.mini_batch_size,
+                       epochs=self.epochs)
+
+
+class ActorConfig(TrainedRoleConfig):
     POLICY: ClassVar[bool] = True
 
 
-class CriticConfig(TrainRoleConfig):
+class CriticConfig(TrainedRoleConfig):
     HEAD: ClassVar[Head] = "critic"
     ENGINE_DEFAULTS: ClassVar[dict[str, Any]] = {"lr": 5e-3}
 
 
-class ScoreHeadConfig(TrainRoleConfig):
+class ScoreHeadConfig(TrainedRoleConfig):
     HEAD: ClassVar[Head] = "reward"
 
 

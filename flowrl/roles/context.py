@@ -17,6 +17,9 @@ from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S
 
 @dataclass
 class UpdateSettings:
+    """The sizes of one role's engine passes (its section's: flowrl.roles.configs.TrainRoleConfig.update_settings),
+    as one rank takes them."""
+
     mini_batch_size: int = 32
     micro_batch_size: int = 16
     forward_micro_batch_size: int = 0  # rows per no-grad forward pass (logprobs, values, scores); 0: micro's
@@ -34,7 +37,8 @@ class BuildContext:
     model: ModelSource
     sections: dict[str, Any] = field(default_factory=dict)  # each role's section (a RoleConfig), by role name
     device: str = "cpu"
-    settings: UpdateSettings = field(default_factory=UpdateSettings)
+    settings: UpdateSettings = field(default_factory=UpdateSettings)  # the role being built's (see `named`)
+    role_settings: dict[str, UpdateSettings] = field(default_factory=dict)  # each train role's, from its section
     seed: int = 0
     task: Any = None
     reward_model: ModelSource | None = None  # a learned reward model's folder, if the run gives one
@@ -52,7 +56,8 @@ class BuildContext:
 
     def named(self, name: str) -> "BuildContext":
         """This context for building role `name` (the same built-roles table and tokenizer)."""
-        ctx = replace(self, name=name, config=self.sections.get(name))
+        ctx = replace(self, name=name, config=self.sections.get(name),
+                      settings=self.role_settings.get(name, self.settings))
         own = self.role_models.get(name)
         if own is not None:  # the role's own model (a reward model's, a judge's); batches keep the policy's tokens
             ctx = replace(ctx, model=own, reward_model=own)

@@ -122,8 +122,8 @@ class LearnedReward:
         """One pass in row order, a mini-batch per micro-batch: a pair's rows (adjacent) meet in one loss."""
         s = self.settings
         if s.mini_batch_size % 2:
-            raise ValueError(f"train.mini_batch_size: a rank's share {s.mini_batch_size} is odd, so a preference "
-                             f"pair's two rows would straddle mini-batches; make it even")
+            raise ValueError(f"roles.learned_reward.mini_batch_size: a rank's share {s.mini_batch_size} is odd, so "
+                             f"a preference pair's two rows would straddle mini-batches; make it even")
         result = self.engine.update(batch, loss, mini_batch_size=s.mini_batch_size,
                                     micro_batch_size=s.mini_batch_size, epochs=s.epochs)
         metrics.log_dict("rm", result)

@@ -29,6 +29,7 @@ from flowrl.plan.memory import Roles
 from flowrl.plan.placement import Placement, Pool
 from flowrl.plan.planner import model_roles
 from flowrl.plan.simulate import graph_nodes
+from flowrl.roles.configs import TrainedRoleConfig, TrainRoleConfig
 from flowrl.runtime.planning import DTYPE_BYTES, make_plan, model_config
 
 MEAN_SHARE = 0.5  # expected mean response length as a share of max_new_tokens (long-tailed work)
@@ -51,29 +52,33 @@ def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, p
     n = max([node.kwargs.get("n", 1) for node in plan.nodes if node.kind is NodeKind.ROWS] or [1])
     rows, new = cfg.train.batch_size * n, cfg.rollout.max_new_tokens
     stream = any(node.kwargs.get("stream") for node in plan.nodes if node.kind is NodeKind.BUFFER)
-    work = Work(rows=rows, prompt_len=cfg.data.max_prompt_length or prompt_len, response_len=new,
-                mean_response_len=new * MEAN_SHARE, mini_batch_size=cfg.train.mini_batch_size,
-                epochs=cfg.train.epochs, stream=stream)
     trained = [r for r in plan.pools if plan.specs[r].trainable]
     frozen = [r for r in plan.pools if r not in trained and r not in followers]
+    sized = [section for r in trained if isinstance(section := cfg.section(r, plan.specs[r]), TrainedRoleConfig)]
+    sizes = sized[0] if sized else TrainedRoleConfig.model_validate({})  # the first trained role's (the policy's)
+    work = Work(rows=rows, prompt_len=cfg.data.max_prompt_length or prompt_len, response_len=new,
+                mean_response_len=new * MEAN_SHARE, mini_batch_size=sizes.mini_batch_size,
+                epochs=sizes.epochs, stream=stream)
     lora = getattr(cfg.section(trained[0]).engine, "lora_rank", 0) if trained else 0
     actor = cfg.section(trained[0]).engine if trained else None
     summary = Roles(trained=len(trained), frozen=len(frozen), frozen_lent=bool(lora), rollout=bool(followers),
                     compile=bool(getattr(actor, "compile", False)))
-    batch = {"mini_batch_size": cfg.train.mini_batch_size,
-             "forward_micro_batch_size": cfg.train.forward_micro_batch_size or cfg.train.micro_batch_size}
+    batch = {"mini_batch_size": sizes.mini_batch_size,
+             "forward_micro_batch_size": sizes.forward_micro_batch_size or sizes.micro_batch_size}
+    engines = [r for r in trained + frozen if isinstance(cfg.section(r, plan.specs[r]), TrainRoleConfig)]
     space = Space(engines=installed_engines(), lora_ranks=(lora,),
                   gradient_checkpointing=(True,) if cfg.model.gradient_checkpointing else (False, True))
     costs, planner = costs or CostModel(cluster.kind), planner or PlannerConfig()
     chooser = planner.build()
     choice = chooser.choose(nodes, depth, shape, work, summary, cluster, space, batch, costs)
-    values = overrides(choice.best.cand, others, followers, trained, choice)
+    values = overrides(choice.best.cand, others, followers, trained, engines)
     budget = token_budget(choice.best.cand, shape, work, summary, cluster, batch, planner.headroom) \
         if planner.token_budget else 0
     budgeted = chooser.score(replace(choice.best.cand, token_budget=budget), nodes, depth, shape, work, summary,
                              cluster, batch, costs) if budget else None  # its peak and time under the budget
     if budgeted and budgeted.seconds is not None and budgeted.seconds <= choice.best.seconds:
-        values.pop("train.micro_batch_size")  # micro-batches grouped by tokens: a row count would have no effect
+        for role in engines:  # micro-batches grouped by tokens: a row count would have no effect
+            values.pop(f"roles.{role}.micro_batch_size")
         values.update({f"roles.{role}.max_tokens_per_micro_batch": budget for role in trained + frozen})
         choice = replace(choice, best=budgeted, scored=[budgeted if s is choice.best else s for s in choice.scored])
     if depth:
@@ -89,15 +94,16 @@ def installed_engines() -> tuple[str, ...]:
 
 
 def overrides(cand: Candidate, others: list[str], followers: list[str], trained: list[str],
-              choice: Choice) -> dict[str, Any]:
-    """Run config values (dotted keys) for the chosen candidate."""
+              engines: list[str]) -> dict[str, Any]:
+    """Run config values (dotted keys) for the chosen candidate; `engines`: the roles on train engines, whose
+    micro-batches it sizes."""
     pools = [{"name": "global", "roles": others + followers, "world_size": cand.train_gpus, "device": "cuda"}] \
         if cand.colocated else [{"name": "train", "roles": others, "world_size": cand.train_gpus, "device": "cuda"},
                                 {"name": "generate", "roles": followers, "world_size": cand.rollout_gpus,
                                  "device": "cuda"}]
     out: dict[str, Any] = {"placement": {"pools": pools}, "train.device": "cuda",
-                           "train.micro_batch_size": cand.micro_batch_size,
-                           "model.gradient_checkpointing": cand.gradient_checkpointing}
+                           "model.gradient_checkpointing": cand.gradient_checkpointing,
+                           **{f"roles.{role}.micro_batch_size": cand.micro_batch_size for role in engines}}
     for role in trained:
         out[f"roles.{role}.offload_optimizer"] = cand.offload_optimizer
         out[f"roles.{role}.offload_params"] = cand.offload_params

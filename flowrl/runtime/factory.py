@@ -20,7 +20,7 @@ from flowrl.engines.models.tiny_model import build_tiny_model
 from flowrl.graph.role import RoleSpec
 from flowrl.plan.placement import Pool
 from flowrl.plan.planner import Plan
-from flowrl.roles.configs import EngineRoleConfig
+from flowrl.roles.configs import EngineRoleConfig, TrainRoleConfig
 from flowrl.roles.context import BuildContext, UpdateSettings
 
 
@@ -63,12 +63,11 @@ class RoleFactory:
         return replace(self, context=replace(self.per_rank(pool).context, device=pool.device))
 
     def per_rank(self, pool: Pool) -> "RoleFactory":
-        """The factory with one rank's share (Pool.share) of the global train.* batch sizes: what a Ray pool's
-        ranks and the local executor's torchrun ranks build from."""
-        s = self.context.settings
-        shares = {name: pool.share(getattr(s, name), f"train.{name}")
-                  for name in ("mini_batch_size", "micro_batch_size", "forward_micro_batch_size")}
-        return replace(self, context=replace(self.context, settings=replace(s, **shares)))
+        """The factory with one rank's share (Pool.share) of each role's global batch sizes (roles.<name>.*):
+        what a Ray pool's ranks and the local executor's torchrun ranks build from."""
+        c = self.context
+        shared = {role: _share(s, pool, role, c.sections[role]) for role, s in c.role_settings.items()}
+        return replace(self, context=replace(c, role_settings=shared))
 
     def folders(self) -> tuple[Path, ...]:
         """The model folders its roles load from (model.path, model.reward_path, roles.<name>.model)."""
@@ -88,21 +87,27 @@ class RoleFactory:
 def make_factory(cfg: RunConfig, plan: Plan, task: Any, path: Path, extra: dict[str, RoleSpec] | None = None) -> RoleFactory:
     """The factory for `plan`'s roles (and `extra` ones, e.g. the evaluation's) under run config `cfg`."""
     t, m = cfg.train, cfg.model
-    settings = UpdateSettings(mini_batch_size=t.mini_batch_size, micro_batch_size=t.micro_batch_size,
-                              forward_micro_batch_size=t.forward_micro_batch_size,
-                              epochs=t.epochs, balance_batch=t.balance_batch)
     reward_model = None if m.reward_path is None else ModelSource(model_folder(m.reward_path, "model.reward_path"),
                                                                   m.dtype)
     specs = {**(extra or {}), **plan.specs}
     sections = {name: cfg.section(name, spec) for name, spec in specs.items()}
     own = {name: ModelSource(model_folder(section.model, f"roles.{name}.model"), m.dtype, m.gradient_checkpointing)
            for name, section in sections.items() if isinstance(section, EngineRoleConfig) and section.model}
+    settings = {name: section.update_settings(t.balance_batch) for name, section in sections.items()
+                if isinstance(section, TrainRoleConfig)}  # each role's passes sized by its own section
     context = BuildContext(model=ModelSource(path, m.dtype, m.gradient_checkpointing), sections=sections,
-                           device=t.device, settings=settings, seed=t.seed, task=task, reward_model=reward_model,
+                           device=t.device, role_settings=settings, seed=t.seed, task=task, reward_model=reward_model,
                            shared=plan.shared(),
                            reward_fn_timeout_s=None if isinstance(task, DatasetTask) else cfg.data.reward_fn_timeout_s,
                            role_models=own, sync_timeout_s=cfg.sync.timeout_s)
     return RoleFactory(context, specs)
+
+
+def _share(settings: UpdateSettings, pool: Pool, role: str, section: TrainRoleConfig) -> UpdateSettings:
+    """One rank's share of role `role`'s global batch sizes on `pool` (those its section has)."""
+    return replace(settings, **{key: pool.share(getattr(settings, key), f"roles.{role}.{key}")
+                                for key in ("mini_batch_size", "micro_batch_size", "forward_micro_batch_size")
+                                if key in type(section).model_fields})
 
 
 def _sources_first(names: tuple[str, ...], specs: dict[str, RoleSpec]) -> list[str]:

@@ -27,7 +27,7 @@ from flowrl.graph.role import role_spec
 from flowrl.plan.placement import Placement
 from flowrl.plan.planner import Plan, compile_plan, model_roles
 from flowrl.plan.resources import GIB, ModelShape, Workload, check_fits, describe, estimate, gpu_placement
-from flowrl.roles.configs import EngineRoleConfig
+from flowrl.roles.configs import EngineRoleConfig, TrainRoleConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -159,7 +159,10 @@ def fixes(cfg: RunConfig, plan: Plan, shape: ModelShape, work: Workload, gpu_byt
 def _estimate(cfg: RunConfig, plan: Plan, config: dict, prompt_len: int) -> tuple[ModelShape, Workload, dict]:
     shape = ModelShape.from_config(config, DTYPE_BYTES[cfg.model.dtype])
     n = max([node.row_multiplier() for node in plan.nodes] or [1])
-    work = Workload(rows=cfg.train.batch_size * n, micro_batch_size=cfg.train.micro_batch_size,
+    sections = [cfg.section(role, plan.specs[role]) for role in plan.pools]
+    micro = max([s.micro_batch_size for s in sections if isinstance(s, TrainRoleConfig)]  # the largest pass's
+                or [TrainRoleConfig.model_fields["micro_batch_size"].default])
+    work = Workload(rows=cfg.train.batch_size * n, micro_batch_size=micro,
                     seq_len=prompt_len + cfg.rollout.max_new_tokens,
                     gradient_checkpointing=cfg.model.gradient_checkpointing)
     return shape, work, estimate(plan, shape, work, _engines(cfg, plan))

@@ -38,11 +38,11 @@ class HFTrainOptions(TrainEngineConfig):
     max_tokens_per_micro_batch: int = Field(0, ge=0, description="Group an update's rows into micro-batches of "
                                             "at most this many tokens per rank (verl's ppo_max_token_len_per_gpu; "
                                             "packed: real tokens, padded: rows x longest row; a longer row runs "
-                                            "alone), balanced by Karmarkar-Karp, in place of "
-                                            "train.micro_batch_size rows; the step's gradient is the same. 0: rows.")
+                                            "alone), balanced by Karmarkar-Karp, in place of the role's "
+                                            "micro_batch_size rows; the step's gradient is the same. 0: rows.")
     forward_max_tokens_per_micro_batch: int = Field(0, ge=0, description="The same for no-grad passes (old and "
                                                     "reference logprobs, values), in place of "
-                                                    "train.forward_micro_batch_size rows; 0: "
+                                                    "the role's forward_micro_batch_size rows; 0: "
                                                     "max_tokens_per_micro_batch.")
     packing: bool = Field(False, description="Run each micro-batch's rows as one sequence of their real tokens, "
                           "position ids restarting per row and attention within each row (transformers' packed "
