@@ -30,7 +30,8 @@ from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan, pl
 from flowrl.runtime.executor import Executor
 from flowrl.runtime.executor_configs import executor_config
 from flowrl.runtime.observe.loggers import Loggers, open_loggers, trim_metrics
-from flowrl.runtime.planning import check_memory, make_plan
+from flowrl.runtime.memory_check import check_memory
+from flowrl.runtime.planning import make_plan
 from flowrl.runtime.plan_record import PlanRecord
 from flowrl.runtime.store.run_lock import RunLock
 from flowrl.runtime.shutdown import Shutdown, Stopped
