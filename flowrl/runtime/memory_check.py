@@ -19,6 +19,7 @@ import os
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from flowrl.config import RunConfig
 from flowrl.engines.memory import GIB, ModelShape
@@ -122,6 +123,13 @@ def fallback(cfg: RunConfig, plan: Plan, shape: ModelShape, seq_len: int, gpu_by
     per_gpu = estimate(plan, shape, work, engines(cfg, plan))
     check_fits(plan, per_gpu, gpu_bytes)
     return Judged(per_gpu, describe(per_gpu, {pool.name: pool for pool in plan.pools.values()}))
+
+
+def check_run(cfg: RunConfig, plan: Plan, model_path: Path, gpu_bytes: Callable[[], int | None]) -> None:
+    """`flowrl train`'s gate: on CUDA with train.memory_check, the check on the GPUs `gpu_bytes()` says (asked
+    only then); else nothing."""
+    if cfg.train.device == "cuda" and cfg.train.memory_check:
+        check_memory(cfg, plan, model_path, gpu_bytes())
 
 
 def check_memory(cfg: RunConfig, plan: Plan, model_path: Path, gpu_bytes: int | None,
