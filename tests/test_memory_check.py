@@ -15,7 +15,7 @@ from flowrl.plan.cluster import ClusterConfig
 from flowrl.plan.costs import DEVICES
 from flowrl.runtime import trainer
 from flowrl.runtime.auto_plan import choose
-from flowrl.runtime.configured import configured, workload
+from flowrl.config.candidate import configured, workload
 from flowrl.runtime.memory_check import check_run, judge
 from flowrl.runtime.planning import make_plan
 from fakes import ParityTask

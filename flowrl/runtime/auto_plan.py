@@ -28,7 +28,7 @@ from flowrl.plan.memory import Roles
 from flowrl.plan.placement import Placement, Pool
 from flowrl.plan.planner import model_roles
 from flowrl.plan.simulate import graph_nodes
-from flowrl.runtime.configured import batch_sizes, workload
+from flowrl.config.candidate import batch_sizes, workload
 from flowrl.runtime.memory_check import DTYPE_BYTES
 from flowrl.runtime.planning import make_plan, model_config
 

@@ -1,6 +1,6 @@
 """`flowrl train`'s memory check (train.device=cuda, train.memory_check) and `flowrl plan --gpus N`'s table.
 
-One memory model: the run's configured layout (flowrl.runtime.configured) is judged by the planner's phase
+One memory model: the run's configured layout (flowrl.config.candidate) is judged by the planner's phase
 model (flowrl.plan.memory: generation with vLLM's pre-allocation and sleep levels, the train phases with
 checkpointing, offload, token budgets and the logits), the one `flowrl plan --cluster --explain` and
 placement=auto choose with, within the planner's headroom of a card. A layout an engine would refuse at build
@@ -28,7 +28,7 @@ from flowrl.plan.choose import PlannerConfig
 from flowrl.plan.memory import Fit, fit, pool_phases
 from flowrl.plan.planner import Plan
 from flowrl.plan.resources import Workload, check_fits, describe, estimate
-from flowrl.runtime.configured import Layout, Unexpressible, batch_sizes, configured, engines, workload
+from flowrl.config.candidate import Layout, Unexpressible, batch_sizes, configured, engines, workload
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 

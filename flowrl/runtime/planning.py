@@ -23,7 +23,7 @@ from flowrl.graph.role import role_spec
 from flowrl.plan.placement import Placement
 from flowrl.plan.planner import Plan, compile_plan, model_roles
 from flowrl.plan.resources import gpu_placement
-from flowrl.runtime.configured import workload
+from flowrl.config.candidate import workload
 from flowrl.runtime.memory_check import DTYPE_BYTES, judge
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flowrl.config import RunConfig
+from flowrl.config.run_config import RunConfig
 from flowrl.engines.configs import ROLLOUT_ENGINES, EngineConfig
 from flowrl.engines.hf.configs import HFStaticRolloutConfig, HFTrainConfig
 from flowrl.graph.trace import NodeKind
