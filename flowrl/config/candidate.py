@@ -6,8 +6,10 @@ tensor_parallel_size / gpu_memory_utilization / free_cache_engine; the train eng
 offload_params / lora_rank / max_tokens_per_micro_batch / compile; model.gradient_checkpointing; the micro-batch
 size) into flowrl.plan.candidates.Candidate on a cluster of the GPUs the run uses, each of `gpu_bytes`.
 A layout the Candidate cannot express (a role on a pool of its own beyond the rollout's, a role with a model of
-its own, a rollout engine other than hf_static or vLLM, trained roles with different engine options, an engine
-option the phase model leaves at its default) raises Unexpressible naming what, in one line.
+its own or a reward model, a rollout engine other than hf_static or vLLM, trained roles with different engine
+options, an engine option the phase model leaves at its default) raises Unexpressible naming what, in one line.
+vLLM's enforce_eager is read by the cost model only: vLLM takes its gpu_memory_utilization share either way
+(the phase model counts CUDA graphs inside it, so eager leaves it a little more KV cache than predicted).
 `workload` and `batch_sizes` are what placement=auto (flowrl.runtime.auto_plan) reads from the same config.
 """
 
@@ -23,10 +25,10 @@ from flowrl.plan.candidates import Candidate, Work
 from flowrl.plan.cluster import ClusterConfig, nearest_device
 from flowrl.plan.memory import Roles
 from flowrl.plan.planner import Plan
-from flowrl.roles.configs import EngineRoleConfig
+from flowrl.roles.configs import EngineRoleConfig, ScoreHeadConfig
 
 MEAN_SHARE = 0.5  # expected mean response length as a share of max_new_tokens (long-tailed work)
-SAME = ("offload_optimizer", "offload_params", "lora_rank", "max_tokens_per_micro_batch", "compile")
+SAME = ("offload_optimizer", "offload_params", "lora_rank", "max_tokens_per_micro_batch")
 DEFAULTED = ("logprob_chunk_tokens", "forward_max_tokens_per_micro_batch", "lora_target_modules")
 
 
@@ -81,6 +83,8 @@ def split_roles(plan: Plan) -> tuple[list[str], list[str], list[str]]:
 def configured(cfg: RunConfig, plan: Plan, gpu_bytes: int, gpus_per_node: int | None = None) -> Layout:
     """The run's layout as a Candidate on the GPUs its pools use (one node of them unless `gpus_per_node`)."""
     trained, frozen, followers = split_roles(plan)
+    if not plan.pools:
+        raise Unexpressible("no model role is placed on a pool")
     engine = engines(cfg, plan)
     _check_sections(cfg, plan, engine, trained + frozen + followers)
     if len(followers) > 1:
@@ -106,8 +110,10 @@ def configured(cfg: RunConfig, plan: Plan, gpu_bytes: int, gpus_per_node: int | 
             for f in frozen}
     if len(lent) > 1:
         raise Unexpressible(f"of the frozen roles {', '.join(frozen)} some read a LoRA base and some load weights")
+    # compiled layers recompute less in the backward (34 h bytes a token, not 24 h + 8 i): one uncompiled trained
+    # role (the cuda preset compiles the actor, not a critic) counts them all uncompiled, the larger
     roles = Roles(trained=len(trained), frozen=len(frozen), frozen_lent=lent == {True}, rollout=bool(followers),
-                  compile=bool(trained) and engine[trained[0]].compile)
+                  compile=bool(trained) and all(engine[r].compile for r in trained))
     names = {"global": pool.name} if not split else {"train": pool.name, "gen": rollout_pool.name}
     if not followers:
         names = {"train": pool.name}
@@ -124,6 +130,10 @@ def _check_sections(cfg: RunConfig, plan: Plan, engine: dict[str, EngineConfig],
             raise Unexpressible(f"role {role!r} has no engine section (roles.{role}) the planner can read")
         if getattr(section, "model", None) is not None:
             raise Unexpressible(f"roles.{role}.model={section.model}: the planner models one model's shape")
+        if isinstance(section, ScoreHeadConfig) or not (plan.specs[role].trainable or plan.specs[role].base_of
+                                                         or plan.specs[role].weights_from):
+            raise Unexpressible(f"role {role!r} loads a model of its own (a reward model: model.reward_path); the "
+                                f"planner models the policy's shape")
         if plan.pools[role].device != "cuda":
             raise Unexpressible(f"pool {plan.pools[role].name!r} is on {plan.pools[role].device}")
 
@@ -131,8 +141,8 @@ def _check_sections(cfg: RunConfig, plan: Plan, engine: dict[str, EngineConfig],
 def _train_options(trained: list[str], frozen: list[str], engine: dict[str, EngineConfig]) -> dict:
     for role in trained + frozen:
         if not isinstance(engine[role], HFTrainConfig):
-            raise Unexpressible(f"roles.{role}.engine={engine[role].engine}: the planner models the hf train "
-                                f"engine")
+            raise Unexpressible(f"roles.{role}.engine={engine[role].engine}: the planner models trained and "
+                                f"frozen roles on the hf train engine")
         for name in DEFAULTED:
             if getattr(engine[role], name) != HFTrainConfig.model_fields[name].get_default(call_default_factory=True):
                 raise Unexpressible(f"roles.{role}.{name} is set; the planner's candidate keeps its default")
