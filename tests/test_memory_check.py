@@ -4,6 +4,7 @@ only (no weights); the GPU's memory is the one thing replaced (the Ray executor'
 .gpu_memory, which is what `flowrl train` asks under executor.name=ray with pools given by hand)."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -123,3 +124,27 @@ def test_a_layout_the_candidate_cannot_express_warns_and_uses_the_per_role_sum(t
                                          r"and vllm; judged by the per-role sum"):
         judged = judge(cfg, make_plan(cfg, grpo, ParityTask()), ModelShape.from_config(QWEN05B, 2), 256, 80 * GIB)
     assert set(judged.per_gpu["global"]) == {"actor", "rollout", "ref"} and judged.peak == 0
+
+
+QWEN25_1_5B = dict(model_type="qwen2", hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                   num_key_value_heads=2, intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True)
+
+
+def test_the_layout_flowrl_plan_writes_passes_trains_check_with_the_planned_peak(tmp_path):
+    """`flowrl plan --cluster 1xH100-80G --write FILE`, then `flowrl train --config FILE`: the check translates
+    the written placement and options back into the planner's candidate, with the peak the plan predicted."""
+    from flowrl.runtime.auto_plan import write
+
+    cfg = run_config(tmp_path, QWEN25_1_5B)
+    choice, values = choose(cfg.model_copy(update={"placement": "auto"}), grpo, ParityTask(),
+                            ClusterConfig.parse("1xH100-80G"))
+    write(values, {}, tmp_path / "plan.json")
+    written = load_run_config(str(tmp_path / "plan.json"), [*WORKLOAD, f"model.path={tmp_path / 'model'}"])
+    plan = make_plan(written, grpo, ParityTask())
+    card = DEVICES["H100-80G"].memory_bytes
+    cand, best = configured(written, plan, card).cand, choice.best.cand
+    if best.token_budget:  # micro-batches grouped by tokens: the plan leaves train.micro_batch_size out
+        cand, best = replace(cand, micro_batch_size=0), replace(best, micro_batch_size=0)
+    assert cand == best
+    assert judge(written, plan, ModelShape.from_config(QWEN25_1_5B, 2), 256, card).peak == \
+        max(choice.best.fit.peak.values())
