@@ -87,40 +87,45 @@ def configured(cfg: RunConfig, plan: Plan, gpu_bytes: int, gpus_per_node: int | 
         raise Unexpressible("no model role is placed on a pool")
     engine = engines(cfg, plan)
     _check_sections(cfg, plan, engine, trained + frozen + followers)
-    if len(followers) > 1:
-        raise Unexpressible(f"roles {', '.join(followers)} each follow weights; the planner models one rollout")
-    home = {plan.pools[r].name for r in trained + frozen}
-    if len(home) > 1:
-        raise Unexpressible(f"the trained and frozen roles sit on pools {', '.join(sorted(home))}; the planner "
-                            f"models them on one pool")
-    pool = plan.pools[(trained + frozen + followers)[0]]
-    train_gpus = pool.world_size if home else 0
-    rollout_pool = plan.pools[followers[0]] if followers else None
+    pool, rollout_pool = _pools(plan, trained + frozen, followers)
     split = rollout_pool is not None and rollout_pool.name != pool.name
-    opts = _train_options(trained, frozen, engine)
-    rollout = _rollout_options(followers[0], engine[followers[0]], split) if followers else {}
-    cand = Candidate(train_gpus=train_gpus or rollout_pool.world_size,
-                     rollout_gpus=rollout_pool.world_size if split else 0,
+    follower = followers[0] if followers else None
+    rollout = _rollout_options(follower, engine[follower], split) if follower else {}
+    cand = Candidate(train_gpus=pool.world_size, rollout_gpus=rollout_pool.world_size if split else 0,
                      gradient_checkpointing=cfg.model.gradient_checkpointing,
-                     micro_batch_size=batch_sizes(cfg)["micro_batch_size"], **opts, **rollout)
+                     micro_batch_size=batch_sizes(cfg)["micro_batch_size"],
+                     **_train_options(trained, frozen, engine), **rollout)
     gpus = cand.train_gpus + cand.rollout_gpus
     cluster = ClusterConfig(nodes=1, gpus_per_node=gpus_per_node or gpus, device=nearest_device(gpu_bytes),
                             memory_gib=gpu_bytes / 2**30)
-    lent = {engine[plan.specs[f].base_of].lends_base() if plan.specs[f].base_of in trained else False
-            for f in frozen}
+    names = {"train": pool.name} if not follower else \
+        {"train": pool.name, "gen": rollout_pool.name} if split else {"global": pool.name}
+    batch = {k: v for k, v in batch_sizes(cfg).items() if k in ("mini_batch_size", "forward_micro_batch_size")}
+    return Layout(cand, _roles(plan, trained, frozen, follower, engine), cluster, batch, names, tuple(trained),
+                  tuple(frozen), follower, plan.specs[follower].weights_from if follower else None)
+
+
+def _pools(plan: Plan, home_roles: list[str], followers: list[str]):
+    """(the trained and frozen roles' pool, the rollout's pool or None)."""
+    if len(followers) > 1:
+        raise Unexpressible(f"roles {', '.join(followers)} each follow weights; the planner models one rollout")
+    home = {plan.pools[r].name for r in home_roles}
+    if len(home) > 1:
+        raise Unexpressible(f"the trained and frozen roles sit on pools {', '.join(sorted(home))}; the planner "
+                            f"models them on one pool")
+    rollout_pool = plan.pools[followers[0]] if followers else None
+    return (plan.pools[home_roles[0]] if home_roles else rollout_pool), rollout_pool
+
+
+def _roles(plan: Plan, trained: list[str], frozen: list[str], follower: str | None,
+           engine: dict[str, EngineConfig]) -> Roles:
+    lent = {plan.specs[f].base_of in trained and engine[plan.specs[f].base_of].lends_base() for f in frozen}
     if len(lent) > 1:
         raise Unexpressible(f"of the frozen roles {', '.join(frozen)} some read a LoRA base and some load weights")
     # compiled layers recompute less in the backward (34 h bytes a token, not 24 h + 8 i): one uncompiled trained
     # role (the cuda preset compiles the actor, not a critic) counts them all uncompiled, the larger
-    roles = Roles(trained=len(trained), frozen=len(frozen), frozen_lent=lent == {True}, rollout=bool(followers),
-                  compile=bool(trained) and all(engine[r].compile for r in trained))
-    names = {"global": pool.name} if not split else {"train": pool.name, "gen": rollout_pool.name}
-    if not followers:
-        names = {"train": pool.name}
-    batch = {k: v for k, v in batch_sizes(cfg).items() if k in ("mini_batch_size", "forward_micro_batch_size")}
-    follower = followers[0] if followers else None
-    return Layout(cand, roles, cluster, batch, names, tuple(trained), tuple(frozen), follower,
-                  plan.specs[follower].weights_from if follower else None)
+    return Roles(trained=len(trained), frozen=len(frozen), frozen_lent=lent == {True}, rollout=follower is not None,
+                 compile=bool(trained) and all(engine[r].compile for r in trained))
 
 
 def _check_sections(cfg: RunConfig, plan: Plan, engine: dict[str, EngineConfig], roles: list[str]) -> None:
@@ -128,7 +133,7 @@ def _check_sections(cfg: RunConfig, plan: Plan, engine: dict[str, EngineConfig],
         section = cfg.section(role, plan.specs[role])
         if role not in engine:
             raise Unexpressible(f"role {role!r} has no engine section (roles.{role}) the planner can read")
-        if getattr(section, "model", None) is not None:
+        if section.model is not None:
             raise Unexpressible(f"roles.{role}.model={section.model}: the planner models one model's shape")
         if isinstance(section, ScoreHeadConfig) or not (plan.specs[role].trainable or plan.specs[role].base_of
                                                          or plan.specs[role].weights_from):

@@ -24,6 +24,7 @@ from typing import Callable
 from flowrl.config import RunConfig
 from flowrl.engines.memory import GIB, ModelShape
 from flowrl.errors import PlanError
+from flowrl.plan.candidates import Work
 from flowrl.plan.choose import PlannerConfig
 from flowrl.plan.memory import Fit, fit, pool_phases
 from flowrl.plan.planner import Plan
@@ -80,12 +81,12 @@ def too_big(layout: Layout, got: Fit, gpu_bytes: int) -> str:
             f"{gpu_bytes / GIB:.1f} GiB")
 
 
-def advice(layout: Layout, shape: ModelShape, work, limit: int) -> str:
+def advice(layout: Layout, shape: ModelShape, work: Work, limit: int) -> str:
     found = fixes(layout, shape, work, limit)
     return "; or ".join(" + ".join(f) for f in found) if found else "none of flowrl's memory options alone"
 
 
-def fixes(layout: Layout, shape: ModelShape, work, limit: int) -> list[list[str]]:
+def fixes(layout: Layout, shape: ModelShape, work: Work, limit: int) -> list[list[str]]:
     """The smallest sets of `--set` values with which the layout fits `limit` bytes a GPU, in the phase model:
     activation checkpointing, the optimizer or parameters offloaded, LoRA on the policy (it changes the math:
     offered, never applied), a token budget of one sequence per micro-batch, vLLM asleep between generations."""
