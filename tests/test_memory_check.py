@@ -16,7 +16,7 @@ from flowrl.plan.cluster import ClusterConfig
 from flowrl.plan.costs import DEVICES
 from flowrl.runtime import trainer
 from flowrl.runtime.auto_plan import choose
-from flowrl.config.candidate import configured, workload
+from flowrl.config.candidate import configured
 from flowrl.runtime.memory_check import check_run, judge
 from flowrl.runtime.planning import make_plan
 from fakes import ParityTask
@@ -51,8 +51,9 @@ def run_config(tmp_path, shape: dict, *values: str):
 
 
 def test_the_audit_case_is_refused_by_train_naming_the_fixes(tmp_path, gpu):
-    """7B with offload_optimizer + checkpointing on one 80 GiB GPU: the old per-role sum passed it and the run
-    died at 76.8 GiB allocated; the phase model predicts more than the card, so setup refuses before loading."""
+    """7B with offload_optimizer + checkpointing on one 80 GiB GPU: issue 43's audit (on a27447d) saw the older
+    estimate pass it and the run die at 76.8 GiB allocated; the phase model predicts more than the card (its
+    update phase), so setup refuses before anything loads, naming what would fit."""
     cfg = run_config(tmp_path, QWEN25_7B, pools(1), "roles.actor.offload_optimizer=true",
                      "model.gradient_checkpointing=true")
     with pytest.raises(fl.PlanError) as err:
