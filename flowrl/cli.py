@@ -158,6 +158,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
     from flowrl.config import load_run_config
 
     overrides = [*verl_overrides(args), *args.set]
+    if getattr(args, "gpus", None) is not None:  # `flowrl plan --gpus N`: a CUDA run's config (its preset)
+        overrides.insert(0, "train.device=cuda")
     if args.steps is not None:
         overrides.append(f"train.steps={args.steps}")
     if args.output_dir:

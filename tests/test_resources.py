@@ -55,7 +55,10 @@ def test_flowrl_plan_for_a_gpu_count(tmp_path):
     done = cli_process.run("plan", "grpo", "--gpus", "8", "--nodes", "2", cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "8 GPUs on 2 node(s)" in done.stdout and "pool global (8 x cuda)" in done.stdout
-    assert "actor: weights" in done.stdout and "rollout: weights" in done.stdout and "plan grpo:" in done.stdout
+    # the planner's phase model (flowrl.plan.memory) judges the pools, as `flowrl train` does: the pool's peak and
+    # each phase of a step (the per-role table of flowrl.plan.resources is only the fallback now)
+    assert "memory per GPU (the planner's phase model; layout colocated 8; hf_static" in done.stdout
+    assert "pool global (8 x cuda): peak" in done.stdout and "update" in done.stdout and "plan grpo:" in done.stdout
     bad = cli_process.run("plan", "grpo", "--gpus", "3", "--nodes", "2", cwd=tmp_path, timeout=300)
     assert bad.returncode == 2 and "--gpus 3 must be a positive multiple of --nodes 2" in bad.stderr
 
@@ -85,7 +88,7 @@ def test_placement_auto_builds_the_pools_from_the_cluster_gpus():
 
 def test_train_checks_its_plan_against_the_memory_of_a_gpu(tmp_path):
     from flowrl.config import load_run_config
-    from flowrl.runtime.planning import check_memory
+    from flowrl.runtime.memory_check import check_memory
     from flowrl.runtime.trainer import make_plan
     from fakes import ParityTask
 
@@ -94,6 +97,8 @@ def test_train_checks_its_plan_against_the_memory_of_a_gpu(tmp_path):
     plan = make_plan(cfg, grpo, ParityTask(), gpus=2)
     check_memory(cfg, plan, tmp_path, 80 * GIB)
     check_memory(cfg, plan, tmp_path, None)  # unknown: nothing checked
-    with pytest.raises(fl.PlanError, match=r"pool 'global' needs about .* GiB per GPU \(actor .*\), but a GPU has "
-                                           r"2 GiB.*train.memory_check=false to try anyway"):
+    # judged by the planner's phase model: the pool's peak phase against the planner's 95% of a card
+    with pytest.raises(fl.PlanError, match=r"pool 'global' needs about .* GiB per GPU at its peak \(predicted for "
+                                           r"colocated 2; hf_static.*\), more than 95% of a GPU's 2.0 GiB.*"
+                                           r"train.memory_check=false to try anyway"):
         check_memory(cfg, plan, tmp_path, 2 * GIB)

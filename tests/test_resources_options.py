@@ -58,12 +58,13 @@ def test_each_engine_config_owns_its_estimate():
 def test_a_runs_estimate_asks_each_roles_own_engine_config():
     from flowrl.algorithms import ppo
     from flowrl.config import load_run_config
-    from flowrl.runtime.planning import _engines, make_plan
+    from flowrl.config.candidate import engines as role_engines
+    from flowrl.runtime.planning import make_plan
     from fakes import ParityTask
 
     cfg = load_run_config(None, ["train.device=cuda", "roles.actor.lora_rank=8",
                                  "roles.critic.offload_optimizer=true"])
-    engines = _engines(cfg, make_plan(cfg, ppo, ParityTask(), gpus=2))
+    engines = role_engines(cfg, make_plan(cfg, ppo, ParityTask(), gpus=2))
     assert set(engines) == {"actor", "ref", "critic", "rollout"}
     assert engines["actor"].lends_base() and not engines["critic"].lends_base()  # the actor's LoRA, not the critic's
     assert engines["critic"].offload_optimizer and not engines["actor"].offload_optimizer

@@ -46,9 +46,10 @@ class TrainConfig(Section):
                                 "the weights are the same. Off by default, so recorded runs are unchanged.")
     seed: int = Field(0, description="Seed of data order, sampling and the tiny model.")
     output_dir: str = Field("runs/flowrl", description="Checkpoints, metrics.jsonl and the tiny model go here.")
-    memory_check: bool = Field(True, description="On CUDA, refuse before anything loads a plan whose memory "
-                               "estimate per GPU (as `flowrl plan --gpus N` prints it) exceeds one GPU's memory; "
-                               "the estimate leans high, so False lets a tight run try.")
+    memory_check: bool = Field(True, description="On CUDA, refuse before anything loads a layout an engine "
+                               "would refuse, or whose peak per GPU in the planner's memory model (as `flowrl "
+                               "plan --gpus N` prints it) passes 95% of one GPU's memory; False lets a tight run "
+                               "try.")
     device: Literal["cpu", "cuda"] = Field("cpu", description="Device of the local pools; cuda also picks the "
                                            "fast engines' options the run leaves unset "
                                            "(the preset `cuda`: flowrl.config.presets, printed by `flowrl config`).")

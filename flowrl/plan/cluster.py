@@ -24,6 +24,8 @@ class ClusterConfig(BaseModel):
     nodes: int = Field(1, ge=1, description="Nodes of the cluster.")
     gpus_per_node: int = Field(1, ge=1, description="GPUs of each node.")
     device: str = Field("H100-80G", description="The GPUs' kind, a row of flowrl.plan.costs.DEVICES.")
+    memory_gib: float | None = Field(None, gt=0, description="One card's memory where it was measured (a run's "
+                                                             "own GPUs); None: the device row's.")
 
     @model_validator(mode="after")
     def _known(self) -> "ClusterConfig":
@@ -65,7 +67,7 @@ class ClusterConfig(BaseModel):
 
     @property
     def gpu_bytes(self) -> int:
-        return self.kind.memory_bytes
+        return self.kind.memory_bytes if self.memory_gib is None else int(self.memory_gib * 2**30)
 
     def pool_sizes(self) -> list[int]:
         """Sizes a pool of this cluster may have: any within one node, else whole nodes."""

@@ -82,21 +82,33 @@ def fit(cand: Candidate, shape: ModelShape, work: Work, roles: Roles, cluster: C
         batch: dict[str, int]) -> Fit:
     """Per-GPU peaks of the candidate's pools, or the refusal an engine would raise at build."""
     refused = refusal(cand, shape, work, cluster, batch)
-    train = train_phases(cand, shape, work, roles)
+    phases, kv_tokens, vllm_refusal = pool_phases(cand, shape, work, roles, cluster.gpu_bytes)
+    refused = refused or (vllm_refusal if roles.rollout else None)
     card = cluster.gpu_bytes
+    if roles.rollout and cand.colocated and cand.engine == "vllm" and phases["global"]["generate"] > card \
+            and refused is None:
+        resident = phases["global"]["generate"] - OVERHEAD - rollout_bytes(cand, shape, work, card)[1]
+        refused = (f"vLLM would not start: gpu_memory_utilization={cand.gpu_memory_utilization:g} of the card "
+                   f"is not free beside the train engines' {resident / GIB:.1f} GiB")
+    return Fit({pool: max(each.values()) for pool, each in phases.items()}, refused, kv_tokens)
+
+
+def pool_phases(cand: Candidate, shape: ModelShape, work: Work, roles: Roles, card: int
+                ) -> tuple[dict[str, dict[str, int]], int, str | None]:
+    """Bytes per GPU of each pool in each phase of a step (OVERHEAD included), the KV tokens of one rollout
+    replica, and a vLLM refusal; colocated, an idle rollout keeps what it holds between generations through the
+    train phases."""
+    train = train_phases(cand, shape, work, roles)
     if not roles.rollout:
-        return Fit({"train": OVERHEAD + max(train.values())}, refused)
+        return {"train": {p: OVERHEAD + b for p, b in train.items()}}, 0, None
     rollout_held, rollout_generating, kv_tokens, vllm_refusal = rollout_bytes(cand, shape, work, card)
-    refused = refused or vllm_refusal
     if cand.colocated:
         idle = VLLM_ASLEEP if cand.engine == "vllm" and cand.sleep_level else rollout_held
-        peak = max(train["resident"] + rollout_generating, max(train.values()) + idle)
-        if cand.engine == "vllm" and train["resident"] + rollout_generating + OVERHEAD > card and refused is None:
-            refused = (f"vLLM would not start: gpu_memory_utilization={cand.gpu_memory_utilization:g} of the card "
-                       f"is not free beside the train engines' {train['resident'] / GIB:.1f} GiB")
-        return Fit({"global": OVERHEAD + peak}, refused, kv_tokens)
-    return Fit({"train": OVERHEAD + max(train.values()), "gen": OVERHEAD + rollout_generating}, refused,
-               kv_tokens)
+        phases = {"generate": OVERHEAD + train["resident"] + rollout_generating,
+                  **{p: OVERHEAD + b + idle for p, b in train.items()}}
+        return {"global": phases}, kv_tokens, vllm_refusal
+    return {"train": {p: OVERHEAD + b for p, b in train.items()},
+            "gen": {"generate": OVERHEAD + rollout_generating}}, kv_tokens, vllm_refusal
 
 
 def train_phases(cand: Candidate, shape: ModelShape, work: Work, roles: Roles) -> dict[str, int]:
@@ -122,7 +134,7 @@ def train_phases(cand: Candidate, shape: ModelShape, work: Work, roles: Roles) -
 
 def rollout_bytes(cand: Candidate, shape: ModelShape, work: Work, card: int) -> tuple[int, int, int, str | None]:
     """(held between generations, held while generating, KV tokens of one replica, a vLLM refusal)."""
-    rows = -(-work.rows // cand.replicas)
+    rows = -(-work.rows // max(1, cand.replicas))  # no replica: a tensor_parallel_size above the pool, refused
     kv_token = kv_cache(shape, RankLoad(1, rows=1, seq_len=1, tokens=1))
     if cand.engine != "vllm":
         shared = cand.colocated and cand.train_gpus == 1

@@ -18,9 +18,8 @@ from flowrl.config import RunConfig
 from flowrl.engines.memory import GIB, ModelShape
 from flowrl.graph.algorithm import Algorithm
 from flowrl.graph.role import role_spec
-from flowrl.graph.trace import NodeKind
 from flowrl.plan.calibrate import load_refined, predict
-from flowrl.plan.candidates import ENGINES, Candidate, Space, Work
+from flowrl.plan.candidates import ENGINES, Candidate, Space
 from flowrl.plan.choose import Choice, PlannerConfig
 from flowrl.plan.cluster import ClusterConfig
 from flowrl.plan.costs import CostModel
@@ -29,10 +28,10 @@ from flowrl.plan.memory import Roles
 from flowrl.plan.placement import Placement, Pool
 from flowrl.plan.planner import model_roles
 from flowrl.plan.simulate import graph_nodes
-from flowrl.roles.configs import TrainedRoleConfig, TrainRoleConfig
-from flowrl.runtime.planning import DTYPE_BYTES, make_plan, model_config
-
-MEAN_SHARE = 0.5  # expected mean response length as a share of max_new_tokens (long-tailed work)
+from flowrl.config.candidate import batch_sizes, workload
+from flowrl.roles.configs import TrainRoleConfig
+from flowrl.runtime.memory_check import DTYPE_BYTES
+from flowrl.runtime.planning import make_plan, model_config
 
 
 def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, prompt_len: int = 256,
@@ -49,22 +48,14 @@ def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, p
     plan = make_plan(cfg.model_copy(update={"placement": Placement(pools=pools)}), algo, task)
     nodes, depth = graph_nodes(plan)
     shape = ModelShape.from_config(model_config(cfg, task), DTYPE_BYTES[cfg.model.dtype])
-    n = max([node.kwargs.get("n", 1) for node in plan.nodes if node.kind is NodeKind.ROWS] or [1])
-    rows, new = cfg.train.batch_size * n, cfg.rollout.max_new_tokens
-    stream = any(node.kwargs.get("stream") for node in plan.nodes if node.kind is NodeKind.BUFFER)
+    work = workload(cfg, plan, prompt_len)  # as `flowrl train`'s memory check reads it (one model)
     trained = [r for r in plan.pools if plan.specs[r].trainable]
     frozen = [r for r in plan.pools if r not in trained and r not in followers]
-    sized = [section for r in trained if isinstance(section := cfg.section(r, plan.specs[r]), TrainedRoleConfig)]
-    sizes = sized[0] if sized else TrainedRoleConfig.model_validate({})  # the first trained role's (the policy's)
-    work = Work(rows=rows, prompt_len=cfg.data.max_prompt_length or prompt_len, response_len=new,
-                mean_response_len=new * MEAN_SHARE, mini_batch_size=sizes.mini_batch_size,
-                epochs=sizes.epochs, stream=stream)
     lora = getattr(cfg.section(trained[0]).engine, "lora_rank", 0) if trained else 0
     actor = cfg.section(trained[0]).engine if trained else None
     summary = Roles(trained=len(trained), frozen=len(frozen), frozen_lent=bool(lora), rollout=bool(followers),
                     compile=bool(getattr(actor, "compile", False)))
-    batch = {"mini_batch_size": sizes.mini_batch_size,
-             "forward_micro_batch_size": sizes.forward_micro_batch_size or sizes.micro_batch_size}
+    batch = {k: v for k, v in batch_sizes(cfg, plan).items() if k in ("mini_batch_size", "forward_micro_batch_size")}
     engines = [r for r in trained + frozen if isinstance(cfg.section(r, plan.specs[r]), TrainRoleConfig)]
     space = Space(engines=installed_engines(), lora_ranks=(lora,),
                   gradient_checkpointing=(True,) if cfg.model.gradient_checkpointing else (False, True))

@@ -30,7 +30,8 @@ from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan, pl
 from flowrl.runtime.executor import Executor
 from flowrl.runtime.executor_configs import executor_config
 from flowrl.runtime.observe.loggers import Loggers, open_loggers, trim_metrics
-from flowrl.runtime.planning import check_memory, make_plan
+from flowrl.runtime.memory_check import check_run
+from flowrl.runtime.planning import make_plan
 from flowrl.runtime.plan_record import PlanRecord
 from flowrl.runtime.store.run_lock import RunLock
 from flowrl.runtime.shutdown import Shutdown, Stopped
@@ -108,8 +109,7 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     path = model_path(cfg, task) if rank == 0 else None
     distributed.barrier()  # rank 0 builds the tiny model once; the others then load it
     path = path or model_path(cfg, task)
-    if cfg.train.device == "cuda" and cfg.train.memory_check:
-        check_memory(cfg, plan, path, runner.gpu_bytes())
+    check_run(cfg, plan, path, runner.gpu_bytes)  # on CUDA: the planner's memory model judges the layout
     local, tokenizer = _per_rank_config(cfg, world), load_tokenizer(path)
     fit_prompts(cfg, tokenizer, task, _context(path))  # data sets: over-long prompts dropped or refused
     evaluation = eval_plan(plan, task, cfg.role_classes(algo.roles), graph=algo.evaluation) \
