@@ -77,7 +77,7 @@ def test_a_vllm_layout_the_engine_refuses_is_refused_at_check_time(tmp_path, gpu
     """TP 4 on a pool of 2 GPUs, and TP 4 on 4 GPUs of a model with 14 heads: refused before anything loads
     (the model folder has no weights), with the engine's own reason."""
     vllm = ["roles.rollout.engine=vllm", "roles.rollout.tensor_parallel_size=4"]
-    cfg = run_config(tmp_path, QWEN05B, pools(2), *vllm, "train.batch_size=16", "train.mini_batch_size=128")
+    cfg = run_config(tmp_path, QWEN05B, pools(2), *vllm, "train.batch_size=16", "roles.actor.mini_batch_size=128")
     with pytest.raises(fl.PlanError, match=r"^placement: roles.rollout.tensor_parallel_size=4 does not divide the "
                                            r"rollout pool's 2 GPUs \(or train.memory_check=false"):
         trainer.setup(cfg, grpo, ParityTask())
@@ -144,7 +144,7 @@ def test_the_layout_flowrl_plan_writes_passes_trains_check_with_the_planned_peak
     plan = make_plan(written, grpo, ParityTask())
     card = DEVICES["H100-80G"].memory_bytes
     cand, best = configured(written, plan, card).cand, choice.best.cand
-    if best.token_budget:  # micro-batches grouped by tokens: the plan leaves train.micro_batch_size out
+    if best.token_budget:  # micro-batches grouped by tokens: the plan leaves roles.<name>.micro_batch_size out
         cand, best = replace(cand, micro_batch_size=0), replace(best, micro_batch_size=0)
     assert cand == best
     assert judge(written, plan, ModelShape.from_config(QWEN25_1_5B, 2), 256, card).peak == \
