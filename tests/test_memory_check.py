@@ -33,6 +33,12 @@ def pools(world: int) -> str:
                                                  "world_size": world, "device": "cuda"}]})
 
 
+@pytest.fixture(autouse=True)
+def one_node(monkeypatch):
+    """No torchrun node size left in the environment by an earlier test: the layouts here are one node's."""
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+
+
 @pytest.fixture
 def gpu(monkeypatch):
     """An 80 GiB card as the run's GPU memory query answers; counts the queries."""
