@@ -62,7 +62,7 @@ def judge(cfg: RunConfig, plan: Plan, shape: ModelShape, prompt_len: int, gpu_by
     if max(got.peak.values()) > limit:
         raise PlanError(f"{too_big(layout, got, gpu_bytes)}; it would fit with {advice(layout, shape, work, limit)} "
                         f"(`flowrl plan ALGO --cluster found --explain` chooses among them)")
-    phases = pool_phases(layout.cand, shape, work, layout.roles, gpu_bytes)[0]
+    phases = pool_phases(layout.cand, shape, work, layout.roles, gpu_bytes, layout.cluster.kind)[0]
     per_gpu = {layout.pools[pool]: each for pool, each in phases.items()}
     sizes = {layout.pools[pool]: layout.cand.train_gpus if pool != "gen" else layout.cand.rollout_gpus
              for pool in phases}
