@@ -148,3 +148,17 @@ def test_the_cli_says_it_in_one_line(tmp_path):
     last = done.stderr.strip().splitlines()[-1]
     assert "roles.rollout.tensor_parallel_size=16 spans nodes: a node has 8 GPUs" in last and "Traceback" not in \
         done.stderr
+
+
+def test_flowrl_plan_gpus_nodes_refuses_it_too(tmp_path):
+    """`flowrl plan --gpus 16 --nodes 2` judges the user's layout with 8 GPUs a node (as flowrl train does under
+    torchrun with LOCAL_WORLD_SIZE)."""
+    from flowrl.runtime.planning import plan_on_gpus
+
+    cfg = load_run_config(None, [f"train.output_dir={tmp_path}", "roles.rollout.engine=vllm",
+                                 "roles.rollout.tensor_parallel_size=16", "train.batch_size=16"])
+    algo, task = resolve_algorithm(cfg.algorithm), run_task(cfg)
+    with pytest.raises(fl.PlanError, match="tensor_parallel_size=16 spans nodes: a node has 8 GPUs"):
+        plan_on_gpus(cfg, algo, task, 16, 2, gpus_per_node=8)
+    with pytest.raises(fl.PlanError, match="tensor_parallel_size=16 does not divide the model's 4 attention heads"):
+        plan_on_gpus(cfg, algo, task, 16, 1, gpus_per_node=16)  # one node of 16: no span; the next check speaks
