@@ -162,3 +162,22 @@ def test_flowrl_plan_gpus_nodes_refuses_it_too(tmp_path):
         plan_on_gpus(cfg, algo, task, 16, 2, gpus_per_node=8)
     with pytest.raises(fl.PlanError, match="tensor_parallel_size=16 does not divide the model's 4 attention heads"):
         plan_on_gpus(cfg, algo, task, 16, 1, gpus_per_node=16)  # one node of 16: no span; the next check speaks
+
+
+def test_the_models_max_num_seqs_is_the_rollout_configs_default():
+    vllm_rollout = pytest.importorskip("flowrl.engines.vllm.rollout")
+    from flowrl.plan.memory import VLLM_MAX_NUM_SEQS
+
+    assert vllm_rollout.VLLMRolloutConfig.model_fields["max_num_seqs"].default == VLLM_MAX_NUM_SEQS
+
+
+def test_flowrl_trains_check_names_eager_where_the_graphs_do_not_fit(tmp_path):
+    """The run's own layout (the 7B with vLLM's graphs asleep beside the optimizer step) over a limit that only
+    the same layout eager meets: the check's options name enforce_eager=true alone."""
+    from flowrl.config.candidate import Layout
+    from flowrl.runtime.memory_check import fixes
+
+    cand = Candidate(1, 0, "vllm", 1, 0.5, 1, True, True, micro_batch_size=32, enforce_eager=False)
+    layout = Layout(cand, GRPO_ROLES, ONE, BATCH, {"global": "global"}, ("actor",), ("ref",), "rollout", "actor")
+    limit = max(fit(replace(cand, enforce_eager=True), shape("7B"), WORK, GRPO_ROLES, ONE, BATCH).peak.values())
+    assert ["roles.rollout.enforce_eager=true"] in fixes(layout, shape("7B"), WORK, limit)
