@@ -181,3 +181,16 @@ def test_flowrl_trains_check_names_eager_where_the_graphs_do_not_fit(tmp_path):
     layout = Layout(cand, GRPO_ROLES, ONE, BATCH, {"global": "global"}, ("actor",), ("ref",), "rollout", "actor")
     limit = max(fit(replace(cand, enforce_eager=True), shape("7B"), WORK, GRPO_ROLES, ONE, BATCH).peak.values())
     assert ["roles.rollout.enforce_eager=true"] in fixes(layout, shape("7B"), WORK, limit)
+
+
+def test_the_cuda_presets_engine_is_the_planners_to_choose_and_a_named_vllm_is_kept(tmp_path):
+    """train.device=cuda fills roles.rollout.engine=hf_static (the preset): the planner still weighs vLLM where it
+    is installed; a run that names vLLM keeps it."""
+    from importlib.util import find_spec
+
+    preset = load_run_config(None, [f"train.output_dir={tmp_path}", "train.device=cuda", "model.dtype=bfloat16"])
+    algo, task = resolve_algorithm(preset.algorithm), run_task(preset)
+    engines = {s.cand.engine for s in auto_plan.choose(preset, algo, task, ONE)[0].scored}
+    assert engines == ({"hf_static", "vllm"} if find_spec("vllm") else {"hf_static"})
+    named = load_run_config(None, [f"train.output_dir={tmp_path}", "model.dtype=bfloat16", "roles.rollout.engine=vllm"])
+    assert {s.cand.engine for s in auto_plan.choose(named, algo, task, ONE)[0].scored} == {"vllm"}

@@ -81,14 +81,15 @@ def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, p
 
 
 def fixed_rollout(cfg: RunConfig, followers: list[str]) -> dict[str, tuple]:
-    """What the user set of the rollout's engine, which the planner keeps (Space fields): the engine where it is
-    one the planner models, vLLM's tensor_parallel_size and enforce_eager."""
+    """What the user set of the rollout's engine, which the planner keeps (Space fields): vLLM where the run names
+    it (the cuda preset names hf_static, so that one is the planner's to change), vLLM's tensor_parallel_size and
+    enforce_eager."""
     if not followers:
         return {}
     engine, fixed = cfg.section(followers[0]).engine, {}
     given = engine.model_fields_set
-    if "engine" in given and engine.engine in ENGINES:
-        fixed["engines"] = (engine.engine,)
+    if engine.engine == "vllm":  # by its registered name: vLLM's config class imports vLLM
+        fixed["engines"] = ("vllm",)
     for name, field in (("tensor_parallel_size", "tensor_parallel"), ("enforce_eager", "enforce_eager")):
         if name in given:
             fixed[field] = (getattr(engine, name),)
