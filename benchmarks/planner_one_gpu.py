@@ -138,6 +138,28 @@ def summary(name: str, chosen: dict, grid: dict[str, dict]) -> dict:
     return out
 
 
+def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: dict[str, list[str]]) -> None:
+    """One shape: the planner's written layout and each grid row, a JSON line each, then the summary line."""
+    dtype, (workload, after) = (torch.float32, (TINY_WORKLOAD, CPU)) if tiny else (torch.bfloat16, (WORKLOAD, []))
+    folder = Path(qwen_model(f"{tmp}/{name}", "0123456789+=", shape, 2048, dtype))
+    chosen_file = Path(tmp) / f"{name}.json"
+    written = plan(folder, chosen_file, "1xCPU" if tiny else "found", workload)
+    if written is None:
+        chosen = {"ok": False, "s_step": None, "error": "refused by the planner", "engine": None}
+    else:
+        chosen = {**train(folder, Path(tmp) / f"{name}-chosen", steps, [], after, chosen_file),
+                  "engine": chosen_engine(written),
+                  "predicted": {k: written["plan"]["predicted"][k] for k in ("layout", "step_s", "peak_gib")}}
+    print(json.dumps({"shape": name, "run": "chosen", **chosen}), flush=True)
+    measured = {}
+    for i, (label, extra) in enumerate(grid.items()):
+        # an empty prediction: the run logs memory/peak_gib (flowrl.runtime.plan_record)
+        got = train(folder, Path(tmp) / f"{name}-{i}", steps, workload, [*extra, *after, "plan.predicted.step_s=0"])
+        measured[label] = {**got, "engine": engine_of(extra)}
+        print(json.dumps({"shape": name, "run": label, **measured[label]}), flush=True)
+    print(json.dumps(summary(name, chosen, measured)), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default=None, help="comma-separated (default: all of the mode's shapes)")
@@ -145,35 +167,18 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run of the script)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same as --tiny")
     args = parser.parse_args()
-    args.tiny = args.tiny or args.device == "cpu"
-    shapes, dtype = (TINY, torch.float32) if args.tiny else (SHAPES, torch.bfloat16)
-    workload, after = (TINY_WORKLOAD, CPU) if args.tiny else (WORKLOAD, [])
-    grid = grid_runs(args.tiny)
-    device = "cpu" if args.tiny else torch.cuda.get_device_name(0)
-    print(json.dumps({"device": device, "steps": args.steps, "workload": workload, "grid": list(grid),
+    tiny = args.tiny or args.device == "cpu"
+    shapes = TINY if tiny else SHAPES
+    names = args.shapes.split(",") if args.shapes else list(shapes)
+    if unknown := [name for name in names if name not in shapes]:
+        parser.error(f"--shapes: {', '.join(unknown)} not among {', '.join(shapes)}")
+    grid = grid_runs(tiny)
+    print(json.dumps({"device": "cpu" if tiny else torch.cuda.get_device_name(0), "steps": args.steps,
+                      "workload": TINY_WORKLOAD if tiny else WORKLOAD, "grid": list(grid),
                       "vllm_installed": find_spec("vllm") is not None}), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for name in (args.shapes.split(",") if args.shapes else list(shapes)):
-            if name not in shapes:
-                parser.error(f"--shapes: {name!r} is not one of {', '.join(shapes)}")
-            folder = Path(qwen_model(f"{tmp}/{name}", "0123456789+=", shapes[name], 2048, dtype))
-            chosen_file = Path(tmp) / f"{name}.json"
-            written = plan(folder, chosen_file, "1xCPU" if args.tiny else "found", workload)
-            if written is None:
-                chosen = {"ok": False, "s_step": None, "error": "refused by the planner", "engine": None}
-            else:
-                chosen = {**train(folder, Path(tmp) / f"{name}-chosen", args.steps, [], after, chosen_file),
-                          "engine": chosen_engine(written),
-                          "predicted": {k: written["plan"]["predicted"][k] for k in ("layout", "step_s", "peak_gib")}}
-            print(json.dumps({"shape": name, "run": "chosen", **chosen}), flush=True)
-            measured = {}
-            for i, (label, extra) in enumerate(grid.items()):
-                # an empty prediction: the run logs memory/peak_gib (flowrl.runtime.plan_record)
-                got = train(folder, Path(tmp) / f"{name}-{i}", args.steps, workload,
-                            [*extra, *after, "plan.predicted.step_s=0"])
-                measured[label] = {**got, "engine": engine_of(extra)}
-                print(json.dumps({"shape": name, "run": label, **measured[label]}), flush=True)
-            print(json.dumps(summary(name, chosen, measured)), flush=True)
+        for name in names:
+            run_shape(name, shapes[name], tmp, tiny, args.steps, grid)
 
 
 if __name__ == "__main__":

@@ -90,9 +90,9 @@ class ClusterConfig(BaseModel):
                     f"({self.describe()}); a tensor-parallel group stays within one node")
         for start in range(first, first + pool - k + 1, k):
             if start // per != (start + k - 1) // per:
-                return (f"roles.rollout.tensor_parallel_size={k} spans nodes: its group of GPUs {start}-{start + k - 1} "
-                        f"crosses a node boundary at {per} GPUs per node ({self.describe()}); a tensor-parallel "
-                        f"group stays within one node")
+                return (f"roles.rollout.tensor_parallel_size={k} spans nodes: its group of GPUs "
+                        f"{start}-{start + k - 1} crosses a node boundary at {per} GPUs per node "
+                        f"({self.describe()}); a tensor-parallel group stays within one node")
         return None
 
     def describe(self) -> str:

@@ -49,8 +49,8 @@ from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
 from flowrl.engines.responses import responses, right_pad_cat
 from flowrl.engines.sampling import check_sampling_params
 from flowrl.engines.vllm.process import (CPU_HEAD_SIZES, GIB, RELOAD_IMPORTS, RELOAD_LOGGER, RotaryReloadFilter,
-                                         close_at_exit, device_used_gib, gather_rows, start_within, tensor_parallel_group,
-                                         flat_logprobs_option, preload, token_logprobs)
+                                         close_at_exit, device_used_gib, gather_rows, start_within,
+                                         tensor_parallel_group, flat_logprobs_option, preload, token_logprobs)
 from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S
 from flowrl.engines.weights.reshard_sync import ReshardSync
 from flowrl.engines.weights.buckets import buckets
