@@ -18,8 +18,9 @@ DEVICES is the table the project ships: one row per GPU kind, each figure from a
   42 GiB in 0.9 s and wakes in 0.09 s; PCIe, NVLink and InfiniBand bandwidths as usually reached.
 An H100 row shares the H200's compute figures (same SM count and clocks) with its own memory and bandwidth.
 The CPU row is nominal, not measured (the CPU runs of the tests and of benchmarks/planner_one_gpu.py --tiny):
-it has no CUDA graphs and no vLLM sleep mode, so a plan for it never picks them; refine it with a run's own
-steps (`flowrl plan --costs RUN/plan.json`).
+it has no CUDA graphs and no vLLM sleep mode, so a plan for it never picks them; its overhead is a Python
+process with torch loaded (the tiny shapes of benchmarks/planner_one_gpu.py --device cpu peaked at 0.47 GiB
+resident); refine its costs with a run's own steps (`flowrl plan --costs RUN/plan.json`).
 
 `CostModel.refine` scales each kind of node by what a run's own first steps measured (`timing_s/<node>`).
 """
@@ -45,6 +46,7 @@ class DeviceKind:
     vllm_eager_step_s: float = 0.0200  # and for eager vLLM (enforce_eager: no CUDA graphs)
     vllm_graph_mib: float = 0.33  # vLLM's CUDA graph pool, MiB per capture size and decoder layer
     cuda: bool = True  # CUDA graphs and vLLM's sleep mode exist (not on the CPU)
+    overhead_gib: float = 2.0  # per device beside the engines: CUDA context, NCCL, the allocator's fragmentation
     sync_gbs: float = 6.0  # an in-process weight sync into vLLM (bucketed), GB/s
     sync_fixed_s: float = 0.05
     pcie_gbs: float = 25.0  # host <-> device copies (offload, sleep level 1)
@@ -58,6 +60,10 @@ class DeviceKind:
     def memory_bytes(self) -> int:
         return int(self.memory_gib * GIB)
 
+    @property
+    def overhead_bytes(self) -> int:
+        return int(self.overhead_gib * GIB)
+
 
 DEVICES: dict[str, DeviceKind] = {
     "H100-80G": DeviceKind(memory_gib=79.2, peak_tflops=989.0, hbm_gbs=3350.0),
@@ -70,7 +76,7 @@ DEVICES: dict[str, DeviceKind] = {
                            hf_static_step_s=0.006, vllm_step_s=0.008, vllm_eager_step_s=0.025),
     "CPU": DeviceKind(memory_gib=32.0, peak_tflops=0.5, hbm_gbs=20.0, train_mfu=0.3, prefill_mfu=0.3,
                       hf_static_step_s=0.002, vllm_step_s=0.002, vllm_eager_step_s=0.002, sync_gbs=5.0,
-                      pcie_gbs=20.0, nvlink_gbs=5.0, network_gbs=1.0, cuda=False),
+                      pcie_gbs=20.0, nvlink_gbs=5.0, network_gbs=1.0, cuda=False, overhead_gib=0.45),
 }
 
 CATEGORIES = ("generate", "forward", "update", "sync", "driver")

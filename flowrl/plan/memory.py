@@ -21,8 +21,9 @@ sharded over the pool by FSDP2):
   graphs leave less KV cache, and, asleep, more memory beside the train phases.
   vLLM refuses to start unless that share is free when it starts (the train engine is resident then) and
   unless its share holds the weights, the profile and at least one sequence of KV cache.
-A rollout pool of its own holds one engine's share alone. Each GPU also carries OVERHEAD (CUDA context, NCCL,
-allocator fragmentation). Refusals are the engines' own build-time checks, in one line each.
+A rollout pool of its own holds one engine's share alone. Each GPU also carries its device row's overhead
+(DeviceKind.overhead_gib: CUDA context, NCCL, allocator fragmentation; OVERHEAD on a GPU). Refusals are the
+engines' own build-time checks, in one line each.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from flowrl.plan.candidates import Candidate, Work
 from flowrl.plan.cluster import ClusterConfig
 from flowrl.plan.costs import DeviceKind
 
-OVERHEAD = int(2.0 * GIB)  # per GPU: CUDA context, NCCL buffers, the allocator's fragmentation
-VLLM_ASLEEP = int(0.6 * GIB)  # what a sleeping vLLM keeps on the GPU beside its CUDA graph pool (its context)
+OVERHEAD = int(DeviceKind.overhead_gib * GIB)  # per GPU: CUDA context, NCCL buffers, the allocator's fragmentation
+# what a sleeping vLLM keeps on the GPU beside its CUDA graph pool (its context): the 1.0 GiB this model counted
+# with the pool inside, less the 0.39 GiB pool measured for the 0.5B shape (not measured apart)
+VLLM_ASLEEP = int(0.6 * GIB)
 VLLM_PROFILE_TOKENS = 8192  # vLLM's profile run: max_num_batched_tokens tokens at once
 VLLM_MAX_NUM_SEQS = 256  # the rollout's max_num_seqs (flowrl.engines.vllm.rollout.VLLMRolloutConfig's default)
 VLLM_MAX_CAPTURE = 512  # vLLM's default largest CUDA graph (tokens; 1024 on Blackwell)
@@ -126,7 +129,8 @@ def fit(cand: Candidate, shape: ModelShape, work: Work, roles: Roles, cluster: C
     card = cluster.gpu_bytes
     if roles.rollout and cand.colocated and cand.engine == "vllm" and phases["global"]["generate"] > card \
             and refused is None:
-        resident = phases["global"]["generate"] - OVERHEAD - rollout_bytes(cand, shape, work, card, cluster.kind)[1]
+        resident = phases["global"]["generate"] - cluster.kind.overhead_bytes - \
+            rollout_bytes(cand, shape, work, card, cluster.kind)[1]
         refused = (f"vLLM would not start: gpu_memory_utilization={cand.gpu_memory_utilization:g} of the card "
                    f"is not free beside the train engines' {resident / GIB:.1f} GiB")
     return Fit({pool: max(each.values()) for pool, each in phases.items()}, refused, kv_tokens, layout_refused)
@@ -134,20 +138,20 @@ def fit(cand: Candidate, shape: ModelShape, work: Work, roles: Roles, cluster: C
 
 def pool_phases(cand: Candidate, shape: ModelShape, work: Work, roles: Roles, card: int, device: DeviceKind
                 ) -> tuple[dict[str, dict[str, int]], int, str | None]:
-    """Bytes per GPU of each pool in each phase of a step (OVERHEAD included), the KV tokens of one rollout
-    replica, and a vLLM refusal; colocated, an idle rollout keeps what it holds between generations through the
-    train phases."""
-    train = train_phases(cand, shape, work, roles)
+    """Bytes per GPU of each pool in each phase of a step (the device's overhead included), the KV tokens of one
+    rollout replica, and a vLLM refusal; colocated, an idle rollout keeps what it holds between generations
+    through the train phases."""
+    train, overhead = train_phases(cand, shape, work, roles), device.overhead_bytes
     if not roles.rollout:
-        return {"train": {p: OVERHEAD + b for p, b in train.items()}}, 0, None
+        return {"train": {p: overhead + b for p, b in train.items()}}, 0, None
     rollout_held, rollout_generating, kv_tokens, vllm_refusal = rollout_bytes(cand, shape, work, card, device)
     if cand.colocated:
         idle = vllm_asleep(cand, shape, device) if cand.engine == "vllm" and cand.sleep_level else rollout_held
-        phases = {"generate": OVERHEAD + train["resident"] + rollout_generating,
-                  **{p: OVERHEAD + b + idle for p, b in train.items()}}
+        phases = {"generate": overhead + train["resident"] + rollout_generating,
+                  **{p: overhead + b + idle for p, b in train.items()}}
         return {"global": phases}, kv_tokens, vllm_refusal
-    return {"train": {p: OVERHEAD + b for p, b in train.items()},
-            "gen": {"generate": OVERHEAD + rollout_generating}}, kv_tokens, vllm_refusal
+    return {"train": {p: overhead + b for p, b in train.items()},
+            "gen": {"generate": overhead + rollout_generating}}, kv_tokens, vllm_refusal
 
 
 def train_phases(cand: Candidate, shape: ModelShape, work: Work, roles: Roles) -> dict[str, int]:
