@@ -62,7 +62,25 @@ def add_chat_template(model_path: str, folder: Path) -> Path:
     config = json.loads((Path(model_path) / "tokenizer_config.json").read_text())
     (out / "tokenizer_config.json").unlink()
     (out / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+    tokenizer = json.loads((Path(model_path) / "tokenizer.json").read_text())
+    (out / "tokenizer.json").unlink()
+    (out / "tokenizer.json").write_text(json.dumps(with_qwen_boundary(tokenizer)))
     return out
+
+
+def with_qwen_boundary(tokenizer: dict) -> dict:
+    """The benchmark's tokenizer (common.full_vocab_tokenizer) with its last two filler tokens renamed "<|im_end|>"
+    and "\\n": verl 0.9.1's agent loop builds a Qwen token builder for any config.json of model_type qwen2
+    (verl/utils/tokenizer/continuous_token.py, QwenContinuousTokenBuilder), which refuses a tokenizer where "\\n"
+    is not one token or "<|im_end|>" is none (2026-12-06, H200: "Expected Qwen newline to tokenize to one token,
+    got []"). The prompts are lowercase letters, so their ids are unchanged; only those two sampled ids decode
+    differently."""
+    vocab = tokenizer["model"]["vocab"]
+    last = sorted(vocab.items(), key=lambda kv: kv[1])[-2:]
+    for (old, index), new in zip(last, ("<|im_end|>", "\n")):
+        del vocab[old]
+        vocab[new] = index
+    return tokenizer
 
 
 def overrides(wl: Workload, model: Path, data: Path, folder: Path) -> list[str]:
