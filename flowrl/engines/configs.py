@@ -123,5 +123,5 @@ ROLLOUT_ENGINES.register("vllm_server", "flowrl.engines.vllm.server:VLLMServerCo
 # any batch `generate`, or vLLM's own scheduler (a config picks one by its STREAMER)
 STREAMERS: Registry[Callable[[RolloutEngine], StreamingEngine]] = Registry("streaming engine")
 STREAMERS.register("thread", "flowrl.engines.streaming.thread_streamer:ThreadedStreamer")
-STREAMERS.register("vllm", "flowrl.engines.vllm.streamer:VLLMStreamer")
+STREAMERS.register("vllm", "flowrl.engines.vllm.streamer:make_streamer")
 STREAMERS.register("vllm_server", "flowrl.engines.vllm.server:VLLMServerStreamer")
