@@ -1,7 +1,7 @@
 """StepCores (flowrl.engines.streaming.stepped) for lockstep tests: deterministic, recording every call.
 
-- `ScriptCore`: each request's token j is a function of its prompt, seed and j, one token a step; it finishes
-  after its max_new_tokens ("length") or at token 0 ("stop").
+- `ScriptCore`: each request's token j is a function of its prompt, seed and j (never 0), one token a step; it
+  finishes after its max_new_tokens ("length").
 - `GenerateCore`: each step samples every request whole with the batch engine's `generate` on that one row and
   its seed, as ThreadedStreamer(max_batch=1) does, so a replica of these steps the samples of rank_parity's
   SampleSeededRollout.
@@ -53,14 +53,14 @@ class ScriptCore(RecordingCore):
         self.vocab = vocab
 
     def token(self, prompt: list[int], seed: int | None, j: int) -> int:
-        return (sum(prompt) * 31 + (seed or 0) * 7 + j * 13) % self.vocab
+        return 1 + (sum(prompt) * 31 + (seed or 0) * 7 + j * 13) % (self.vocab - 1)
 
     def step(self) -> list[Delta]:
         self.calls.append(("step",))
         out = []
         for request_id, (prompt, params, seed, done) in list(self.live.items()):
             token = self.token(prompt, seed, done)
-            finish = "stop" if token == 0 else "length" if done + 1 == params.max_new_tokens else None
+            finish = "length" if done + 1 == params.max_new_tokens else None
             out.append(Delta(request_id, [token], [-0.01 * (token + 1)], finish))
             if finish is None:
                 self.live[request_id] = (prompt, params, seed, done + 1)
