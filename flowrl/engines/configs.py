@@ -85,6 +85,9 @@ class RolloutEngineConfig(EngineConfig):
 
     registry: ClassVar[Registry[type[EngineConfig]]] = Registry("rollout engine")
     STREAMER: ClassVar[str] = "thread"  # its engines stream through this STREAMERS entry
+    # one pool rank runs a replica that is a process of its own spanning the config's tensor_parallel_size GPUs
+    # (vllm_server): the plan gives that rank's bundle those GPUs (flowrl.runtime.planning.server_ranks)
+    RANK_SPANS_GPUS: ClassVar[bool] = False
     max_new_tokens: int = Field(2, ge=1, description="Longest response, in tokens.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; logprobs use the same one.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")

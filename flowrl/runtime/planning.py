@@ -15,7 +15,9 @@ from typing import Any
 import transformers
 
 from flowrl.config import RunConfig, validate
+from flowrl.engines.configs import RolloutEngineConfig
 from flowrl.engines.memory import GIB, ModelShape
+from flowrl.engines.weights.reshard_plan import check_layout
 from flowrl.engines.models.tiny_model import build_tiny_model
 from flowrl.errors import MissingField, PlanError
 from flowrl.graph.algorithm import Algorithm
@@ -23,6 +25,7 @@ from flowrl.graph.role import role_spec
 from flowrl.plan.placement import Placement
 from flowrl.plan.planner import Plan, compile_plan, model_roles
 from flowrl.plan.resources import gpu_placement
+from flowrl.roles.configs import EngineRoleConfig
 from flowrl.config.candidate import workload
 from flowrl.runtime.memory_check import DTYPE_BYTES, judge
 
@@ -90,7 +93,30 @@ def _make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int, gpus
         else:
             followers = tuple(r for r in roles if role_spec(r, classes.get(r)).weights_from)
             placement = gpu_placement(roles, followers, gpus, split=cfg.executor.rollout_share)
+    if cfg.executor.name == "ray":  # a Ray bundle may hold several GPUs; a torchrun rank holds its own one
+        placement = server_ranks(cfg, placement, classes)
     return compile_plan(algo, placement, inputs, classes, algo_cfg)
+
+
+def server_ranks(cfg: RunConfig, placement: Placement, classes: dict[str, type]) -> Placement:
+    """Each CUDA pool of N GPUs hosting a role whose engine runs a replica as one process spanning
+    tensor_parallel_size k GPUs (RolloutEngineConfig.RANK_SPANS_GPUS: vllm_server) as N / k ranks of k GPUs
+    (`Pool.gpus_per_rank`: the bundle Ray gives each); a k that does not divide N is one PlanError line."""
+    pools = []
+    for pool in placement.pools:
+        spans = {section.engine.tensor_parallel_size for role in pool.roles
+                 if isinstance(section := cfg.section(role, role_spec(role, classes.get(role))), EngineRoleConfig)
+                 and isinstance(section.engine, RolloutEngineConfig) and section.engine.RANK_SPANS_GPUS}
+        k = max(spans, default=1)
+        if pool.device != "cuda" or k == 1 or pool.gpus_per_rank != 1:
+            pools.append(pool)
+            continue
+        try:
+            ranks = check_layout(pool.world_size, k)
+        except ValueError as err:
+            raise PlanError(f"placement: pool {pool.name!r}: {err}") from None
+        pools.append(pool.model_copy(update={"world_size": ranks, "gpus_per_rank": k}))
+    return placement.model_copy(update={"pools": pools})
 
 
 def model_config(cfg: RunConfig, task: Any) -> dict:

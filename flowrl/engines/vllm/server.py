@@ -59,11 +59,13 @@ class VLLMServerConfig(RolloutEngineConfig):
     """A replica that is a vLLM OpenAI server process (see the module docstring)."""
 
     STREAMER: ClassVar[str] = "vllm_server"
+    RANK_SPANS_GPUS: ClassVar[bool] = True  # a pool of N GPUs: N / tensor_parallel_size servers, one a rank
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt + response; None: the model's.")
     kv_cache_gb: float = Field(1.0, gt=0, description="KV cache of the server in GiB (on CPU VLLM_CPU_KVCACHE_SPACE).")
     block_size: int | None = Field(None, ge=1, description="Tokens per KV-cache block; None: vLLM's default.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs the server spans (vLLM's own tensor parallel "
-                                                           "workers; a weight update reaches each).")
+                                      "workers; a weight update reaches each). On CUDA a rollout pool of N GPUs "
+                                      "runs N / tensor_parallel_size servers, each rank's bundle holding its GPUs.")
     start_timeout_s: float = Field(600.0, gt=0, description="Deadline of the server's start-up (until /health).")
     request_timeout_s: float = Field(600.0, gt=0, description="Deadline of one HTTP call to the server.")
     server_args: list[str] = Field(default_factory=list, description="More `vllm serve` arguments, as given.")
