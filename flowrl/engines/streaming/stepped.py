@@ -92,7 +92,7 @@ class SteppedStreamer(StreamWorker):
 
     async def pause(self, abort: bool = False) -> None:
         await super().pause(abort)
-        self.core.pause()
+        await asyncio.to_thread(self.core.pause)  # a leader's last message may wait for its followers
 
     def resume(self, version: int) -> None:
         self.core.resume()
