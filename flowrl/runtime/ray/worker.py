@@ -149,9 +149,9 @@ class PoolWorker:
         """A rollout rank: load each bucket from group `key` as it lands; what it received (the reshard)."""
         transport, start = self.transports[key][0], time.perf_counter()
         if isinstance(transport, ServerNcclTransport):  # the server's workers receive it themselves
-            buckets = transport.receive_into(self.roles[role].engine)
+            transport.receive_into(self.roles[role].engine)
             self.roles[role].synced_version = version
-            return None, {"rollout/sync_buckets": float(buckets), "timing_s/sync": time.perf_counter() - start}
+            return None, {}  # train rank 0 logs the sync (as on the collective path)
         if not isinstance(transport, ReshardTransport):
             self.roles[role].load_weight_stream(transport.receive(), version)
             return None, {}
