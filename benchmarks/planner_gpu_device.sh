@@ -1,8 +1,9 @@
 #!/bin/bash
 # Issue 43.7 on the device (one call): the planner's chosen layout against the hand grid, benchmarks/planner_one_gpu.py.
 # Carry [.gpu/p3]: flowrl's wheels beyond the image (pydantic, tensordict, datasets, math-verify, gguf and their
-# own; `pip download --no-deps` them, cp312 manylinux, with /.gpu/ in .git/info/exclude). vLLM is not carried here,
-# so the planner leaves it out (flowrl.runtime.auto_plan.installed_engines) and the grid's vLLM rows fail fast.
+# own; `pip download --no-deps` them, cp312 manylinux, with /.gpu/ in .git/info/exclude). vLLM is not carried: where
+# the image has it (vLLM 0.26) the planner and the grid's vLLM rows (graphs and eager) use it; where it has none
+# the planner leaves it out (flowrl.runtime.auto_plan.installed_engines) and so does the grid (no row, no crash).
 # Args: SHAPES STEPS LIMIT_S; one JSON line per run as it ends.
 set -u
 SHAPES=${1:-0.5B}; STEPS=${2:-3}; LIMIT=${3:-400}

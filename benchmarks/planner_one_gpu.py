@@ -10,9 +10,14 @@ and one summary line per shape: chosen over the best of the grid (bar <= 1.15), 
 the faster one measured, predicted against measured step time and peak (bar: peak within 15%).
 Workload: 16 prompts x 8, 256-token prompts, 1024 new tokens, long-tailed (EOS not suppressed).
 
+The grid's vLLM rows (CUDA graphs and eager, both asleep between generations) are left out where vLLM is not
+installed (the planner then leaves it out too: flowrl.runtime.auto_plan.installed_engines), so a missing engine
+is a row not run, never a crash; the engine compared is the engine and, for vLLM, graphs or eager.
+
 Usage (on the GPU machine): python benchmarks/planner_one_gpu.py [--shapes 0.5B,1.5B,3B,7B] [--steps 4]
-On CPU: python benchmarks/planner_one_gpu.py --tiny (tiny shapes, 2 x 2 rows of 16 new tokens, planned for
-1xH100-80G and run with train.device=cpu in fp32; the vLLM grid variants are left out: sleep mode needs CUDA).
+On CPU: python benchmarks/planner_one_gpu.py --tiny (or --device cpu; tiny shapes, 2 x 2 rows of 16 new tokens,
+planned for the device table's CPU row, `--cluster 1xCPU`, and run in fp32 with train.device=cpu; the vLLM grid
+rows are left out: their sleep mode needs CUDA) prints the same lines, to show the script works where no GPU is.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from importlib.util import find_spec
 from pathlib import Path
 
 import torch
@@ -55,6 +61,8 @@ GRID = {  # the hand grid: what a user would try
     "vllm graphs 0.5 sleep1": ["roles.rollout.engine=vllm", "roles.rollout.enforce_eager=false",
                                "roles.rollout.gpu_memory_utilization=0.5", "roles.rollout.free_cache_engine=1"],
     "hf_static ckpt+offload": ["model.gradient_checkpointing=true", "roles.actor.offload_optimizer=true"],
+    "vllm eager 0.5 sleep1": ["roles.rollout.engine=vllm", "roles.rollout.enforce_eager=true",
+                              "roles.rollout.gpu_memory_utilization=0.5", "roles.rollout.free_cache_engine=1"],
     "vllm ckpt+offload": ["roles.rollout.engine=vllm", "roles.rollout.enforce_eager=false",
                           "roles.rollout.free_cache_engine=1", "model.gradient_checkpointing=true",
                           "roles.actor.offload_optimizer=true"],
@@ -62,15 +70,34 @@ GRID = {  # the hand grid: what a user would try
 
 
 def engine_of(values: list[str]) -> str:
-    return "vllm" if "roles.rollout.engine=vllm" in values else "hf_static"
+    """hf_static, 'vllm graphs' or 'vllm eager' (the rollout's enforce_eager)."""
+    if "roles.rollout.engine=vllm" not in values:
+        return "hf_static"
+    return "vllm eager" if "roles.rollout.enforce_eager=true" in values else "vllm graphs"
+
+
+def chosen_engine(written: dict) -> str:
+    rollout = written.get("roles", {}).get("rollout", {})
+    if rollout.get("engine", "hf_static") != "vllm":
+        return rollout.get("engine", "hf_static")
+    return "vllm eager" if rollout.get("enforce_eager", True) else "vllm graphs"
+
+
+def grid_runs(tiny: bool) -> dict[str, list[str]]:
+    """The hand grid this machine can run: no vLLM row where vLLM is not installed or on the CPU (sleep mode)."""
+    vllm = find_spec("vllm") is not None and not tiny
+    return {label: values for label, values in GRID.items() if vllm or engine_of(values) == "hf_static"}
 
 
 def train(folder: Path, out: Path, steps: int, workload: list[str], extra: list[str],
-          config: Path | None = None) -> dict:
+          config: Path | None = None, timeout_s: float = 3600) -> dict:
     cmd = [sys.executable, "-m", "flowrl", "train", "grpo", "--no-progress", "--steps", str(steps),
            "--output-dir", str(out), *(["--config", str(config)] if config else []),
            *[f"--set={kv}" for kv in [*workload, f"model.path={folder}", *extra]]]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "oom": False, "s_step": None, "peak_gib": None, "error": f"over {timeout_s} s"}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()] \
         if (out / "metrics.jsonl").exists() else []
     times = [r["timing_s/step"] for r in rows[1:] if "timing_s/step" in r]
@@ -98,7 +125,7 @@ def summary(name: str, chosen: dict, grid: dict[str, dict]) -> dict:
         out["ratio"] = chosen["s_step"] / measured[best]["s_step"]
         out["ratio_ok"] = out["ratio"] <= 1.15
         fastest = {e: min((r["s_step"] for r in measured.values() if r["engine"] == e), default=None)
-                   for e in ("hf_static", "vllm")}
+                   for e in ("hf_static", "vllm graphs", "vllm eager")}
         timed = {e: t for e, t in fastest.items() if t is not None}
         out["fastest_engine"] = min(timed, key=timed.get) if len(timed) > 1 else None
         out["engine_ok"] = out["fastest_engine"] in (None, chosen["engine"])
@@ -111,38 +138,47 @@ def summary(name: str, chosen: dict, grid: dict[str, dict]) -> dict:
     return out
 
 
+def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: dict[str, list[str]]) -> None:
+    """One shape: the planner's written layout and each grid row, a JSON line each, then the summary line."""
+    dtype, (workload, after) = (torch.float32, (TINY_WORKLOAD, CPU)) if tiny else (torch.bfloat16, (WORKLOAD, []))
+    folder = Path(qwen_model(f"{tmp}/{name}", "0123456789+=", shape, 2048, dtype))
+    chosen_file = Path(tmp) / f"{name}.json"
+    written = plan(folder, chosen_file, "1xCPU" if tiny else "found", workload)
+    if written is None:
+        chosen = {"ok": False, "s_step": None, "error": "refused by the planner", "engine": None}
+    else:
+        chosen = {**train(folder, Path(tmp) / f"{name}-chosen", steps, [], after, chosen_file),
+                  "engine": chosen_engine(written),
+                  "predicted": {k: written["plan"]["predicted"][k] for k in ("layout", "step_s", "peak_gib")}}
+    print(json.dumps({"shape": name, "run": "chosen", **chosen}), flush=True)
+    measured = {}
+    for i, (label, extra) in enumerate(grid.items()):
+        # an empty prediction: the run logs memory/peak_gib (flowrl.runtime.plan_record)
+        got = train(folder, Path(tmp) / f"{name}-{i}", steps, workload, [*extra, *after, "plan.predicted.step_s=0"])
+        measured[label] = {**got, "engine": engine_of(extra)}
+        print(json.dumps({"shape": name, "run": label, **measured[label]}), flush=True)
+    print(json.dumps(summary(name, chosen, measured)), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default=None, help="comma-separated (default: all of the mode's shapes)")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run of the script)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same as --tiny")
     args = parser.parse_args()
-    shapes, dtype = (TINY, torch.float32) if args.tiny else (SHAPES, torch.bfloat16)
-    workload, after = (TINY_WORKLOAD, CPU) if args.tiny else (WORKLOAD, [])
-    grid_runs = {k: v for k, v in GRID.items() if not (args.tiny and engine_of(v) == "vllm")}
-    device = "cpu" if args.tiny else torch.cuda.get_device_name(0)
-    print(json.dumps({"device": device, "steps": args.steps, "workload": workload}), flush=True)
+    tiny = args.tiny or args.device == "cpu"
+    shapes = TINY if tiny else SHAPES
+    names = args.shapes.split(",") if args.shapes else list(shapes)
+    if unknown := [name for name in names if name not in shapes]:
+        parser.error(f"--shapes: {', '.join(unknown)} not among {', '.join(shapes)}")
+    grid = grid_runs(tiny)
+    print(json.dumps({"device": "cpu" if tiny else torch.cuda.get_device_name(0), "steps": args.steps,
+                      "workload": TINY_WORKLOAD if tiny else WORKLOAD, "grid": list(grid),
+                      "vllm_installed": find_spec("vllm") is not None}), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for name in (args.shapes.split(",") if args.shapes else list(shapes)):
-            folder = Path(qwen_model(f"{tmp}/{name}", "0123456789+=", shapes[name], 2048, dtype))
-            chosen_file = Path(tmp) / f"{name}.json"
-            written = plan(folder, chosen_file, "1xH100-80G" if args.tiny else "found", workload)
-            if written is None:
-                chosen = {"ok": False, "s_step": None, "error": "refused by the planner", "engine": None}
-            else:
-                values = written.get("roles", {}).get("rollout", {})
-                chosen = {**train(folder, Path(tmp) / f"{name}-chosen", args.steps, [], after, chosen_file),
-                          "engine": values.get("engine", "hf_static"),
-                          "predicted": {k: written["plan"]["predicted"][k] for k in ("layout", "step_s", "peak_gib")}}
-            print(json.dumps({"shape": name, "run": "chosen", **chosen}), flush=True)
-            grid = {}
-            for i, (label, extra) in enumerate(grid_runs.items()):
-                # an empty prediction: the run logs memory/peak_gib (flowrl.runtime.plan_record)
-                got = train(folder, Path(tmp) / f"{name}-{i}", args.steps, workload,
-                            [*extra, *after, "plan.predicted.step_s=0"])
-                grid[label] = {**got, "engine": engine_of(extra)}
-                print(json.dumps({"shape": name, "run": label, **grid[label]}), flush=True)
-            print(json.dumps(summary(name, chosen, grid)), flush=True)
+        for name in names:
+            run_shape(name, shapes[name], tmp, tiny, args.steps, grid)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@
 #           of what verl's vLLM server imports checked (exit 5 if one fails); verl, 64x8, 256, fixed (cold start)
 #   D       flowrl then verl, 64x8, 256, variable
 #   E       verl, 1.5B shape 16x8, 1024, variable
+#   G       after C (vllm and its server path installed): flowrl with vLLM in-process, then with vLLM's own
+#           OpenAI server as the replica (roles.rollout.engine=vllm_server), 64x8, 256, fixed (issue 45.5); both
+#           eager (the server path always is), both with half the card for vLLM (the in-process default)
 set -u
 STAGE=$1
 ROOT=$(pwd)
@@ -79,6 +82,11 @@ print('vllm', vllm.__version__, 'server path imports')" >/tmp/runs/imports.log 2
 D)
   run flowrl_variable 150 $B --systems flowrl --lengths variable
   run verl_variable 420 $B $V --lengths variable --verl-deadline 390
+  ;;
+G)
+  run flowrl_vllm_inproc 200 $B --systems flowrl --flowrl-set roles.rollout.engine=vllm --label vllm
+  run flowrl_vllm_server 330 $B --systems flowrl --flowrl-set roles.rollout.engine=vllm_server \
+    --flowrl-set 'roles.rollout.server_args=["--gpu-memory-utilization","0.5"]' --label vllm_server
   ;;
 E)
   run verl_big 560 $B $V $BIG --verl-deadline 520

@@ -37,7 +37,7 @@ from flowrl.engines.protocols import SamplingParams
 from flowrl.graph.role import ROLES, RoleSpec
 from flowrl.plan.candidates import Candidate, Work
 from flowrl.plan.costs import CostModel, DeviceKind
-from flowrl.plan.memory import OVERHEAD, VLLM_ASLEEP, Fit, Roles
+from flowrl.plan.memory import OVERHEAD, Fit, Roles, vllm_asleep
 from flowrl.plan.simulate import GraphNode, graph_nodes, node_seconds
 from flowrl.roles import Actor, Critic, Ref, Reward, Rollout
 from flowrl.runtime.offpolicy import buffering
@@ -199,7 +199,7 @@ def train_bytes(case: Case, cand: Candidate) -> dict[str, int]:
 def rollout_bytes(case: Case, cand: Candidate, card: int) -> tuple[int, int, int | None]:
     """(held, extra while generating, held asleep or None) of one simulated rollout GPU."""
     if cand.engine == "vllm":
-        asleep = VLLM_ASLEEP if cand.colocated and cand.sleep_level else None
+        asleep = vllm_asleep(cand, case.shape, case.true) if cand.colocated and cand.sleep_level else None
         return int(cand.gpu_memory_utilization * card), 0, asleep
     rows, s = -(-case.work.rows // cand.replicas), case.shape
     weights = 0 if cand.colocated and cand.train_gpus == 1 else s.weight_bytes

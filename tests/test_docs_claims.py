@@ -83,7 +83,7 @@ def test_the_readmes_versions_are_the_pinned_ones():
 
 
 def test_vllms_cpu_head_size_and_the_tiny_model_setting():
-    sizes = one(r"CPU_HEAD_SIZES = \(([0-9, ]+)\)", (ROOT / "flowrl/engines/vllm/rollout.py").read_text())[1]
+    sizes = one(r"CPU_HEAD_SIZES = \(([0-9, ]+)\)", (ROOT / "flowrl/engines/vllm/process.py").read_text())[1]
     smallest = min(int(s) for s in sizes.split(","))
     said = one(r"head size of at least (\d+)\n.*?model's\n(\d+) heads: `--set model.tiny_hidden_size=(\d+)`", README)
     assert int(said[1]) == smallest and int(said[3]) // int(said[2]) == smallest

@@ -5,6 +5,8 @@ import json
 import statistics
 from importlib.util import find_spec
 
+import pytest
+
 from flowrl.config import load_run_config
 from flowrl.plan.calibrate import PlanSection, Prediction, load_refined
 from flowrl.plan.cluster import ClusterConfig
@@ -23,6 +25,14 @@ def test_a_run_records_predicted_against_measured_and_the_next_plan_uses_its_cos
         assert row["plan/predicted_step_s"] == pred.step_s
         assert row["plan/step_ratio"] == row["timing_s/step"] / pred.step_s
         assert row["plan/peak_ratio"] == row["memory/peak_gib"] / max(pred.peak_gib.values()) and row["memory/peak_gib"] > 0
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [row for row in logged if "timing_s/step" in row]
+    assert len(steps) == 3
+    for row in steps:  # the metrics file carries both: predicted and measured step time and peak memory
+        assert row["plan/predicted_step_s"] == pred.step_s and row["timing_s/step"] > 0
+        assert row["plan/predicted_peak_gib"] == max(pred.peak_gib.values()) and row["memory/peak_gib"] > 0
+        assert row["plan/step_ratio"] == pytest.approx(row["timing_s/step"] / pred.step_s)
+        assert row["plan/peak_ratio"] == pytest.approx(row["memory/peak_gib"] / max(pred.peak_gib.values()))
     saved = json.loads((tmp_path / "run" / "plan.json").read_text())
     generate = next(n for n in pred.nodes if n.category == "generate")
     # the median over steps 2 and 3 (the first compiles) of measured over predicted generation seconds

@@ -8,8 +8,8 @@ size) into flowrl.plan.candidates.Candidate on a cluster of the GPUs the run use
 A layout the Candidate cannot express (a role on a pool of its own beyond the rollout's, a role with a model of
 its own or a reward model, a rollout engine other than hf_static or vLLM, trained roles with different engine
 options, an engine option the phase model leaves at its default) raises Unexpressible naming what, in one line.
-vLLM's enforce_eager is read by the cost model only: vLLM takes its gpu_memory_utilization share either way
-(the phase model counts CUDA graphs inside it, so eager leaves it a little more KV cache than predicted).
+vLLM's enforce_eager decides whether its share holds a CUDA graph pool (flowrl.plan.memory.cuda_graphs) and
+the decode step's cost (flowrl.plan.simulate).
 `workload` and `batch_sizes` are what placement=auto (flowrl.runtime.auto_plan) reads from the same config.
 """
 
@@ -97,7 +97,8 @@ def configured(cfg: RunConfig, plan: Plan, gpu_bytes: int, gpus_per_node: int | 
                      micro_batch_size=batch_sizes(cfg, plan)["micro_batch_size"],
                      **_train_options(trained, frozen, engine), **rollout)
     gpus = cand.train_gpus + cand.rollout_gpus
-    cluster = ClusterConfig(nodes=1, gpus_per_node=gpus_per_node or gpus, device=nearest_device(gpu_bytes),
+    per_node = gpus_per_node or gpus
+    cluster = ClusterConfig(nodes=-(-gpus // per_node), gpus_per_node=per_node, device=nearest_device(gpu_bytes),
                             memory_gib=gpu_bytes / 2**30)
     names = {"train": pool.name} if not follower else \
         {"train": pool.name, "gen": rollout_pool.name} if split else {"global": pool.name}
@@ -178,5 +179,5 @@ def _rollout_options(role: str, engine: EngineConfig, split: bool) -> dict:
     if vllm.kv_cache_gb is not None:
         raise Unexpressible(f"roles.{role}.kv_cache_gb is set; the planner sizes vLLM by gpu_memory_utilization")
     return {"engine": "vllm", "tensor_parallel": vllm.tensor_parallel_size,
-            "gpu_memory_utilization": vllm.gpu_memory_utilization,
+            "gpu_memory_utilization": vllm.gpu_memory_utilization, "enforce_eager": vllm.enforce_eager,
             "sleep_level": 0 if split else vllm.free_cache_engine}

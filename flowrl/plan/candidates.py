@@ -54,6 +54,7 @@ class Candidate:
     micro_batch_size: int = 1  # rows per forward/backward pass, over the train pool
     lora_rank: int = 0
     token_budget: int = 0  # tokens per micro-batch and rank (max_tokens_per_micro_batch); 0: micro_batch_size rows
+    enforce_eager: bool = True  # vLLM only: False captures CUDA graphs (faster decode steps, a graph pool)
 
     @property
     def colocated(self) -> bool:
@@ -67,11 +68,15 @@ class Candidate:
     def replicas(self) -> int:
         return self.rollout_pool // self.tensor_parallel
 
+    def vllm_mode(self) -> str:
+        """'graphs' (CUDA graphs), 'eager' (enforce_eager) or '-' (not vLLM)."""
+        return "-" if self.engine != "vllm" else "eager" if self.enforce_eager else "graphs"
+
     def label(self) -> str:
         layout = f"colocated {self.train_gpus}" if self.colocated else f"train {self.train_gpus} | " \
                                                                          f"rollout {self.rollout_gpus}"
         engine = self.engine if self.engine != "vllm" else \
-            f"vllm tp{self.tensor_parallel}x{self.replicas} mem {self.gpu_memory_utilization:g}" + \
+            f"vllm {self.vllm_mode()} tp{self.tensor_parallel}x{self.replicas} mem {self.gpu_memory_utilization:g}" + \
             (f" sleep {self.sleep_level}" if self.colocated else "")
         opts = [name for name, on in (("ckpt", self.gradient_checkpointing), ("offload-opt", self.offload_optimizer),
                                       ("offload-params", self.offload_params)) if on]
@@ -88,6 +93,7 @@ class Space:
     tensor_parallel: tuple[int, ...] | None = None  # None: any that divides the pool
     memory_shares: tuple[float, ...] = (0.3, 0.5, 0.7, 0.9)
     sleep_levels: tuple[int, ...] = (0, 1, 2)
+    enforce_eager: tuple[bool, ...] | None = None  # None: CUDA graphs or eager on CUDA, eager elsewhere
     gradient_checkpointing: tuple[bool, ...] = (False, True)
     offload_optimizer: tuple[bool, ...] = (False, True)
     offload_params: tuple[bool, ...] = (False, True)
@@ -119,16 +125,22 @@ def micro_sizes(train_gpus: int, work: Work, space: Space) -> list[int]:
     return sizes[-4:] or [train_gpus]
 
 
-def rollout_options(pool: int, colocated: bool, space: Space) -> Iterator[tuple[str, int, float, int]]:
-    """(engine, tensor parallel size, memory share, sleep level) for a rollout pool of `pool` GPUs."""
+def rollout_options(cluster: ClusterConfig, first: int, pool: int, colocated: bool, space: Space
+                    ) -> Iterator[tuple[str, int, float, int, bool]]:
+    """(engine, tensor parallel size, memory share, sleep level, enforce_eager) for a rollout pool of `pool` GPUs
+    from GPU `first`: tensor parallel sizes whose groups stay within a node (one the user fixed is kept, and
+    refused by flowrl.plan.memory.refusal), CUDA graphs (unless the user fixed them) and sleep levels on a CUDA
+    device kind only."""
     for engine in space.engines:
         if engine != "vllm":
-            yield engine, 1, 0.0, 0
+            yield engine, 1, 0.0, 0, True
             continue
-        sizes = space.tensor_parallel or tuple(k for k in (1, 2, 4, 8) if k <= pool)
-        levels = space.sleep_levels if colocated else (0,)
-        for k, share, level in itertools.product(sizes, space.memory_shares, levels):
-            yield engine, k, share, level
+        sizes = space.tensor_parallel or tuple(k for k in (1, 2, 4, 8) if k <= pool and
+                                               cluster.tensor_parallel_span(first, pool, k) is None)
+        levels = space.sleep_levels if colocated and cluster.kind.cuda else (0,)
+        eager = space.enforce_eager or ((False, True) if cluster.kind.cuda else (True,))
+        for k, share, level, mode in itertools.product(sizes, space.memory_shares, levels, eager):
+            yield engine, k, share, level, mode
 
 
 def enumerate_candidates(cluster: ClusterConfig, work: Work, space: Space, has_rollout: bool = True,
@@ -137,9 +149,11 @@ def enumerate_candidates(cluster: ClusterConfig, work: Work, space: Space, has_r
         pool = train if rollout == 0 else rollout
         train_opts = list(itertools.product(space.gradient_checkpointing, space.offload_optimizer,
                                             space.offload_params, micro_sizes(train, work, space), space.lora_ranks))
-        for engine, k, share, level in rollout_options(pool, rollout == 0, space) if has_rollout else \
-                [("hf_static", 1, 0.0, 0)]:
+        first = 0 if rollout == 0 else train  # the train pool's ranks come first
+        for engine, k, share, level, eager in rollout_options(cluster, first, pool, rollout == 0, space) \
+                if has_rollout else [("hf_static", 1, 0.0, 0, True)]:
             for ckpt, off_opt, off_params, micro, lora in train_opts:
                 if off_params and off_opt:  # offload_params keeps the optimizer on the CPU already
                     continue
-                yield Candidate(train, rollout, engine, k, share, level, ckpt, off_opt, off_params, micro, lora)
+                yield Candidate(train, rollout, engine, k, share, level, ckpt, off_opt, off_params, micro, lora,
+                                enforce_eager=eager)

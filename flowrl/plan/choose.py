@@ -42,9 +42,10 @@ class Choice:
         ok = sorted((s for s in self.scored if s.seconds is not None), key=lambda s: s.seconds)
         bad = [s for s in self.scored if s.seconds is None]
         lines = [f"{len(self.scored)} candidates on {self.cluster.describe()}: {len(ok)} fit, {len(bad)} rejected",
-                 f"{'predicted s/step':>16}  {'peak GiB/GPU':>12}  layout"]
+                 f"{'predicted s/step':>16}  {'peak GiB/GPU':>12}  {'vllm':>6}  layout"]
         for s in ok[:top]:
-            lines.append(f"{s.seconds:16.2f}  {max(s.fit.peak.values()) / GIB:12.1f}  {s.cand.label()}")
+            lines.append(f"{s.seconds:16.2f}  {max(s.fit.peak.values()) / GIB:12.1f}  {s.cand.vllm_mode():>6}  "
+                         f"{s.cand.label()}")
         reasons: dict[str, int] = {}
         for s in bad:
             reasons[s.why] = reasons.get(s.why, 0) + 1
@@ -91,6 +92,9 @@ class Planner:
         scored = [self.score(c, nodes, depth, shape, work, roles, cluster, batch, costs)
                   for c in enumerate_candidates(cluster, work, space, roles.rollout)]
         ok = [s for s in scored if s.seconds is not None]
+        if scored and all(s.fit.layout_refused for s in scored):  # every layout refused as laid out: say why
+            reasons = [s.fit.refused for s in scored]
+            raise PlanError("placement: " + "; or ".join(sorted(set(reasons), key=lambda r: -reasons.count(r))))
         if not ok:
             raise PlanError(self.advice(nodes, depth, shape, work, roles, cluster, space, batch, costs, scored))
         return Choice(min(ok, key=preference), scored, cluster)

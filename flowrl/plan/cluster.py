@@ -4,7 +4,9 @@ A spec reads NODESxGPUSxKIND, GPUSxKIND (one node) or KIND (one GPU); KIND names
 (flowrl.plan.costs.DEVICES), which gives the memory of one card and its cost constants. `detect` reads the
 GPUs a Ray cluster has (executor.name=ray) or torch sees, and the device table's row nearest their memory.
 Pools respect nodes: a pool either fits in one node or takes whole nodes (`pool_sizes`), and a tensor-parallel
-group never spans two (`max_tensor_parallel`).
+group never spans two (`tensor_parallel_span`: the pools take consecutive ranks in placement order, the train
+pool's first, node by node, as torchrun and flowrl's Ray pools number them, and a rollout engine of
+tensor_parallel_size k takes k consecutive ranks of its pool).
 """
 
 from __future__ import annotations
@@ -79,6 +81,20 @@ class ClusterConfig(BaseModel):
     def spans_nodes(self, size: int) -> bool:
         return size > self.gpus_per_node
 
+    def tensor_parallel_span(self, first: int, pool: int, k: int) -> str | None:
+        """One line where a tensor-parallel group of `k` ranks of the pool of `pool` GPUs starting at GPU `first`
+        would span two nodes (vLLM's tensor parallel needs NVLink, one node); else None."""
+        per = self.gpus_per_node
+        if k > per:
+            return (f"roles.rollout.tensor_parallel_size={k} spans nodes: a node has {per} GPUs "
+                    f"({self.describe()}); a tensor-parallel group stays within one node")
+        for start in range(first, first + pool - k + 1, k):
+            if start // per != (start + k - 1) // per:
+                return (f"roles.rollout.tensor_parallel_size={k} spans nodes: its group of GPUs "
+                        f"{start}-{start + k - 1} crosses a node boundary at {per} GPUs per node "
+                        f"({self.describe()}); a tensor-parallel group stays within one node")
+        return None
+
     def describe(self) -> str:
         return f"{self.nodes} node(s) x {self.gpus_per_node} {self.device} ({self.kind.memory_gib:g} GiB each)"
 
@@ -112,5 +128,6 @@ def _cuda_memory() -> int:
 
 
 def nearest_device(memory_bytes: int) -> str:
-    """The device table's row whose memory is nearest `memory_bytes`."""
-    return min(DEVICES, key=lambda name: abs(DEVICES[name].memory_bytes - memory_bytes))
+    """The device table's GPU row whose memory is nearest `memory_bytes`."""
+    gpus = [name for name, kind in DEVICES.items() if kind.cuda]
+    return min(gpus, key=lambda name: abs(DEVICES[name].memory_bytes - memory_bytes))

@@ -7,10 +7,20 @@ DEVICES is the table the project ships: one row per GPU kind, each figure from a
   an H200 for the 0.5B shape); `half_mfu_tokens`: tokens per rank per micro-batch at which it is halved;
 - decode step overheads: hf_static's captured decode loop runs 512 rows x 256 tokens at 108.5k tok/s on the
   0.5B shape (4.7 ms a step, of which the weights' and KV cache's reads are under 1 ms); vLLM with CUDA graphs
-  took 10.6 s a step where hf_static took 9.2 s (1.5B, 1024 long-tailed tokens) and 24.9 s eager;
+  took 10.6 s a step where hf_static took 9.2 s (1.5B, 1024 long-tailed tokens) and 24.9 s eager (the issue 43
+  audit, one H100, a27447d): 14.3 s more over about 1024 decode steps is 14 ms a decode step more without
+  graphs, `vllm_eager_step_s` - `vllm_step_s`;
+- vLLM's CUDA graph pool: 0.39 GiB for its default 51 capture sizes (max_num_seqs 256) on the 0.5B shape's 24
+  layers, 0.18 GiB for 19 sizes (max_num_seqs 64) (vLLM 0.26 on an H200, FULL_AND_PIECEWISE graphs: "Graph
+  capturing finished ... took 0.39 GiB" in benchmarks/results/issue21_h200_20261204e/call2_vllm_fixed_profiled.log
+  and call2_sync_direct.log): about 0.33 MiB per capture size and layer, `vllm_graph_mib`;
 - weight sync: 0.14-0.21 s a sync of the 0.5B shape (about 1 GB) into an in-process vLLM; sleep level 1 frees
   42 GiB in 0.9 s and wakes in 0.09 s; PCIe, NVLink and InfiniBand bandwidths as usually reached.
 An H100 row shares the H200's compute figures (same SM count and clocks) with its own memory and bandwidth.
+The CPU row is nominal, not measured (the CPU runs of the tests and of benchmarks/planner_one_gpu.py --tiny):
+it has no CUDA graphs and no vLLM sleep mode, so a plan for it never picks them; its overhead is a Python
+process with torch loaded (the tiny shapes of benchmarks/planner_one_gpu.py --device cpu peaked at 0.47 GiB
+resident); refine its costs with a run's own steps (`flowrl plan --costs RUN/plan.json`).
 
 `CostModel.refine` scales each kind of node by what a run's own first steps measured (`timing_s/<node>`).
 """
@@ -33,7 +43,10 @@ class DeviceKind:
     prefill_mfu: float = 0.35
     hf_static_step_s: float = 0.0040  # per decode step, beyond the reads (the captured loop's sampling etc.)
     vllm_step_s: float = 0.0060  # the same for vLLM with CUDA graphs
-    vllm_eager_step_s: float = 0.0200  # and for eager vLLM
+    vllm_eager_step_s: float = 0.0200  # and for eager vLLM (enforce_eager: no CUDA graphs)
+    vllm_graph_mib: float = 0.33  # vLLM's CUDA graph pool, MiB per capture size and decoder layer
+    cuda: bool = True  # CUDA graphs and vLLM's sleep mode exist (not on the CPU)
+    overhead_gib: float = 2.0  # per device beside the engines: CUDA context, NCCL, the allocator's fragmentation
     sync_gbs: float = 6.0  # an in-process weight sync into vLLM (bucketed), GB/s
     sync_fixed_s: float = 0.05
     pcie_gbs: float = 25.0  # host <-> device copies (offload, sleep level 1)
@@ -47,6 +60,10 @@ class DeviceKind:
     def memory_bytes(self) -> int:
         return int(self.memory_gib * GIB)
 
+    @property
+    def overhead_bytes(self) -> int:
+        return int(self.overhead_gib * GIB)
+
 
 DEVICES: dict[str, DeviceKind] = {
     "H100-80G": DeviceKind(memory_gib=79.2, peak_tflops=989.0, hbm_gbs=3350.0),
@@ -57,6 +74,9 @@ DEVICES: dict[str, DeviceKind] = {
                            hf_static_step_s=0.006, vllm_step_s=0.008, vllm_eager_step_s=0.025),
     "L40S-48G": DeviceKind(memory_gib=44.4, peak_tflops=362.0, hbm_gbs=864.0, nvlink_gbs=25.0,
                            hf_static_step_s=0.006, vllm_step_s=0.008, vllm_eager_step_s=0.025),
+    "CPU": DeviceKind(memory_gib=32.0, peak_tflops=0.5, hbm_gbs=20.0, train_mfu=0.3, prefill_mfu=0.3,
+                      hf_static_step_s=0.002, vllm_step_s=0.002, vllm_eager_step_s=0.002, sync_gbs=5.0,
+                      pcie_gbs=20.0, nvlink_gbs=5.0, network_gbs=1.0, cuda=False, overhead_gib=0.45),
 }
 
 CATEGORIES = ("generate", "forward", "update", "sync", "driver")

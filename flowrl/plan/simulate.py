@@ -2,7 +2,8 @@
 
 Node costs (seconds) come from the cost model's device row (flowrl.plan.costs): generation is decode steps
 (per step a fixed overhead plus reading the weights and the KV cache at HBM bandwidth; static batches run to
-the longest row, vLLM's continuous batching runs the rows' mean tokens over its concurrent sequences), forward
+the longest row, vLLM's continuous batching runs the rows' mean tokens over its concurrent sequences, its
+overhead a decode step the device row's `vllm_step_s` with CUDA graphs or `vllm_eager_step_s` eager), forward
 and update passes are 2 and 6 FLOPs per parameter and token at the device's MFU (8 with checkpointing), plus
 offload traffic over PCIe; a weight sync moves the weights over NVLink, the network or an in-process copy.
 The step: nodes on one pool run one after another, nodes on different pools run together when the graph lets
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from flowrl.graph.trace import NodeKind
 from flowrl.plan.candidates import Candidate, Work
 from flowrl.plan.costs import CostModel
-from flowrl.plan.memory import Fit
+from flowrl.plan.memory import VLLM_MAX_NUM_SEQS, Fit
 from flowrl.engines.memory import ModelShape, RankLoad, kv_cache
 
 
@@ -57,9 +58,9 @@ def generate_s(cand: Candidate, shape: ModelShape, work: Work, costs: CostModel,
     d, k = costs.device, cand.tensor_parallel
     rows = -(-work.rows // cand.replicas)
     if cand.engine == "vllm":
-        concurrent = max(1, min(rows, 256, fit.kv_tokens // work.seq_len))
+        concurrent = max(1, min(rows, VLLM_MAX_NUM_SEQS, fit.kv_tokens // work.seq_len))
         steps = max(work.response_len, rows * work.mean_response_len / concurrent)
-        overhead = d.vllm_step_s
+        overhead = d.vllm_eager_step_s if cand.enforce_eager else d.vllm_step_s
     else:
         concurrent, steps, overhead = rows, work.response_len, d.hf_static_step_s
     kv_token = kv_cache(shape, RankLoad(1, rows=1, seq_len=1, tokens=1))

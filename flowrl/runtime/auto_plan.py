@@ -59,10 +59,11 @@ def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, p
     engines = [r for r in trained + frozen if isinstance(cfg.section(r, plan.specs[r]), TrainRoleConfig)]
     space = Space(engines=installed_engines(), lora_ranks=(lora,),
                   gradient_checkpointing=(True,) if cfg.model.gradient_checkpointing else (False, True))
+    space = replace(space, **fixed_rollout(cfg, followers))
     costs, planner = costs or CostModel(cluster.kind), planner or PlannerConfig()
     chooser = planner.build()
     choice = chooser.choose(nodes, depth, shape, work, summary, cluster, space, batch, costs)
-    values = overrides(choice.best.cand, others, followers, trained, engines)
+    values = overrides(choice.best.cand, others, followers, trained, engines, "cuda" if cluster.kind.cuda else "cpu")
     budget = token_budget(choice.best.cand, shape, work, summary, cluster, batch, planner.headroom) \
         if planner.token_budget else 0
     budgeted = chooser.score(replace(choice.best.cand, token_budget=budget), nodes, depth, shape, work, summary,
@@ -79,20 +80,36 @@ def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, p
     return choice, values
 
 
+def fixed_rollout(cfg: RunConfig, followers: list[str]) -> dict[str, tuple]:
+    """What the user set of the rollout's engine, which the planner keeps (Space fields): vLLM where the run names
+    it (the cuda preset names hf_static, so that one is the planner's to change), vLLM's tensor_parallel_size and
+    enforce_eager."""
+    if not followers:
+        return {}
+    engine, fixed = cfg.section(followers[0]).engine, {}
+    given = engine.model_fields_set
+    if engine.engine == "vllm":  # by its registered name: vLLM's config class imports vLLM
+        fixed["engines"] = ("vllm",)
+    for name, field in (("tensor_parallel_size", "tensor_parallel"), ("enforce_eager", "enforce_eager")):
+        if name in given:
+            fixed[field] = (getattr(engine, name),)
+    return fixed
+
+
 def installed_engines() -> tuple[str, ...]:
     """The rollout engines a plan may pick here: vLLM (an optional package) only where it is installed."""
     return tuple(engine for engine in ENGINES if engine != "vllm" or find_spec("vllm") is not None)
 
 
 def overrides(cand: Candidate, others: list[str], followers: list[str], trained: list[str],
-              engines: list[str]) -> dict[str, Any]:
-    """Run config values (dotted keys) for the chosen candidate; `engines`: the roles on train engines, whose
-    micro-batches it sizes."""
-    pools = [{"name": "global", "roles": others + followers, "world_size": cand.train_gpus, "device": "cuda"}] \
-        if cand.colocated else [{"name": "train", "roles": others, "world_size": cand.train_gpus, "device": "cuda"},
+              engines: list[str], device: str = "cuda") -> dict[str, Any]:
+    """Run config values (dotted keys) for the chosen candidate on `device` (cuda, or cpu for the device table's
+    CPU row); `engines`: the roles on train engines, whose micro-batches it sizes."""
+    pools = [{"name": "global", "roles": others + followers, "world_size": cand.train_gpus, "device": device}] \
+        if cand.colocated else [{"name": "train", "roles": others, "world_size": cand.train_gpus, "device": device},
                                 {"name": "generate", "roles": followers, "world_size": cand.rollout_gpus,
-                                 "device": "cuda"}]
-    out: dict[str, Any] = {"placement": {"pools": pools}, "train.device": "cuda",
+                                 "device": device}]
+    out: dict[str, Any] = {"placement": {"pools": pools}, "train.device": device,
                            "model.gradient_checkpointing": cand.gradient_checkpointing,
                            **{f"roles.{role}.micro_batch_size": cand.micro_batch_size for role in engines}}
     for role in trained:
@@ -103,7 +120,7 @@ def overrides(cand: Candidate, others: list[str], followers: list[str], trained:
         if cand.engine == "vllm":
             out.update({f"roles.{role}.tensor_parallel_size": cand.tensor_parallel,
                         f"roles.{role}.gpu_memory_utilization": cand.gpu_memory_utilization,
-                        f"roles.{role}.enforce_eager": False,
+                        f"roles.{role}.enforce_eager": cand.enforce_eager,
                         f"roles.{role}.free_cache_engine": cand.sleep_level if cand.colocated else 0})
     return out
 

@@ -62,7 +62,7 @@ def judge(cfg: RunConfig, plan: Plan, shape: ModelShape, prompt_len: int, gpu_by
     if max(got.peak.values()) > limit:
         raise PlanError(f"{too_big(layout, got, gpu_bytes)}; it would fit with {advice(layout, shape, work, limit)} "
                         f"(`flowrl plan ALGO --cluster found --explain` chooses among them)")
-    phases = pool_phases(layout.cand, shape, work, layout.roles, gpu_bytes)[0]
+    phases = pool_phases(layout.cand, shape, work, layout.roles, gpu_bytes, layout.cluster.kind)[0]
     per_gpu = {layout.pools[pool]: each for pool, each in phases.items()}
     sizes = {layout.pools[pool]: layout.cand.train_gpus if pool != "gen" else layout.cand.rollout_gpus
              for pool in phases}
@@ -89,7 +89,8 @@ def advice(layout: Layout, shape: ModelShape, work: Work, limit: int) -> str:
 def fixes(layout: Layout, shape: ModelShape, work: Work, limit: int) -> list[list[str]]:
     """The smallest sets of `--set` values with which the layout fits `limit` bytes a GPU, in the phase model:
     activation checkpointing, the optimizer or parameters offloaded, LoRA on the policy (it changes the math:
-    offered, never applied), a token budget of one sequence per micro-batch, vLLM asleep between generations."""
+    offered, never applied), a token budget of one sequence per micro-batch, vLLM asleep between generations or
+    without its CUDA graph pool (enforce_eager)."""
     cand, trained, tuned = layout.cand, layout.trained, layout.trained + layout.frozen
     budget = 1 << (work.seq_len - 1).bit_length()  # the smallest power of two that holds one sequence
     sets = {"model.gradient_checkpointing=true": ({"gradient_checkpointing": True}, not cand.gradient_checkpointing),
@@ -102,7 +103,9 @@ def fixes(layout: Layout, shape: ModelShape, work: Work, limit: int) -> list[lis
             " + ".join(f"roles.{r}.max_tokens_per_micro_batch={budget}" for r in tuned):
                 ({"token_budget": budget}, bool(tuned) and not 0 < cand.token_budget <= budget),
             f"roles.{layout.follower}.free_cache_engine=1":
-                ({"sleep_level": 1}, cand.engine == "vllm" and cand.colocated and not cand.sleep_level)}
+                ({"sleep_level": 1}, cand.engine == "vllm" and cand.colocated and not cand.sleep_level),
+            f"roles.{layout.follower}.enforce_eager=true":
+                ({"enforce_eager": True}, cand.engine == "vllm" and not cand.enforce_eager)}
     options = {name: update for name, (update, offered) in sets.items() if offered}
     found: list[frozenset[str]] = []
     for size in range(1, len(options) + 1):

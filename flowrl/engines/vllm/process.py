@@ -5,7 +5,8 @@
   (tensor_parallel_size k on a pool of N ranks: N / k data-parallel replicas, each gathering its own rows).
 - `token_logprobs`: the sampler's logprob of each token of a vLLM completion; `flat_logprobs_option`: asks for
   them flat.
-- `device_used_gib`: the device memory in use (what a sleep frees).
+- `device_used_gib`: the device memory in use (what a sleep frees); `CPU_HEAD_SIZES`: the head sizes vLLM's CPU
+  attention has kernels for (the planner refuses vLLM on a CPU for the others).
 - `RotaryReloadFilter`: drops the warning vLLM's reload_weights logs for rotary layers (RELOAD_LOGGER).
 - `preload(RELOAD_IMPORTS)`: imports at start-up what vLLM imports inside its first reload_weights.
 """
@@ -25,6 +26,7 @@ from flowrl.engines.weights.reshard_plan import check_layout
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"  # vLLM's reload_weights, layer by layer
 GIB = 1 << 30
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention kernels
 # vLLM 0.26's V2 model runner imports the V1 runner's module (7,800 lines, a dozen speculative-decoding
 # proposers) inside its first reload_weights: on the H200 the first weight sync of a run spent 0.33 s of its
 # 0.54 s in the reload call but outside vLLM's own reload timer (0.15 s), the later ones none (docs/benchmarks.md,

