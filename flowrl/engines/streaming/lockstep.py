@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from flowrl.engines.protocols import SamplingParams
@@ -83,7 +84,9 @@ class Channel:
 
     def __init__(self, group: Any, device: str = "cpu"):
         self.group, exchange = group, Exchange.on(device)
-        self.device = exchange.device if exchange.backend == "nccl" else None  # gloo: tensors stay on the CPU
+        self.device = None  # gloo: the objects stay on the CPU; NCCL: staged on this rank's GPU (any thread's)
+        if exchange.backend == "nccl":
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.src = dist.get_global_rank(group, 0)
         self.leader = dist.get_rank(group) == 0
 
@@ -188,6 +191,8 @@ class Follower:
 
     def _main(self) -> None:
         try:
+            if self.channel.device is not None:
+                torch.cuda.set_device(self.channel.device)  # the current device is per thread
             while True:
                 with self.cond:
                     self.cond.wait_for(lambda: self.listening or self.closed)
