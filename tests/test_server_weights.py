@@ -185,3 +185,11 @@ def test_both_sides_meet_over_the_store_bucket_by_bucket():
         one_sync = [("start",), ("update", update_info([("a", "float32", [8]), ("b", "bfloat16", [4, 2])])),
                     ("update", update_info([("c", "float32", [20])])), ("finish",)]
         assert server.calls[1:] == one_sync * 2
+
+
+def test_nccl_asked_where_the_trainer_shares_the_process_warns_and_takes_the_file():
+    engine = object.__new__(VLLMServerEngine)
+    engine.config, engine.transfer = VLLMServerConfig(weight_transfer="nccl"), "nccl"
+    with pytest.warns(UserWarning, match="roles.rollout.weight_transfer=nccl has no effect here"):
+        sync = engine.weight_sync(None)
+    assert type(sync).__name__ == "StreamedSync"  # VLLMServerEngine.load_weight_stream: the file path

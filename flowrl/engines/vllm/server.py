@@ -38,6 +38,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, Iterable
@@ -196,6 +197,11 @@ class VLLMServerEngine:
         self.post("/reset_prefix_cache", {})
 
     def weight_sync(self, train: TrainEngine) -> WeightSync:
+        """The trainer `train` shares this process (no GPU of its own for vLLM's NCCL group): the file path."""
+        if self.config.weight_transfer == "nccl":
+            warnings.warn("roles.rollout.weight_transfer=nccl has no effect here: the trainer shares the rollout's "
+                          "process, so its weights reach the server through a file (NCCL needs split Ray pools)",
+                          stacklevel=2)
         return StreamedSync()
 
     def close(self) -> None:
