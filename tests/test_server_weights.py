@@ -161,9 +161,12 @@ def test_both_sides_meet_over_the_store_bucket_by_bucket():
     """Train rank 0 and two server replicas (tensor parallel 2): the trainer joins a group of 5, each server its
     offset; two syncs of three tensors in buckets of 64 bytes, every server told each bucket's entries in the
     order the trainer sends them, between one start and one finish."""
-    store = dist.TCPStore("127.0.0.1", 0, 3, is_master=True, timeout=timedelta(seconds=20), wait_for_workers=False)
+    timeout = timedelta(seconds=20)
+    master = dist.TCPStore("127.0.0.1", 0, 3, is_master=True, timeout=timeout, wait_for_workers=False)
+    stores = [master] + [dist.TCPStore("127.0.0.1", master.port, 3, is_master=False, timeout=timeout)
+                         for _ in range(2)]  # one client each, as in each rank's process
     layout, servers = NcclLayout(2, 2), [FakeServer(), FakeServer()]
-    sides = [ServerNcclTransport(store, rank, layout, 64, 20.0, trainer=FakeTrainer) for rank in range(3)]
+    sides = [ServerNcclTransport(stores[rank], rank, layout, 64, 20.0, trainer=FakeTrainer) for rank in range(3)]
     tensors = [("a", torch.ones(8)), ("b", torch.zeros(4, 2, dtype=torch.bfloat16)), ("c", torch.arange(20.0))]
 
     def each(rank_call):
