@@ -21,6 +21,7 @@ from flowrl.engines.streaming.protocol import Request
 from flowrl.engines.streaming.stepped import SteppedStreamer
 
 DEADLINE_S = 60.0
+TOKENS = 40  # a request runs 40 steps of 5 ms or more: none finishes before the update's pause
 
 
 class SlowCore(ScriptCore):
@@ -38,12 +39,12 @@ def weights_move(version: int) -> None:
 
 
 async def lead(streamer: SteppedStreamer, rank: int) -> dict:
-    params = SamplingParams(max_new_tokens=12)
+    params = SamplingParams(max_new_tokens=TOKENS)
     streamer.resume(0)
     prompts = [(rank + 1, 2, 3), (rank + 4, 5), (rank + 6,)]
     tasks = [asyncio.create_task(streamer.sample(Request(p, params, seed=i))) for i, p in enumerate(prompts)]
     tasks.append(asyncio.create_task(streamer.sample(Request(tuple(range(2000)), params))))  # refused
-    given_up = asyncio.create_task(streamer.sample(Request((9, 9), SamplingParams(max_new_tokens=12), seed=7)))
+    given_up = asyncio.create_task(streamer.sample(Request((9, 9), params, seed=7)))
     while sum(len(live.ids) for live in list(streamer.live.values())) < 8:
         await asyncio.sleep(0.001)
     given_up.cancel()

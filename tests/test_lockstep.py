@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fake_cores import ScriptCore
+from lockstep_ranks import TOKENS
 from flowrl.engines.weights.reshard_plan import check_layout
 
 HERE = Path(__file__).parent
@@ -55,12 +56,12 @@ def test_the_updates_aborts_and_the_resumed_requests_reach_the_followers(ranks):
 def test_samples_continue_from_their_prefix_under_the_new_version(ranks):
     core = ScriptCore()
     for sample in ranks[0]["samples"]:
-        assert len(sample["ids"]) == 12 and sample["aborts"] == 1
+        assert len(sample["ids"]) == TOKENS and sample["aborts"] == 1
         start = sample["versions"].index(1)
         assert 0 < start and set(sample["versions"][start:]) == {1}
         head = [core.token(sample["prompt"], sample["seed"], j) for j in range(start)]
         tail = [core.token(sample["prompt"] + sample["ids"][:start], sample["seed"] + start, j)
-                for j in range(12 - start)]
+                for j in range(TOKENS - start)]
         assert sample["ids"] == head + tail  # the resumed request: prompt + prefix, seed + its tokens so far
     assert "past the context" in ranks[0]["refused"]
 
