@@ -28,6 +28,7 @@ follower is a server with NCCL transfer: flowrl.runtime.ray.worker).
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 from dataclasses import dataclass
@@ -116,8 +117,11 @@ class NcclTrainer:
         self.comm = PyNcclCommunicator(group, device=torch.cuda.current_device())
 
     def send(self, bucket: list[Named]) -> None:
+        """The bucket's tensors in order, one broadcast each; returns once the servers' workers received them."""
+        stream = torch.cuda.current_stream()
         for _, tensor in bucket:
-            self.comm.broadcast(tensor.detach().to(self.comm.device).contiguous(), src=0, stream=torch.cuda.current_stream())
+            self.comm.broadcast(tensor.detach().to(self.comm.device).contiguous(), src=0, stream=stream)
+        stream.synchronize()
 
 
 class ServerNcclTransport:
@@ -161,7 +165,7 @@ class ServerNcclTransport:
         sync, self.syncs = self.syncs, self.syncs + 1
         server.start_weight_update()
         try:
-            for index in range(1 << 30):
+            for index in itertools.count():
                 key = f"{HEADER}/{sync}/{index}"
                 self.store.wait([key], timedelta(seconds=self.timeout_s))
                 entries = json.loads(self.store.get(key))
@@ -170,7 +174,7 @@ class ServerNcclTransport:
                 server.update_weights(update_info([(n, d, list(s)) for n, d, s in entries]))
         finally:
             server.finish_weight_update()
-        raise AssertionError("unreachable")
+        raise AssertionError("itertools.count() ended")
 
     def close(self) -> None:
         self.trainer = None  # vLLM's communicator goes with its last reference, as vLLM's shutdown() does
