@@ -1,6 +1,6 @@
 """roles.rollout.engine=vllm_server at tensor_parallel_size k on the Ray executor: a rollout pool of N GPUs runs
 N / k server replicas, one pool rank each, whose Ray bundle holds the k GPUs its server spans
-(flowrl.runtime.planning.server_ranks); a k that does not divide N is one line at plan time."""
+(flowrl.runtime.planning.tensor_parallel_ranks); a k that does not divide N is one line at plan time."""
 
 import pytest
 
@@ -42,3 +42,17 @@ def test_a_layout_that_does_not_divide_is_one_line_at_plan_time():
         plan("executor.name=ray", POOLS.format(3), "roles.rollout.tensor_parallel_size=2")
     assert str(err.value) == ("placement: pool 'gen': roles.rollout.tensor_parallel_size=2 must divide the rollout "
                               "pool's 3 ranks (tensor_parallel_size x data-parallel replicas = ranks)")
+
+
+def test_an_in_process_tensor_parallel_layout_on_cpu_that_does_not_divide_is_one_line():
+    """engine=vllm at tensor_parallel_size 2 on a CPU pool of 3 ranks (its replicas span 2 ranks each): one line
+    before any worker starts (on Ray the engine's own check would fail inside a worker, a remote traceback)."""
+    cpu = ('placement={"pools": [{"name": "train", "roles": ["actor", "ref"]}, '
+           '{"name": "gen", "roles": ["rollout"], "world_size": 3}]}')
+    with pytest.raises(fl.PlanError) as err:
+        make_plan(load_run_config(None, ["roles.rollout.engine=vllm", "roles.rollout.tensor_parallel_size=2",
+                                         "executor.name=ray", cpu]), grpo, ParityTask())
+    assert str(err.value).startswith("placement: pool 'gen': roles.rollout.tensor_parallel_size=2 must divide")
+    plan = make_plan(load_run_config(None, ["roles.rollout.engine=vllm", "roles.rollout.tensor_parallel_size=3",
+                                            "executor.name=ray", cpu]), grpo, ParityTask())
+    assert (plan.pools["rollout"].world_size, plan.pools["rollout"].gpus_per_rank) == (3, 1)  # 1 replica of 3

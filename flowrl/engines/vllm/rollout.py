@@ -105,6 +105,9 @@ class VLLMRolloutConfig(RolloutEngineConfig):
                                    "profiling, the KV cache): past it the run stops with one line, before "
                                    "anything of it is written.")
 
+    def tensor_ranks(self) -> int:
+        return self.tensor_parallel_size
+
     def build(self, source: ModelSource, *, tokenizer: Any, device: str,
               share: TrainEngine | None = None) -> "VLLMRolloutEngine":
         """vLLM loads its own copy from `source`; `share` (a train engine here) is reached by the weight sync."""

@@ -78,6 +78,9 @@ class VLLMServerConfig(RolloutEngineConfig):
                                       "weight transfer from train rank 0, CUDA and split Ray pools; elsewhere the "
                                       "file), 'auto': nccl on CUDA, file on CPU.")
 
+    def tensor_ranks(self) -> int:
+        return self.tensor_parallel_size
+
     def build(self, source: ModelSource, *, tokenizer: Any, device: str,
               share: TrainEngine | None = None) -> "VLLMServerEngine":
         return VLLMServerEngine(source, tokenizer, device=device, config=self)
