@@ -67,6 +67,41 @@ class SampleSeededRollout(Rollout):
         return self.streamer
 
 
+@fl.role("tp2_sample_seeded_rollout", weights_from="actor")
+class TwoRankReplicaRollout(SampleSeededRollout):
+    """SampleSeededRollout's samples from replicas of 2 ranks each (tensor parallel 2, flowrl.engines.streaming.
+    lockstep): the replica's rank 0 leads a SteppedStreamer over a GenerateCore (tests/fake_cores.py: one
+    `generate` call per sample, seeded as ThreadedStreamer(max_batch=1) seeds it), its rank 1 follows with a
+    GenerateCore of its own, stepping the same requests. Each group built logs its leader's pool rank."""
+
+    def __init__(self, *args, **kwargs):
+        import torch.distributed as dist
+
+        from flowrl.engines.streaming.lockstep import replica_group
+
+        super().__init__(*args, **kwargs)
+        self.engine.tp_ranks = 2  # what the Ray executor reads (PoolWorker.tensor_ranks)
+        self.group = replica_group(2, "cpu") if dist.is_initialized() else None
+
+    def streaming_engine(self):
+        from fake_cores import GenerateCore
+        from flowrl.engines.streaming.lockstep import Channel, Follower, LeaderCore
+        from flowrl.engines.streaming.stepped import SteppedStreamer
+
+        if self.streamer is None:
+            channel = Channel(self.group)
+            core = GenerateCore(self.engine)
+            self.streamer = SteppedStreamer(LeaderCore(core, channel), paused=True) if channel.leader else \
+                Follower(core, channel)
+        return self.streamer
+
+    def streamed(self, rows, samples):
+        import torch.distributed as dist
+
+        fl.metrics.log("rollout/leader_rank", dist.get_rank())
+        return SampleSeededRollout.streamed(self, rows, samples)
+
+
 @fl.role("sample_seeded_generate", weights_from="actor")
 class SampleSeededGenerate(SampleSeededRollout):
     """The same samples from `generate` (on any rank): each a call of one row, seeded as its streamed request."""

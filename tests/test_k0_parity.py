@@ -94,3 +94,13 @@ def test_ray_with_1_2_and_4_rollout_replicas_equals_one_process(ray_local, one_p
     rows = run(tmp_path, *STREAMED, "executor.name=ray", REPLICAS.format(replicas))
     assert all(row["buffer/dropped"] == 0 for row in rows)
     assert_same_run((tmp_path, rows), one_process)
+
+
+def test_ray_with_two_replicas_of_two_ranks_each_equals_one_process(ray_local, one_process, tmp_path):
+    """A pool of 4 ranks at tensor parallel 2 (rank_parity.TwoRankReplicaRollout): 2 replicas, each led by its
+    rank 0 (pool ranks 0 and 2, so the groups' mean leader rank is 1 when both serve 2 of a step's 4 groups) with
+    its rank 1 stepping the same requests; the trained rows are one process's."""
+    rows = run(tmp_path, 'roles={"rollout": "tp2_sample_seeded_rollout"}', "algo.stream=true", "executor.name=ray",
+               REPLICAS.format(4))
+    assert all(row["buffer/dropped"] == 0 and row["rollout/leader_rank"] == 1.0 for row in rows), rows
+    assert_same_run((tmp_path, rows), one_process)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from flowrl.config.run_config import RunConfig
 from flowrl.engines.configs import ROLLOUT_ENGINES, EngineConfig
 from flowrl.engines.hf.configs import HFStaticRolloutConfig, HFTrainConfig
-from flowrl.graph.trace import NodeKind
 from flowrl.plan.candidates import Candidate, Work
 from flowrl.plan.cluster import ClusterConfig, nearest_device
 from flowrl.plan.memory import Roles
@@ -64,10 +63,9 @@ def workload(cfg: RunConfig, plan: Plan, prompt_len: int) -> Work:
     (else `prompt_len`) tokens, responses up to max_new_tokens (long-tailed: MEAN_SHARE of it on average)."""
     n = max([node.row_multiplier() for node in plan.nodes] or [1])
     new, sizes = cfg.rollout.max_new_tokens, batch_sizes(cfg, plan)
-    stream = any(node.kwargs.get("stream") for node in plan.nodes if node.kind is NodeKind.BUFFER)
     return Work(rows=cfg.train.batch_size * n, prompt_len=cfg.data.max_prompt_length or prompt_len,
                 response_len=new, mean_response_len=new * MEAN_SHARE, mini_batch_size=sizes["mini_batch_size"],
-                epochs=sizes["epochs"], stream=stream)
+                epochs=sizes["epochs"])
 
 
 def engines(cfg: RunConfig, plan: Plan) -> dict[str, EngineConfig]:

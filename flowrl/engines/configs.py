@@ -85,6 +85,9 @@ class RolloutEngineConfig(EngineConfig):
 
     registry: ClassVar[Registry[type[EngineConfig]]] = Registry("rollout engine")
     STREAMER: ClassVar[str] = "thread"  # its engines stream through this STREAMERS entry
+    # one pool rank runs a replica that is a process of its own spanning the config's tensor_parallel_size GPUs
+    # (vllm_server): the plan gives that rank's bundle those GPUs (flowrl.runtime.planning.tensor_parallel_ranks)
+    RANK_SPANS_GPUS: ClassVar[bool] = False
     max_new_tokens: int = Field(2, ge=1, description="Longest response, in tokens.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; logprobs use the same one.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
@@ -99,6 +102,10 @@ class RolloutEngineConfig(EngineConfig):
               share: TrainEngine | None = None) -> RolloutEngine:
         """The engine; with `share` (a train engine in this process) it generates with that engine's weights."""
         raise NotImplementedError(f"{type(self).__name__} must implement build()")
+
+    def tensor_ranks(self) -> int:
+        """The ranks (GPUs) one replica of this engine spans: its tensor_parallel_size, where it has one."""
+        return 1
 
     def streamer(self, engine: RolloutEngine) -> StreamingEngine:
         """`engine` (built by this config) as a StreamingEngine, for streamed rollouts (fl.buffer(stream=True)):
@@ -123,5 +130,5 @@ ROLLOUT_ENGINES.register("vllm_server", "flowrl.engines.vllm.server:VLLMServerCo
 # any batch `generate`, or vLLM's own scheduler (a config picks one by its STREAMER)
 STREAMERS: Registry[Callable[[RolloutEngine], StreamingEngine]] = Registry("streaming engine")
 STREAMERS.register("thread", "flowrl.engines.streaming.thread_streamer:ThreadedStreamer")
-STREAMERS.register("vllm", "flowrl.engines.vllm.streamer:VLLMStreamer")
+STREAMERS.register("vllm", "flowrl.engines.vllm.streamer:make_streamer")
 STREAMERS.register("vllm_server", "flowrl.engines.vllm.server:VLLMServerStreamer")

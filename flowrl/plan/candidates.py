@@ -30,7 +30,6 @@ class Work:
     mean_response_len: float  # expected mean response length (long-tailed work: well under the longest)
     mini_batch_size: int
     epochs: int = 1
-    stream: bool = False  # a streamed buffer: vLLM engines of one rank each
 
     @property
     def seq_len(self) -> int:

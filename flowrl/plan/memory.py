@@ -108,8 +108,6 @@ def refusal(cand: Candidate, shape: ModelShape, work: Work, cluster: ClusterConf
     if shape.num_heads % k or (shape.num_kv_heads % k and k % shape.num_kv_heads):
         return (f"roles.rollout.tensor_parallel_size={k} does not divide the model's {shape.num_heads} attention "
                 f"heads and {shape.num_kv_heads} KV heads")
-    if work.stream and cand.engine == "vllm" and k > 1:
-        return f"roles.rollout.tensor_parallel_size={k}: streamed rollouts need one vLLM engine per rank"
     if cand.offload_params and cand.train_gpus == 1:
         return "roles.actor.offload_params needs FSDP2, over 2 or more ranks"
     for world in {cand.train_gpus, cand.rollout_pool}:

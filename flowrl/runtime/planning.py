@@ -15,7 +15,9 @@ from typing import Any
 import transformers
 
 from flowrl.config import RunConfig, validate
+from flowrl.engines.configs import RolloutEngineConfig
 from flowrl.engines.memory import GIB, ModelShape
+from flowrl.engines.weights.reshard_plan import check_layout
 from flowrl.engines.models.tiny_model import build_tiny_model
 from flowrl.errors import MissingField, PlanError
 from flowrl.graph.algorithm import Algorithm
@@ -23,6 +25,7 @@ from flowrl.graph.role import role_spec
 from flowrl.plan.placement import Placement
 from flowrl.plan.planner import Plan, compile_plan, model_roles
 from flowrl.plan.resources import gpu_placement
+from flowrl.roles.configs import EngineRoleConfig
 from flowrl.config.candidate import workload
 from flowrl.runtime.memory_check import DTYPE_BYTES, judge
 
@@ -90,7 +93,34 @@ def _make_plan(cfg: RunConfig, algo: Algorithm, task: Any, world_size: int, gpus
         else:
             followers = tuple(r for r in roles if role_spec(r, classes.get(r)).weights_from)
             placement = gpu_placement(roles, followers, gpus, split=cfg.executor.rollout_share)
+    placement = tensor_parallel_ranks(cfg, placement, classes, ray=cfg.executor.name == "ray")
     return compile_plan(algo, placement, inputs, classes, algo_cfg)
+
+
+def tensor_parallel_ranks(cfg: RunConfig, placement: Placement, classes: dict[str, type], ray: bool) -> Placement:
+    """Each pool hosting a rollout engine of tensor_parallel_size k > 1 (RolloutEngineConfig.tensor_ranks): on
+    Ray and CUDA, a pool of N GPUs whose engine runs a replica as one process spanning its k GPUs
+    (RANK_SPANS_GPUS: vllm_server) becomes N / k ranks of k GPUs each (`Pool.gpus_per_rank`: the bundle Ray
+    gives each; elsewhere one rank drives such a server, its workers vLLM's own); an in-process engine's
+    replicas span k ranks of a CPU pool (on CUDA the memory check refuses a bad layout in its own line,
+    flowrl.runtime.memory_check). A k that does not divide the pool is one PlanError line."""
+    pools = []
+    for pool in placement.pools:
+        engines = [section.engine for role in pool.roles
+                   if isinstance(section := cfg.section(role, role_spec(role, classes.get(role))), EngineRoleConfig)
+                   and isinstance(section.engine, RolloutEngineConfig)]
+        k = max((engine.tensor_ranks() for engine in engines), default=1)
+        spans = any(engine.RANK_SPANS_GPUS for engine in engines)
+        mine = ray and pool.device == "cuda" if spans else pool.device != "cuda"
+        if k == 1 or pool.gpus_per_rank != 1 or not mine:
+            pools.append(pool)
+            continue
+        try:
+            ranks = check_layout(pool.world_size, k)
+        except ValueError as err:
+            raise PlanError(f"placement: pool {pool.name!r}: {err}") from None
+        pools.append(pool.model_copy(update={"world_size": ranks, "gpus_per_rank": k}) if spans else pool)
+    return placement.model_copy(update={"pools": pools})
 
 
 def model_config(cfg: RunConfig, task: Any) -> dict:

@@ -48,6 +48,7 @@ from flowrl.engines.configs import ModelSource, RolloutEngineConfig
 from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
 from flowrl.engines.responses import responses, right_pad_cat
 from flowrl.engines.sampling import check_sampling_params
+from flowrl.engines.streaming.lockstep import replica_group
 from flowrl.engines.vllm.process import (CPU_HEAD_SIZES, GIB, RELOAD_IMPORTS, RELOAD_LOGGER, RotaryReloadFilter,
                                          close_at_exit, device_used_gib, gather_rows, start_within,
                                          tensor_parallel_group, flat_logprobs_option, preload, token_logprobs)
@@ -104,6 +105,9 @@ class VLLMRolloutConfig(RolloutEngineConfig):
                                    "profiling, the KV cache): past it the run stops with one line, before "
                                    "anything of it is written.")
 
+    def tensor_ranks(self) -> int:
+        return self.tensor_parallel_size
+
     def build(self, source: ModelSource, *, tokenizer: Any, device: str,
               share: TrainEngine | None = None) -> "VLLMRolloutEngine":
         """vLLM loads its own copy from `source`; `share` (a train engine here) is reached by the weight sync."""
@@ -131,6 +135,8 @@ class VLLMRolloutEngine:
         self.adapters: AdapterSync | None = None  # the folder the adapters are written in, while the engine lives
         self.tp_ranks = config.tensor_parallel_size
         self.tp_group = tensor_parallel_group(config.tensor_parallel_size)  # N / tp replicas on N ranks
+        # a streamed replica's lockstep messages (flowrl.engines.streaming.lockstep): the same ranks, a group of its own
+        self.replica_group = replica_group(config.tensor_parallel_size, device)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: the weight sync passes tensors by reference
         kv_gb = config.kv_cache_gb or (None if self.cuda else 1.0)
         start = functools.partial(

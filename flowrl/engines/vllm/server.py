@@ -6,11 +6,13 @@ with `VLLM_SERVER_DEV_MODE=1` for vLLM's RL and dev routes, and is waited for (`
 
 - sampling: `POST /v1/completions` with the prompt as token ids, `return_token_ids` and `logprobs=0` (the
   sampler's processed logprob of each sampled token: the server runs `--logprobs-mode processed_logprobs`);
-- a weight update: the trainer's tensors are written as one safetensors file in a folder the engine owns, then
+- a weight update, by `roles.rollout.weight_transfer` (flowrl.engines.vllm.server_weights): the file path writes
+  the trainer's tensors as one safetensors file in a folder the engine owns, then
   `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": folder}}` (vLLM's in-place
   reload on every worker of the server, tensor-parallel ones included) and `POST /reset_prefix_cache` (the
-  cached prefixes were computed under the old weights). vLLM's NCCL weight transfer (`/init_weight_transfer_engine`,
-  `/update_weights`) is the GPU path and needs a process group with the trainer; the file path also runs on CPU;
+  cached prefixes were computed under the old weights); the NCCL path (CUDA, split Ray pools) posts
+  `/init_weight_transfer_engine` once, then `/start_weight_update`, one `/update_weights` per bucket while train
+  rank 0 broadcasts it, `/finish_weight_update` and `/reset_prefix_cache`;
 - an abort: `POST /abort_requests` (every request in flight ends with `finish_reason="abort"` and the tokens
   sampled so far).
 
@@ -36,6 +38,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, Iterable
@@ -50,6 +53,7 @@ from flowrl.engines.configs import ModelSource, RolloutEngineConfig
 from flowrl.engines.hf.rollout import responses
 from flowrl.engines.protocols import FinishReason, SamplingParams, TrainEngine, WeightSync
 from flowrl.engines.streaming.protocol import Request, Sample
+from flowrl.engines.vllm.server_weights import Transfer, server_args, transfer_for
 from flowrl.engines.weights.in_process import StreamedSync
 
 FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
@@ -59,14 +63,23 @@ class VLLMServerConfig(RolloutEngineConfig):
     """A replica that is a vLLM OpenAI server process (see the module docstring)."""
 
     STREAMER: ClassVar[str] = "vllm_server"
+    RANK_SPANS_GPUS: ClassVar[bool] = True  # a pool of N GPUs: N / tensor_parallel_size servers, one a rank
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt + response; None: the model's.")
     kv_cache_gb: float = Field(1.0, gt=0, description="KV cache of the server in GiB (on CPU VLLM_CPU_KVCACHE_SPACE).")
     block_size: int | None = Field(None, ge=1, description="Tokens per KV-cache block; None: vLLM's default.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs the server spans (vLLM's own tensor parallel "
-                                                           "workers; a weight update reaches each).")
+                                      "workers; a weight update reaches each). On CUDA a rollout pool of N GPUs "
+                                      "runs N / tensor_parallel_size servers, each rank's bundle holding its GPUs.")
     start_timeout_s: float = Field(600.0, gt=0, description="Deadline of the server's start-up (until /health).")
     request_timeout_s: float = Field(600.0, gt=0, description="Deadline of one HTTP call to the server.")
     server_args: list[str] = Field(default_factory=list, description="More `vllm serve` arguments, as given.")
+    weight_transfer: Transfer = Field("auto", description="How a weight update reaches the server: 'file' (a "
+                                      "safetensors file and vLLM's reload_weights; any device), 'nccl' (vLLM's NCCL "
+                                      "weight transfer from train rank 0, CUDA and split Ray pools; elsewhere the "
+                                      "file), 'auto': nccl on CUDA, file on CPU.")
+
+    def tensor_ranks(self) -> int:
+        return self.tensor_parallel_size
 
     def build(self, source: ModelSource, *, tokenizer: Any, device: str,
               share: TrainEngine | None = None) -> "VLLMServerEngine":
@@ -78,6 +91,7 @@ class VLLMServerEngine:
 
     def __init__(self, source: ModelSource, tokenizer: Any, *, device: str, config: VLLMServerConfig):
         self.config, self.tp_ranks = config, 1  # one pool rank drives the server; its TP workers are vLLM's
+        self.transfer = transfer_for(config.weight_transfer, device)
         self.eos_id, self.pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.folder = Path(tempfile.mkdtemp(prefix="flowrl-vllm-server-"))  # its log and the weights it reloads
         self.log = (self.folder / "server.log").open("wb")
@@ -86,7 +100,8 @@ class VLLMServerEngine:
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
         if not device.startswith("cuda"):
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(config.kv_cache_gb)))
-        self.process = subprocess.Popen(server_command(source, config, self.port), env=env, stdout=self.log,
+        self.process = subprocess.Popen(server_command(source, config, self.port) + server_args(self.transfer),
+                                        env=env, stdout=self.log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         try:
             self.wait_ready()
@@ -164,7 +179,32 @@ class VLLMServerEngine:
         self.post("/reset_prefix_cache", {})
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
+    @property
+    def nccl_workers(self) -> int:
+        """The workers of this server in vLLM's NCCL weight-transfer group (its tensor-parallel size); 0 on the
+        file path."""
+        return self.config.tensor_parallel_size if self.transfer == "nccl" else 0
+
+    def init_weight_transfer(self, info: dict) -> None:
+        self.post("/init_weight_transfer_engine", {"init_info": info})
+
+    def start_weight_update(self) -> None:
+        self.post("/start_weight_update", {})
+
+    def update_weights(self, info: dict) -> None:
+        self.post("/update_weights", {"update_info": info})
+
+    def finish_weight_update(self) -> None:
+        """Ends an NCCL update: vLLM finalizes the reload; the cached prefixes go, as on the file path."""
+        self.post("/finish_weight_update", {})
+        self.post("/reset_prefix_cache", {})
+
     def weight_sync(self, train: TrainEngine) -> WeightSync:
+        """The trainer `train` shares this process (no GPU of its own for vLLM's NCCL group): the file path."""
+        if self.config.weight_transfer == "nccl":
+            warnings.warn("roles.rollout.weight_transfer=nccl has no effect here: the trainer shares the rollout's "
+                          "process, so its weights reach the server through a file (NCCL needs split Ray pools)",
+                          stacklevel=2)
         return StreamedSync()
 
     def close(self) -> None:

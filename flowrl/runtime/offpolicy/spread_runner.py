@@ -8,6 +8,7 @@ yet returned; ties to the lowest index). A group's requests are seeded by its dr
 how many replicas there are. `finished` polls every replica at once (one call each per round, in threads, at
 most `poll_s` a round) until `wanted` groups are back or the deadline passes; `pause`, `resume` and `close` reach
 every replica at once, so a weight update pauses them all before it and resumes them all at one version after.
+A replica spanning several ranks (tensor parallel) is one `ReplicaRunner` over its ranks' runners.
 """
 
 from __future__ import annotations
@@ -87,3 +88,43 @@ class SpreadRunner:
         futures = [self.threads.submit(call, runner, None if args is None else args[i])
                    for i, runner in enumerate(self.runners)]
         return [future.result() for future in futures]
+
+
+class ReplicaRunner:
+    """One replica spanning several ranks (tensor parallel, flowrl.engines.streaming.lockstep), as one runner:
+    requests go to the leader's runner only; `settings` makes every rank's runner (each rank's part of the
+    replica), `resume` starts the followers before the leader (its next message waits for them), `pause` and
+    `close` reach the leader first (it tells the followers) and then the followers (which return once told)."""
+
+    def __init__(self, leader: Runner, followers: Sequence[Runner]):
+        self.leader, self.followers = leader, list(followers)
+
+    def settings(self) -> tuple[bool, float, int]:
+        for follower in self.followers:
+            follower.settings()
+        return self.leader.settings()
+
+    def submit(self, batch: TensorDict, draw: int, n: int, sampling: dict[str, Any],
+               rows: list[int] | None = None) -> None:
+        self.leader.submit(batch, draw, n, sampling, rows)
+
+    def finished(self, wanted: int, timeout_s: float) -> tuple[list[Group], int]:
+        return self.leader.finished(wanted, timeout_s)
+
+    def pause(self, abort: bool) -> int:
+        ready = self.leader.pause(abort)
+        for follower in self.followers:
+            follower.pause(abort)
+        return ready
+
+    def resume(self, version: int) -> None:
+        for follower in self.followers:
+            follower.resume(version)
+        self.leader.resume(version)
+
+    def close(self) -> None:
+        try:
+            self.leader.close()
+        finally:
+            for follower in self.followers:
+                follower.close()

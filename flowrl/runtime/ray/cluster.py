@@ -74,7 +74,8 @@ def connect(address: str, **kwargs: Any) -> Any:
 
 def bundle(pool: Pool) -> dict[str, float]:
     """What one rank of the pool asks Ray for."""
-    return {"CPU": BUNDLE_NUM_CPUS, **({"GPU": 1.0} if pool.device == "cuda" else {}), **pool.resources}
+    return {"CPU": BUNDLE_NUM_CPUS, **({"GPU": float(pool.gpus_per_rank)} if pool.device == "cuda" else {}),
+            **pool.resources}
 
 
 def check_cluster(pools: list[Pool]) -> None:
@@ -120,7 +121,8 @@ def release(groups: dict[str, PlacementGroup]) -> None:
 
 def worker_options(pool: Pool, group: PlacementGroup, rank: int) -> dict[str, Any]:
     """Actor options putting rank `rank` of the pool on its bundle."""
-    return dict(num_cpus=BUNDLE_NUM_CPUS, num_gpus=1 if pool.device == "cuda" else 0, resources=dict(pool.resources),
+    return dict(num_cpus=BUNDLE_NUM_CPUS, num_gpus=pool.gpus_per_rank if pool.device == "cuda" else 0,
+                resources=dict(pool.resources),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank))
 
 

@@ -47,6 +47,7 @@ from flowrl.config import ExecutorSection
 from flowrl.engines.weights.reshard_sync import ReshardShape
 from flowrl.engines.weights.buckets import WeightSyncTimeout
 from flowrl.engines.weights.transport_configs import TransportConfig
+from flowrl.engines.vllm.server_weights import NcclLayout
 from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
 from flowrl.graph.role import close_role
@@ -239,13 +240,15 @@ class RayExecutor(Executor):
         source's rank 0 and every rank of the follower."""
         senders, receivers = self._workers_of(source), self._workers_of(follower)
         timeout = self._sync_timeout()
-        reshard = self._reshard_shape(source, follower, timeout)
+        workers = ray.get(receivers[0].server_workers.remote(follower), timeout=timeout)  # vLLM's NCCL transfer
+        server = (NcclLayout(len(receivers), workers), follower) if workers else None
+        reshard = None if server else self._reshard_shape(source, follower, timeout)
         senders = senders if reshard is not None else senders[:1]
         size = len(senders) + len(receivers)
         pools = (self.plan.pools[source], self.plan.pools[follower])
         device = "cuda" if all(p.device == "cuda" for p in pools) else "cpu"
         host, port = ray.get(senders[0].open_weight_sync.remote(key, size, timeout), timeout=timeout)
-        joined = [w.join_weight_sync.remote(key, host, port, rank, size, device, timeout, self.sync, reshard)
+        joined = [w.join_weight_sync.remote(key, host, port, rank, size, device, timeout, self.sync, reshard, server)
                   for rank, w in enumerate((*senders, *receivers))]
         try:
             ray.get(joined, timeout=timeout + 10)

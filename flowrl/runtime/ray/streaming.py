@@ -2,7 +2,9 @@
 
 `fl.buffer(batch, max_staleness=k, stream=True)` with the streamed role (rollout.generate) alone on a pool
 (split placement; anything else is one line: flowrl.runtime.offpolicy.buffering.refuse_stream); each rank of that pool is
-one replica, and a pool of several spreads the groups over them (flowrl.runtime.offpolicy.spread_runner). The driver runs
+one replica, or with roles.rollout.tensor_parallel_size k each k consecutive ranks are (the leader and its
+followers, flowrl.engines.streaming.lockstep), and several replicas share the groups
+(flowrl.runtime.offpolicy.spread_runner). The driver runs
 the local executor's Streamer (flowrl.runtime.offpolicy.streaming: the draws, the scoring of each group as it arrives, the
 take of the `batch_size` earliest drawn ready groups, the per-sample staleness drop, the consumers) over a
 `RemoteRunner`: the StreamRunner (flowrl.runtime.offpolicy.stream_runner: the StreamingEngine and its asyncio loop) lives in
@@ -31,7 +33,8 @@ from flowrl.graph.trace import Node
 from flowrl.plan.planner import Plan
 from flowrl.roles.rollout import Rollout
 from flowrl.runtime.offpolicy import buffering, streaming
-from flowrl.runtime.offpolicy.spread_runner import SpreadRunner
+from flowrl.engines.weights.reshard_plan import check_layout
+from flowrl.runtime.offpolicy.spread_runner import ReplicaRunner, SpreadRunner
 from flowrl.runtime.offpolicy.stream_runner import Group
 
 START_TIMEOUT_S = 600.0  # the first call makes the streaming engine in the worker (a vLLM engine may load)
@@ -50,11 +53,29 @@ def make(plan: Plan, nodes: list[Node], workers_of: Callable[[str], list[Any]],
     if getattr(plan.specs[first.role].cls, first.method) is not Rollout.generate:
         raise PlanError(f"{plan.algorithm}: fl.buffer(stream=True) streams rollout.generate, which must be the "
                         f"first node before it; got {first.name}")
-    workers = workers_of(first.role)
-    if len(workers) == 1:
-        return streaming.Streamer(s, lambda: RemoteRunner(workers[0], first.role), first, versions, overlap=True)
-    return streaming.Streamer(s, lambda: SpreadRunner([RemoteRunner(w, first.role) for w in workers]), first,
-                              versions, overlap=True)
+    replicas = replica_workers(workers_of(first.role), first.role)
+    runners = [lambda ws=ws: replica_runner(ws, first.role) for ws in replicas]
+    if len(runners) == 1:
+        return streaming.Streamer(s, runners[0], first, versions, overlap=True)
+    return streaming.Streamer(s, lambda: SpreadRunner([make() for make in runners]), first, versions, overlap=True)
+
+
+def replica_workers(workers: list[Any], role: str) -> list[list[Any]]:
+    """The pool's ranks as replicas: consecutive groups of the role's tensor_parallel_size k (its engine's
+    `tp_ranks`; the ranks its replica group joined, flowrl.engines.streaming.lockstep.replica_group); a pool
+    that k does not divide is one line (flowrl.engines.weights.reshard_plan.check_layout)."""
+    k = ray.get(workers[0].tensor_ranks.remote(role), timeout=START_TIMEOUT_S)
+    try:
+        count = check_layout(len(workers), k)
+    except ValueError as err:
+        raise PlanError(str(err)) from None
+    return [workers[r * k:(r + 1) * k] for r in range(count)]
+
+
+def replica_runner(workers: list[Any], role: str) -> "RemoteRunner | ReplicaRunner":
+    """One replica's runner: its one rank's, or (tensor parallel) its leader's with its followers'."""
+    runners = [RemoteRunner(w, role) for w in workers]
+    return runners[0] if len(runners) == 1 else ReplicaRunner(runners[0], runners[1:])
 
 
 class RemoteRunner:

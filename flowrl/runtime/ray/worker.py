@@ -35,6 +35,8 @@ from flowrl.engines.weights.reshard import Moved
 from flowrl.engines.weights.reshard_sync import ReshardShape, ReshardTransport, moved_metrics
 from flowrl.engines.weights.transport_configs import TransportConfig
 from flowrl.engines.weights.buckets import CollectiveTransport, SyncGroup
+from flowrl.engines.vllm.server import VLLMServerEngine
+from flowrl.engines.vllm.server_weights import NcclLayout, ServerNcclTransport
 from flowrl.graph.context import CallInfo
 from flowrl.graph.trace import Node
 from flowrl.runtime.ray.cluster import Files, ShippedFolder, pack, scratch, unpack
@@ -47,7 +49,7 @@ from flowrl.runtime.offpolicy.stream_runner import StreamRunner
 class PoolWorker:
     def __init__(self) -> None:
         self.sync_stores: dict[str, Any] = {}  # weight-sync rendezvous this rank (train rank 0) hosts, by key
-        self.transports: dict[str, tuple[CollectiveTransport, Any]] = {}  # by key: the transport and its store
+        self.transports: dict[str, tuple[Any, Any]] = {}  # by key: the transport (CollectiveTransport, ...), its store
         self.streams: dict[str, StreamRunner] = {}  # a streamed rollout's runner, by role (made on first use)
 
     def rendezvous(self) -> str:
@@ -97,6 +99,12 @@ class PoolWorker:
         """The ranks one of the role's rollout engines spans (tensor parallel)."""
         return self.roles[role].engine.tp_ranks
 
+    def server_workers(self, role: str) -> int:
+        """The workers of the role's server in vLLM's NCCL weight transfer (flowrl.engines.vllm.server_weights);
+        0 for any other engine, or a server on the file path."""
+        engine = self.roles[role].engine
+        return engine.nccl_workers if isinstance(engine, VLLMServerEngine) else 0
+
     def open_weight_sync(self, key: str, size: int, timeout_s: float) -> tuple[str, int]:
         """Train rank 0: host the rendezvous of weight-sync group `key` (itself and size - 1 rollout ranks);
         where it listens."""
@@ -105,10 +113,18 @@ class PoolWorker:
         return host, self.sync_stores[key].port
 
     def join_weight_sync(self, key: str, host: str, port: int, rank: int, size: int, device: str, timeout_s: float,
-                         transport: TransportConfig, reshard: ReshardShape | None = None) -> None:
+                         transport: TransportConfig, reshard: ReshardShape | None = None,
+                         server: tuple[NcclLayout, str] | None = None) -> None:
         """Join weight-sync group `key` as `rank` (0: train rank 0, which hosts it); `transport` (sync.*) builds
-        what moves the weights over it (with `reshard`, the group holds every train rank)."""
+        what moves the weights over it (with `reshard`, the group holds every train rank). With `server` (the
+        layout of vLLM's NCCL weight transfer and the follower role): its ServerNcclTransport over the group's
+        store instead, rank 0 the trainer, rank r the server of replica r - 1."""
         store = self.sync_stores.pop(key) if rank == 0 else SyncGroup.store(host, port, size, False, timeout_s)
+        if server is not None:
+            nccl = ServerNcclTransport(store, rank, server[0], transport.bucket_mb << 20, timeout_s)
+            nccl.open(ray.util.get_node_ip_address(), None if rank == 0 else self.roles[server[1]].engine)
+            self.transports[key] = (nccl, store)
+            return
         group = SyncGroup(store, rank, size, device, ray.util.get_node_ip_address(), timeout_s)
         self.transports[key] = (transport.build(apart=True, group=group, reshard=reshard), store)
 
@@ -132,6 +148,10 @@ class PoolWorker:
     def receive_weights(self, role: str, key: str, version: int) -> tuple[None, dict[str, float]]:
         """A rollout rank: load each bucket from group `key` as it lands; what it received (the reshard)."""
         transport, start = self.transports[key][0], time.perf_counter()
+        if isinstance(transport, ServerNcclTransport):  # the server's workers receive it themselves
+            transport.receive_into(self.roles[role].engine)
+            self.roles[role].synced_version = version
+            return None, {}  # train rank 0 logs the sync (as on the collective path)
         if not isinstance(transport, ReshardTransport):
             self.roles[role].load_weight_stream(transport.receive(), version)
             return None, {}
@@ -184,7 +204,10 @@ class PoolWorker:
 
     def close(self) -> None:
         for transport, _ in self.transports.values():
-            transport.group.close()
+            if isinstance(transport, ServerNcclTransport):
+                transport.close()
+            else:
+                transport.group.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
