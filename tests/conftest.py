@@ -64,6 +64,21 @@ def ray_local(ray_session):
 
 
 @pytest.fixture(scope="session")
+def torchrun_parity(request, tmp_path_factory):
+    """The TORCHRUN_RUNS (name -> config overrides) of every module in the session, trained in ONE launch of two
+    gloo ranks (rank_parity.launch; a launch costs ~15 s of imports on 2 cores): (folder, {name: metric rows or
+    error line}); run NAME's output is folder/NAME."""
+    import rank_parity
+
+    runs = {}
+    modules = {item.module for item in request.session.items if getattr(item, "module", None)}
+    for module in sorted(modules, key=lambda m: m.__name__):
+        runs.update(getattr(module, "TORCHRUN_RUNS", {}))
+    folder = tmp_path_factory.mktemp("torchrun")
+    return folder, rank_parity.launch(folder, runs)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory):
     """A tiny char-level Qwen2 checkpoint (built once per test session, no download)."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
