@@ -25,6 +25,12 @@ import torch  # noqa: E402
 from flowrl.engines.models.tiny_model import build_tiny_model
 
 
+def pytest_collection_modifyitems(items):
+    """test_multinode's two-node cluster ends the session's local one (ray_local): its tests run last, so the
+    local cluster starts once, not again for the Ray modules after it (~5-10 s on 2 cores)."""
+    items.sort(key=lambda item: getattr(getattr(item, "module", None), "__name__", "") == "test_multinode")
+
+
 def pytest_collection_finish(session):
     """Every library the tests use is imported by now and stays for the session: its half a million objects
     leave the cycle collector's sight (gc.freeze), so a full collection scans only what the tests make. vLLM

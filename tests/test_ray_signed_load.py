@@ -35,7 +35,7 @@ def test_a_pickle_swapped_in_after_the_check_never_runs_in_a_ray_worker(tmp_path
         return load_run_config(None, [f"train.output_dir={tmp_path / 'run'}", *FAST,
                                       f"executor.ship_files={ship_files}", *overrides])
 
-    train(config("train.steps=1"), progress=False)
+    train(config("train.steps=1", "executor.name=local"), progress=False)  # the checkpoint (a worker fewer to start)
     ran, check = tmp_path / "payload_ran", checkpoint.damage
 
     def check_then_swap(path):  # the attacker wins the race: the file changes right after the folder was checked
