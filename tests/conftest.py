@@ -25,6 +25,12 @@ import torch  # noqa: E402
 from flowrl.engines.models.tiny_model import build_tiny_model
 
 
+def pytest_collection_modifyitems(items):
+    """test_multinode's two-node cluster ends the session's local one (ray_local): its tests run last, so the
+    local cluster starts once, not again for the Ray modules after it (~5-10 s on 2 cores)."""
+    items.sort(key=lambda item: getattr(getattr(item, "module", None), "__name__", "") == "test_multinode")
+
+
 def pytest_collection_finish(session):
     """Every library the tests use is imported by now and stays for the session: its half a million objects
     leave the cycle collector's sight (gc.freeze), so a full collection scans only what the tests make. vLLM
@@ -61,6 +67,21 @@ def ray_local(ray_session):
         ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
                  runtime_env={"env_vars": {"PYTHONPATH": path}})
     return ray
+
+
+@pytest.fixture(scope="session")
+def torchrun_parity(request, tmp_path_factory):
+    """The TORCHRUN_RUNS (name -> config overrides) of every module in the session, trained in ONE launch of two
+    gloo ranks (rank_parity.launch; a launch costs ~15 s of imports on 2 cores): (folder, {name: metric rows or
+    error line}); run NAME's output is folder/NAME."""
+    import rank_parity
+
+    runs = {}
+    modules = {item.module for item in request.session.items if getattr(item, "module", None)}
+    for module in sorted(modules, key=lambda m: m.__name__):
+        runs.update(getattr(module, "TORCHRUN_RUNS", {}))
+    folder = tmp_path_factory.mktemp("torchrun")
+    return folder, rank_parity.launch(folder, runs)
 
 
 @pytest.fixture(scope="session")

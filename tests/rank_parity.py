@@ -10,10 +10,12 @@ torchrun's ranks and Ray workers import the same classes.
 
 from __future__ import annotations
 
-import json
-import sys
-
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from tensordict import TensorDict
 
@@ -154,6 +156,20 @@ def main(out: str, runs: str) -> None:
     if not dist.is_initialized() or dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(results, f)
+
+
+def launch(folder: Path, runs: dict[str, list[str]]) -> dict[str, list[dict] | str]:
+    """`runs` (name -> config overrides, without train.output_dir) trained in one launch of two gloo ranks, each
+    in folder/NAME; what main wrote, by name."""
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(here), os.environ.get("PYTHONPATH")))),
+           "OMP_NUM_THREADS": "1"}
+    named = {name: [*overrides, f"train.output_dir={folder / name}"] for name, overrides in runs.items()}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(here / "rank_parity.py"),
+           str(folder / "runs.json"), json.dumps(named)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=folder, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((folder / "runs.json").read_text())
 
 
 if __name__ == "__main__":

@@ -9,10 +9,6 @@ not, a k = 0 step draws, samples and trains its own prompts within the step. Com
 exact over the whole batch, each step, and the final weights.
 """
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +21,6 @@ import rank_parity  # noqa: F401  (registers the sample-seeded rollout roles)
 
 ray = pytest.importorskip("ray")
 
-HERE = Path(__file__).parent
 COMMON = ["algorithm=grpo_async", "task.name=fakes:ParityTask", "train.steps=3", "train.batch_size=4",
           "algo.group_size=4", "algo.max_staleness=0", "algo.kl_coef=0.0", "roles.rollout.max_new_tokens=4",
           "roles.actor.mini_batch_size=16", "roles.actor.micro_batch_size=8", "roles.actor.forward_micro_batch_size=8",
@@ -48,18 +43,14 @@ def one_process(tmp_path_factory):
     return folder, run(folder, *STREAMED)
 
 
+TORCHRUN_RUNS = {"k0": [*COMMON, *GENERATED]}  # trained in conftest.torchrun_parity's one launch
+
+
 @pytest.fixture(scope="module")
-def torchrun_ranks(tmp_path_factory):
+def torchrun_ranks(torchrun_parity):
     """Two gloo ranks sharing the pool: each samples half the prompts (rank_parity.main)."""
-    folder = tmp_path_factory.mktemp("torchrun")
-    runs = {"k0": [*COMMON, *GENERATED, f"train.output_dir={folder / 'k0'}"]}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH")))),
-           "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(HERE / "rank_parity.py"),
-           str(folder / "runs.json"), json.dumps(runs)]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=folder, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return folder / "k0", json.loads((folder / "runs.json").read_text())["k0"]
+    folder, results = torchrun_parity
+    return folder / "k0", results["k0"]
 
 
 def exact(rows: list[dict]) -> list[dict]:

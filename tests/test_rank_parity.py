@@ -7,10 +7,6 @@ computes exactly over the whole batch; a loss or advantage mean is a mean of per
 the ranks' token counts, so it is left out (the updates agree: grad norms and final weights are compared).
 """
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +19,6 @@ from rank_parity import ROLES
 
 ray = pytest.importorskip("ray")
 
-HERE = Path(__file__).parent
 EXACT = ("reward/mean", "response_length/mean", "response_length/clip_ratio", "sampling/kept_fraction",
          "sampling/rounds", "sampling/groups", "actor/grad_norm", "actor/ratio_mean", "actor/clipfrac",
          "actor/approx_kl")
@@ -39,17 +34,13 @@ def runs_in(folder: Path, *extra: str) -> dict[str, list[str]]:
     return {name: [*overrides, *extra, f"train.output_dir={folder / name}"] for name, overrides in RUNS.items()}
 
 
+TORCHRUN_RUNS = RUNS  # both, in conftest.torchrun_parity's one launch of two ranks (beside test_k0_parity's)
+
+
 @pytest.fixture(scope="module")
-def torchrun_runs(tmp_path_factory):
-    """Both runs in one launch of two ranks (rank_parity.main); a refused run holds its error line."""
-    folder = tmp_path_factory.mktemp("torchrun")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(HERE), os.environ.get("PYTHONPATH")))),
-           "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(HERE / "rank_parity.py"),
-           str(folder / "runs.json"), json.dumps(runs_in(folder))]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=folder, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return folder, json.loads((folder / "runs.json").read_text())
+def torchrun_runs(torchrun_parity):
+    """Both runs on two torchrun ranks (rank_parity.main); a refused run holds its error line."""
+    return torchrun_parity
 
 
 @pytest.fixture(scope="module")

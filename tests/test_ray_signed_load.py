@@ -11,7 +11,7 @@ from flowrl.runtime.store import checkpoint
 from flowrl.runtime.trainer import train
 
 pytest.importorskip("ray")
-FAST = ["eval.every=0", "checkpoint.export=false", "train.batch_size=4", "executor.name=ray", "executor.gc_freeze=false"]
+FAST = ["eval.every=0", "checkpoint.export=false", "train.batch_size=4", "executor.gc_freeze=false"]
 
 
 class Payload:
@@ -32,10 +32,9 @@ def cluster(ray_local):
 @pytest.mark.parametrize("ship_files", ["true", "false"])
 def test_a_pickle_swapped_in_after_the_check_never_runs_in_a_ray_worker(tmp_path, monkeypatch, ship_files):
     def config(*overrides):
-        return load_run_config(None, [f"train.output_dir={tmp_path / 'run'}", *FAST,
-                                      f"executor.ship_files={ship_files}", *overrides])
+        return load_run_config(None, [f"train.output_dir={tmp_path / 'run'}", *FAST, *overrides])
 
-    train(config("train.steps=1"), progress=False)
+    train(config("train.steps=1"), progress=False)  # the checkpoint, on the local executor (a worker fewer to start)
     ran, check = tmp_path / "payload_ran", checkpoint.damage
 
     def check_then_swap(path):  # the attacker wins the race: the file changes right after the folder was checked
@@ -45,5 +44,5 @@ def test_a_pickle_swapped_in_after_the_check_never_runs_in_a_ray_worker(tmp_path
 
     monkeypatch.setattr(checkpoint, "damage", check_then_swap)
     with pytest.raises(ValueError, match=r"actor/.metadata changed after its signature was checked; refused"):
-        train(config("train.steps=2"), progress=False)
+        train(config("train.steps=2", "executor.name=ray", f"executor.ship_files={ship_files}"), progress=False)
     assert not ran.exists()

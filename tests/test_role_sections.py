@@ -2,13 +2,13 @@
 sections, the old flat keys as aliases, and one-line errors naming the field."""
 
 import json
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
 
+import cli_process
 import flowrl as fl
 from flowrl import cli
 from flowrl.config import load_run_config, used_sections, warn_no_effect
@@ -79,8 +79,7 @@ def test_old_flat_keys_are_aliases_that_say_once_they_are_deprecated():
 
 
 def test_the_deprecation_is_one_line_on_the_command_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "flowrl", "plan", "grpo", "--set", "actor.lr=0.1"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    done = cli_process.run("plan", "grpo", "--set", "actor.lr=0.1", cwd=tmp_path, timeout=300)  # a process of its own
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == ["flowrl: warning: actor.lr is deprecated; use roles.actor.lr"]
 

@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 
+import cli_process
 from flowrl.config import load_run_config
 from flowrl.runtime import threads, trainer
 
@@ -37,14 +38,15 @@ def test_the_tiny_model_gets_one_thread_and_explicit_values_win(no_omp):
 
 def _threads_after_setup(overrides, out):
     """In a fresh process: vLLM's CPU backend, once started in a process, turns torch.set_num_threads into a
-    no-op there (a test process may have run it)."""
+    no-op there (a test process may have run it). Forked from cli_process's server, which imported the trainer
+    (never vLLM) once: a spawned process paid ~7 s of CPU in imports."""
     os.environ.pop("OMP_NUM_THREADS", None)
     trainer.setup(load_run_config(None, overrides)).executor.close()
     out.put(torch.get_num_threads())
 
 
 def test_training_sets_torch_threads_from_the_config_or_the_model(tmp_path):
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context(cli_process.START_METHOD)
     for extra, expected in ((["executor.cpu_threads=2"], 2), ([], 1)):  # auto: 1 for the built-in tiny model
         out = context.Queue()
         process = context.Process(target=_threads_after_setup,
