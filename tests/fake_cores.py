@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 
 from flowrl.engines.protocols import FinishReason, SamplingParams
-from flowrl.engines.streaming.stepped import Delta, Refused
+from flowrl.engines.streaming.stepped import Delta, Refused, StepCore
 
 
-class RecordingCore:
+class RecordingCore(StepCore):
     def __init__(self):
         self.calls: list[tuple] = []
         self.live: dict[str, tuple[list[int], SamplingParams, int | None, int]] = {}  # prompt, params, seed, done
@@ -33,18 +33,6 @@ class RecordingCore:
         self.calls.append(("abort", tuple(request_ids)))
         for request_id in request_ids:
             self.live.pop(request_id, None)
-
-    def idle(self) -> None:
-        pass
-
-    def resume(self) -> None:
-        pass
-
-    def pause(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class ScriptCore(RecordingCore):

@@ -55,14 +55,18 @@ class StepCore(Protocol):
 
     def step(self) -> list[Delta]: ...
 
+    # The hooks below do nothing unless a core needs them; a core that subclasses StepCore inherits that.
     def idle(self) -> None:
         """Called when no request runs (a leader flushes what it recorded, or beats)."""
 
-    def resume(self) -> None: ...
+    def resume(self) -> None:
+        """Called before the first step after a pause."""
 
-    def pause(self) -> None: ...
+    def pause(self) -> None:
+        """Called when the streamer pauses (a weight update follows)."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Called once, when the streamer stops."""
 
 
 @dataclass(eq=False)

@@ -30,7 +30,7 @@ from vllm.sampling_params import RequestOutputKind
 
 from flowrl.engines.protocols import SamplingParams
 from flowrl.engines.streaming.lockstep import Channel, Follower, LeaderCore
-from flowrl.engines.streaming.stepped import Delta, Refused, SteppedStreamer
+from flowrl.engines.streaming.stepped import Delta, Refused, StepCore, SteppedStreamer
 from flowrl.engines.vllm.rollout import VLLMRolloutEngine, token_logprobs
 
 try:
@@ -39,8 +39,9 @@ except ImportError:  # vLLM 0.26 (the GPU's) has no such class and raises ValueE
     VLLMClientError = ValueError
 
 
-class VLLMCore:
-    """A VLLMRolloutEngine's in-process LLMEngine as a StepCore (flowrl.engines.streaming.stepped)."""
+class VLLMCore(StepCore):
+    """A VLLMRolloutEngine's in-process LLMEngine as a StepCore (flowrl.engines.streaming.stepped); its idle,
+    pause, resume and close are StepCore's (nothing: the engine outlives its streamers)."""
 
     def __init__(self, engine: VLLMRolloutEngine):
         self.engine, self.llm_engine = engine, engine.llm.llm_engine
@@ -64,18 +65,6 @@ class VLLMCore:
             out.append(Delta(output.request_id, list(completion.token_ids), token_logprobs(completion),
                              completion.finish_reason if output.finished else None))
         return out
-
-    def idle(self) -> None:
-        pass
-
-    def resume(self) -> None:
-        pass
-
-    def pause(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass  # the engine outlives its streamers
 
 
 class VLLMStreamer(SteppedStreamer):
