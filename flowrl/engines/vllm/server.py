@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,7 +52,7 @@ from flowrl.engines.configs import ModelSource, RolloutEngineConfig
 from flowrl.engines.hf.rollout import responses
 from flowrl.engines.protocols import FinishReason, SamplingParams, TrainEngine, WeightSync
 from flowrl.engines.streaming.protocol import Request, Sample
-from flowrl.engines.vllm.server_weights import Transfer, server_args, transfer_for
+from flowrl.engines.vllm.server_weights import Transfer, free_port, server_args, transfer_for
 from flowrl.engines.weights.in_process import StreamedSync
 
 FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
@@ -95,7 +94,7 @@ class VLLMServerEngine:
         self.eos_id, self.pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.folder = Path(tempfile.mkdtemp(prefix="flowrl-vllm-server-"))  # its log and the weights it reloads
         self.log = (self.folder / "server.log").open("wb")
-        self.port = free_port()
+        self.port = free_port("127.0.0.1")
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
         if not device.startswith("cuda"):
@@ -232,11 +231,6 @@ def server_command(source: ModelSource, config: VLLMServerConfig, port: int) -> 
         command += ["--block-size", str(config.block_size)]
     return command + list(config.server_args)
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class VLLMServerStreamer:

@@ -181,6 +181,7 @@ class ServerNcclTransport:
 
 
 def free_port(host: str) -> int:
+    """A port free on `host` now (the server's own, or the NCCL group's rendezvous)."""
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
