@@ -146,6 +146,9 @@ class CollectiveTransport:
     def __init__(self, group: SyncGroup, bucket_bytes: int):
         self.group, self.bucket_bytes = group, bucket_bytes
 
+    def close(self) -> None:
+        self.group.close()
+
     def send(self, named_tensors: Iterable[Named]) -> dict[str, float]:
         """Rank 0's side; the number of buckets and bytes sent."""
         in_flight: list[dist.Work] = []

@@ -111,6 +111,9 @@ class ReshardTransport:
         self.group, self.bucket_bytes = group, bucket_bytes
         self.plans = plan(shape.entries, layout, list(range(num_train)), list(range(num_train, group.size)))
 
+    def close(self) -> None:
+        self.group.close()
+
     def send(self, shards: WeightShards) -> dict[str, float]:
         """A train rank's side: its pieces to the rollout ranks that keep them; its metrics."""
         start, moved = time.perf_counter(), Moved()

@@ -204,10 +204,7 @@ class PoolWorker:
 
     def close(self) -> None:
         for transport, _ in self.transports.values():
-            if isinstance(transport, ServerNcclTransport):
-                transport.close()
-            else:
-                transport.group.close()
+            transport.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
