@@ -3,7 +3,7 @@
 For each Qwen2.5 shape (random bf16 weights, benchmarks/common.qwen_model; the 7B with untied embeddings as
 published): asks `flowrl plan grpo --cluster found --write` for the chosen layout, then runs `flowrl train` with it
 and with each hand-grid variant for `--steps` steps, each in its own process. Each run logs `memory/peak_gib`
-(torch.cuda.max_memory_allocated, by flowrl.runtime.plan_record: the grid runs carry an empty prediction,
+(torch.cuda.max_memory_allocated, by flowrl.runtime.layout.plan_record: the grid runs carry an empty prediction,
 plan.predicted.step_s=0, so they log it too) and `timing_s/step` (the median after the first step is read).
 Prints one JSON line per run (shape, run, ok, oom, s_step, peak_gib, engine, the prediction for the chosen one)
 and one summary line per shape: chosen over the best of the grid (bar <= 1.15), whether the chosen engine is
@@ -11,7 +11,7 @@ the faster one measured, predicted against measured step time and peak (bar: pea
 Workload: 16 prompts x 8, 256-token prompts, 1024 new tokens, long-tailed (EOS not suppressed).
 
 The grid's vLLM rows (CUDA graphs and eager, both asleep between generations) are left out where vLLM is not
-installed (the planner then leaves it out too: flowrl.runtime.auto_plan.installed_engines), so a missing engine
+installed (the planner then leaves it out too: flowrl.runtime.layout.auto_plan.installed_engines), so a missing engine
 is a row not run, never a crash; the engine compared is the engine and, for vLLM, graphs or eager.
 
 Usage (on the GPU machine): python benchmarks/planner_one_gpu.py [--shapes 0.5B,1.5B,3B,7B] [--steps 4]
@@ -102,9 +102,17 @@ def train(folder: Path, out: Path, steps: int, workload: list[str], extra: list[
         if (out / "metrics.jsonl").exists() else []
     times = [r["timing_s/step"] for r in rows[1:] if "timing_s/step" in r]
     peaks = [r["memory/peak_gib"] for r in rows if "memory/peak_gib" in r]
+    record = json.loads((out / "plan.json").read_text()) if (out / "plan.json").exists() else {}
     return {"ok": done.returncode == 0, "oom": "out of memory" in done.stderr.lower(),
             "s_step": statistics.median(times) if times else None, "peak_gib": max(peaks) if peaks else None,
-            "error": (done.stderr.strip().splitlines() or [""])[-1] if done.returncode else ""}
+            "error": (done.stderr.strip().splitlines() or [""])[-1] if done.returncode else "",
+            # each node's measured median seconds, and where the run had a prediction, measured over predicted per
+            # node and the cost model refined from the run (flowrl.plan.calibrate.record): what the device table's
+            # constants are re-measured from (flowrl/plan/costs.py)
+            "node_s": {k.removeprefix("timing_s/"): round(statistics.median(r[k] for r in rows[1:] if k in r), 4)
+                       for k in sorted({k for r in rows[1:] for k in r if k.startswith("timing_s/")})},
+            **({"node_ratio": record["measured"]["node_ratio"], "refined": record["refined"]}
+               if record.get("measured", {}).get("node_ratio") else {})}
 
 
 def plan(folder: Path, out: Path, cluster: str, workload: list[str]) -> dict | None:
@@ -153,7 +161,7 @@ def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: di
     print(json.dumps({"shape": name, "run": "chosen", **chosen}), flush=True)
     measured = {}
     for i, (label, extra) in enumerate(grid.items()):
-        # an empty prediction: the run logs memory/peak_gib (flowrl.runtime.plan_record)
+        # an empty prediction: the run logs memory/peak_gib (flowrl.runtime.layout.plan_record)
         got = train(folder, Path(tmp) / f"{name}-{i}", steps, workload, [*extra, *after, "plan.predicted.step_s=0"])
         measured[label] = {**got, "engine": engine_of(extra)}
         print(json.dumps({"shape": name, "run": label, **measured[label]}), flush=True)

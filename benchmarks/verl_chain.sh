@@ -3,17 +3,23 @@
 # (the machine keeps /tmp only while warm): `bash .verlcarry/bench/verl_chain.sh STAGE` from the project root,
 # carry [".verlcarry/cN", ".verlcarry/bench"] (cN: benchmarks/verl_carry.sh's carries; stage C also carries
 # ".verlcarry/c5", vLLM's server-path wheels: 37 MiB with c3; bench: this script and
-# grpo_vs_verl.py, verl_system.py, verl_reward.py, bench_report.py of the commit the figures name, laid over the
-# device's copy of the project). Each run's output and verl's own log come back in $OUT/logs_STAGE.tgz, the
-# RESULT lines in $OUT/runs_STAGE.jsonl.
+# grpo_vs_verl.py, verl_system.py, verl_reward.py, bench_report.py, verl_preflight.py, verl_preflight_fakes.py,
+# verl_preflight_setup.py, verl_preflight_rollout.py and verl_preflight_v1.py of the commit the figures name, laid
+# over the device's copy of the project). Each run's output and verl's own log come back in $OUT/logs_STAGE.tgz,
+# the RESULT lines in $OUT/runs_STAGE.jsonl.
+# Before each verl run (C, D, E) benchmarks/verl_preflight.py runs verl's CPU-side rollout path on that run's
+# workload in verl's packages (about a minute): a refusal ends the stage with its `preflight FAILED at STAGE:
+# REASON` line and exit 6, before verl's 5 minutes of start-up. The verl run's limits shrink where the call's 600 s
+# would end first (left), so that it still ends, and its logs are packed, inside the call.
 #   A (c1)  flowrl's and verl's wheels into /tmp/site and /tmp/vsite, imports and a Ray start checked; flowrl
 #           (`train.device=cuda` alone), Qwen2.5-0.5B shape 64x8, 256 new tokens, fixed (cold start)
 #   B (c2)  vllm's first half kept
 #   F       flowrl, Qwen2.5-1.5B shape 16x8, 1024 new tokens, variable
 #   C (c3, c5) vllm and its wheels, and the server path's (benchmarks/verl_server_wheels.txt) installed; an import
-#           of what verl's vLLM server imports checked (exit 5 if one fails); verl, 64x8, 256, fixed (cold start)
-#   D       flowrl then verl, 64x8, 256, variable
-#   E       verl, 1.5B shape 16x8, 1024, variable
+#           of what verl's vLLM server imports checked (exit 5 if one fails); the preflight (exit 6); verl, 64x8,
+#           256, fixed (cold start)
+#   D       flowrl, then the preflight (exit 6) and verl, 64x8, 256, variable
+#   E       the preflight (exit 6), then verl, 1.5B shape 16x8, 1024, variable
 #   G       after C (vllm and its server path installed): flowrl with vLLM in-process, then with vLLM's own
 #           OpenAI server as the replica (roles.rollout.engine=vllm_server), 64x8, 256, fixed (issue 45.5); both
 #           eager (the server path always is), both with half the card for vLLM (the in-process default)
@@ -28,10 +34,11 @@ mkdir -p /tmp/vc /tmp/runs
 rm -rf /tmp/bt && mkdir /tmp/bt && tar -C "$ROOT" --exclude=./.verlcarry --exclude=./.vllmcarry --exclude=./.git \
   -cf - . | tar -C /tmp/bt -xf - && cp "$ROOT"/.verlcarry/bench/*.py /tmp/bt/benchmarks/ \
   && ln -sfn ../algorithms /tmp/bt/flowrl/algorithms || exit 3
-cd /tmp/bt  # flowrl.algorithms is pyproject's mapping of algorithms/: a link stands in for the install
+cd /tmp/bt || exit 3  # flowrl.algorithms is pyproject's mapping of algorithms/: a link stands in for the install
 B="python3 benchmarks/grpo_vs_verl.py --device cuda --steps 3 --jsonl $OUT/runs_$STAGE.jsonl"
 V="--systems verl --verl-fallback trainer.use_v1=False"
 BIG="--shape qwen1.5b --prompts 16 --new-tokens 1024 --lengths variable"
+P="python3 benchmarks/verl_preflight.py --steps 3"
 
 run() {  # NAME SECONDS COMMAND...: output in /tmp/runs/NAME.log (verl's own in NAME.verl.log), logs packed
   local name=$1 limit=$2
@@ -39,10 +46,34 @@ run() {  # NAME SECONDS COMMAND...: output in /tmp/runs/NAME.log (verl's own in 
   echo "=== $name $(date +%T)"
   timeout "$limit" "$@" --verl-log "/tmp/runs/$name.verl.log" >"/tmp/runs/$name.log" 2>&1
   echo "rc=$? $(date +%T)"
-  grep -E "^RESULT|GRPO step|FAILED|rror|flowrl step|verl:|s/step" "/tmp/runs/$name.log" | cut -c1-900 | tail -14
+  grep -E "^RESULT|GRPO step|FAILED|rror|flowrl step|verl:|s/step|tokenizer check" "/tmp/runs/$name.log" | cut -c1-900 | tail -14
   [ -f "/tmp/runs/$name.verl.log" ] && grep -E "Error|error|Traceback|step:[0-9]" "/tmp/runs/$name.verl.log" \
     | grep -v Warning | cut -c1-400 | tail -12
   tar -czf "$OUT/logs_$STAGE.tgz" -C /tmp/runs . 2>/dev/null
+}
+
+preflight() {  # NAME COMMAND...: the preflight of the verl run NAME (output in /tmp/runs/NAME.preflight.log);
+  # its lines shown, and where it fails, its reason and exit 6 (verl not started)
+  local name=$1 log=/tmp/runs/$1.preflight.log rc
+  shift
+  echo "=== $name preflight $(date +%T)"
+  timeout 240 "$@" >"$log" 2>&1
+  rc=$?
+  echo "rc=$rc $(date +%T)"
+  grep -E "^preflight" "$log" | cut -c1-700
+  tar -czf "$OUT/logs_$STAGE.tgz" -C /tmp/runs . 2>/dev/null
+  [ "$rc" = 0 ] && return 0
+  if ! grep -q "^preflight FAILED" "$log"; then  # killed by the timeout, or the project's side (model, data) failed
+    local why="rc=$rc"
+    [ "$rc" = 124 ] && why="still running after 240 s"
+    echo "preflight FAILED before a verdict ($why): $(grep -v '^[[:space:]]*$' "$log" | tail -1 | cut -c1-400)"
+  fi
+  exit 6
+}
+
+left() {  # SECONDS: that many, or fewer where the call's 600 s (less 15 s to pack the logs) end first
+  local t=$((585 - SECONDS))
+  echo $((t < $1 ? t : $1))
 }
 
 case $STAGE in
@@ -77,18 +108,26 @@ import vllm, vllm.entrypoints.openai.api_server, vllm.entrypoints.cli.serve, pro
 import verl.workers.rollout.vllm_rollout.vllm_async_server
 print('vllm', vllm.__version__, 'server path imports')" >/tmp/runs/imports.log 2>&1
   rc=$?; grep -vi warn /tmp/runs/imports.log | tail -3; [ $rc = 0 ] || exit 5
-  run verl_fixed 500 $B $V --verl-deadline 450
+  preflight verl_fixed $P
+  t=$(left 500)
+  run verl_fixed "$t" $B $V --verl-deadline $((t - 50))
   ;;
 D)
   run flowrl_variable 150 $B --systems flowrl --lengths variable
-  run verl_variable 420 $B $V --lengths variable --verl-deadline 390
+  preflight verl_variable $P --lengths variable
+  t=$(left 420)
+  run verl_variable "$t" $B $V --lengths variable --verl-deadline $((t - 30))
   ;;
 G)
+  # vLLM's OpenAI server imports uvicorn, which c1 brings for verl (/tmp/vsite): the server path needs it in /tmp/site
+  [ -d /tmp/site/uvicorn ] || cp -r /tmp/vsite/uvicorn /tmp/vsite/uvicorn-*.dist-info /tmp/site/ || exit 4
   run flowrl_vllm_inproc 200 $B --systems flowrl --flowrl-set roles.rollout.engine=vllm --label vllm
   run flowrl_vllm_server 330 $B --systems flowrl --flowrl-set roles.rollout.engine=vllm_server \
     --flowrl-set 'roles.rollout.server_args=["--gpu-memory-utilization","0.5"]' --label vllm_server
   ;;
 E)
-  run verl_big 560 $B $V $BIG --verl-deadline 520
+  preflight verl_big $P $BIG
+  t=$(left 560)
+  run verl_big "$t" $B $V $BIG --verl-deadline $((t - 40))
   ;;
 esac

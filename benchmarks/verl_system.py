@@ -74,12 +74,18 @@ def with_qwen_boundary(tokenizer: dict) -> dict:
     (verl/utils/tokenizer/continuous_token.py, QwenContinuousTokenBuilder), which refuses a tokenizer where "\\n"
     is not one token or "<|im_end|>" is none (2026-12-06, H200: "Expected Qwen newline to tokenize to one token,
     got []"). The prompts are lowercase letters, so their ids are unchanged; only those two sampled ids decode
-    differently."""
+    differently. Both are added tokens as well, as in Qwen's own tokenizer.json: with config.json beside it
+    (model_type qwen2), transformers 5 loads the folder as Qwen2Tokenizer, which rebuilds a byte-level BPE from
+    the vocabulary, so "\n" is looked up as "Ċ", absent, and encodes to [] (the device's refusal on the H100
+    and H200, 2026-12-06, reproduced on the CPU with transformers 5.9 and 5.19); an added token is matched
+    before that split."""
     vocab = tokenizer["model"]["vocab"]
     last = sorted(vocab.items(), key=lambda kv: kv[1])[-2:]
     for (old, index), new in zip(last, ("<|im_end|>", "\n")):
         del vocab[old]
         vocab[new] = index
+        tokenizer["added_tokens"].append({"id": index, "content": new, "single_word": False, "lstrip": False,
+                                          "rstrip": False, "normalized": False, "special": new != "\n"})
     return tokenizer
 
 
@@ -154,21 +160,57 @@ def step_lines(path: Path, seen: dict[int, float]) -> list[dict]:
     return lines
 
 
+TOKEN_CHECK = """
+import sys, transformers, tokenizers
+from transformers import AutoTokenizer
+from verl.utils.tokenizer import hf_tokenizer
+from verl.utils.tokenizer.continuous_token_wiring import create_continuous_token_builder
+tok = hf_tokenizer(sys.argv[1])
+print("verl's tokenizer check:", transformers.__version__, tokenizers.__version__, type(tok).__name__,
+      repr(tok.encode("\\n", add_special_tokens=False)), tok.convert_tokens_to_ids("<|im_end|>"), flush=True)
+create_continuous_token_builder(tok, hf_model_type="qwen2", chat_template_kwargs={}, mm_processor_kwargs={},
+                                processor=None)
+"""
+
+
+def check_tokenizer(model: Path, env: dict) -> None:
+    """verl's own token builder on its copy of the model, in verl's packages, before verl starts: on the device
+    it refused the copy at its first rollout after 5 min of start-up (2026-12-06, H100 and H200), while the same
+    check passes on the CPU with verl's pins; a refusal now stops the run in seconds and prints what it saw."""
+    done = subprocess.run([sys.executable, "-c", TOKEN_CHECK, str(model)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    print("\n".join(line for line in done.stdout.splitlines() if "tokenizer check" in line), flush=True)
+    if done.returncode:
+        raise RuntimeError("verl's token builder refuses the model copy: " + done.stderr.strip()[-800:])
+
+
+def verl_env(work: Path) -> dict:
+    """The environment of verl's process (run_verl's, and benchmarks/verl_preflight.py's check)."""
+    return {**os.environ, "VERL_FILE_LOGGER_PATH": str(work / "metrics.jsonl"), "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join([VERL_SITE, str(HERE), os.environ.get("PYTHONPATH", "")]),
+            "RAY_DEDUP_LOGS": "0", "HYDRA_FULL_ERROR": "1"}
+
+
+def verl_args(wl: Workload, model: Path, data: Path, work: Path, extra: list[str], env: dict) -> list[str]:
+    """main_ppo's hydra overrides as run_verl passes them: `overrides` with `extra` in place, then the
+    environment variables verl's Ray workers get (its runtime_env)."""
+    args = merged(overrides(wl, model, data, work), extra)
+    env_vars = {k: env[k] for k in ("PYTHONPATH", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_NO_USAGE_STATS", "HF_HUB_OFFLINE",
+                                     "FLOWRL_BENCH_LENGTHS", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+                                     "NVSHMEM_DISABLE_NVLS") if k in env}
+    return args + [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}='{v}'" for k, v in env_vars.items()]
+
+
 def run_verl(wl: Workload, path: str, folder: str, extra: list[str], log: str, deadline_s: float) -> dict:
     """One verl run of warmup + steps steps (killed, its process group, after `deadline_s`; the steps it logged
     are still read back); its per-step metrics, phases and the times to its first step."""
     work = Path(folder) / "verl"
     work.mkdir(parents=True, exist_ok=True)
     model, data = add_chat_template(path, work), write_data(wl, work)
-    metrics_file = work / "metrics.jsonl"
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(metrics_file), "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join([VERL_SITE, str(HERE), os.environ.get("PYTHONPATH", "")]),
-           "RAY_DEDUP_LOGS": "0", "HYDRA_FULL_ERROR": "1"}
-    args = merged(overrides(wl, model, data, work), extra)
-    env_vars = {k: env[k] for k in ("PYTHONPATH", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_NO_USAGE_STATS", "HF_HUB_OFFLINE",
-                                     "FLOWRL_BENCH_LENGTHS", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-                                     "NVSHMEM_DISABLE_NVLS") if k in env}
-    args += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}='{v}'" for k, v in env_vars.items()]
+    env = verl_env(work)
+    metrics_file = Path(env["VERL_FILE_LOGGER_PATH"])
+    check_tokenizer(model, env)
+    args = verl_args(wl, model, data, work, extra, env)
     print("verl command: python3 -m verl.trainer.main_ppo " + " ".join(args), flush=True)
     stop, peaks, seen = threading.Event(), [0.0], {}
     watcher = threading.Thread(target=watch_gpu_memory, args=(stop, peaks), daemon=True)

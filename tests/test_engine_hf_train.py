@@ -230,26 +230,55 @@ def test_chunked_logprobs_equal_full_logits_with_gradients(tiny_model_path):
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5), name
 
 
-def test_compiled_passes_compute_what_eager_ones_do(tiny_model_path):
-    """actor.compile: the engine's passes run torch.compile'd (chunked logprobs and full logits); outputs and
-    gradients equal the eager model's, and the module itself is left uncompiled for a rollout sharing it."""
+def _compiled_and_eager_passes(path, out):
+    """In a fresh process: logprobs and gradients of the eager passes and of the compiled ones (chunk 0 and 3)."""
     from flowrl.engines.configs import ModelSource, TrainEngineConfig
 
     batch = make_batch(ROWS[:3])
-    outs, grads = [], []
+    results = []
     for compile, chunk in ((False, 0), (True, 0), (True, 3)):
         config = TrainEngineConfig.model_validate({"compile": compile, "logprob_chunk_tokens": chunk})
-        engine = config.build(ModelSource(tiny_model_path), head="actor", device="cpu")
-        out = engine._outputs(batch, temperature=1.3, outputs=("logprobs",))
-        out["logprobs"].sum().backward()
-        outs.append(out["logprobs"])
-        grads.append({name: p.grad for name, p in engine.model.named_parameters()})
-        assert not any(m._compiled_call_impl for m in engine.model.modules())
-    assert torch.allclose(outs[0], outs[1], atol=1e-5) and torch.allclose(outs[0], outs[2], atol=1e-5)
-    assert grads[0].keys() == grads[1].keys()  # the same parameter names: checkpoints and exports unchanged
-    for name in grads[0]:
-        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5), name
-        assert torch.allclose(grads[0][name], grads[2][name], atol=1e-5), name
+        engine = config.build(ModelSource(path), head="actor", device="cpu")
+        logprobs = engine._outputs(batch, temperature=1.3, outputs=("logprobs",))["logprobs"]
+        logprobs.sum().backward()
+        results.append({"logprobs": logprobs.detach(), "grads": {n: p.grad for n, p in engine.model.named_parameters()},
+                        "compiled_modules": sum(bool(m._compiled_call_impl) for m in engine.model.modules())})
+    torch.save(results, out)
+
+
+def test_compiled_passes_compute_what_eager_ones_do(tiny_model_path, tmp_path, monkeypatch):
+    """actor.compile: the engine's passes run torch.compile'd (chunked logprobs and full logits); outputs and
+    gradients equal the eager model's, and the module itself is left uncompiled for a rollout sharing it.
+
+    inductor runs in a fresh process with its own cache folder and the quick start's CPU kernels
+    (flowrl.runtime.threads.CPU_KERNELS), as a run of the tiny model compiles: in the test session it compiled after
+    whatever earlier tests had left in the process (an in-process vLLM engine sets inductor's thread and cache
+    variables) and in the shared /tmp cache, and CI's machine once aborted inside the compiled layer there."""
+    import multiprocessing
+
+    from flowrl.runtime.threads import CPU_KERNELS
+
+    for key, value in CPU_KERNELS.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    for key in ("TORCHINDUCTOR_CPP_DYNAMIC_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"):
+        monkeypatch.delenv(key, raising=False)
+    out = tmp_path / "passes.pt"
+    child = multiprocessing.get_context("spawn").Process(target=_compiled_and_eager_passes,
+                                                         args=(str(tiny_model_path), str(out)))
+    child.start()
+    child.join(timeout=600)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0, f"the compiling process ended with {child.exitcode} (its stderr is above)"
+    eager, whole, chunked = torch.load(out)
+    assert whole["compiled_modules"] == chunked["compiled_modules"] == 0
+    assert torch.allclose(eager["logprobs"], whole["logprobs"], atol=1e-5)
+    assert torch.allclose(eager["logprobs"], chunked["logprobs"], atol=1e-5)
+    assert eager["grads"].keys() == whole["grads"].keys()  # the same parameter names: checkpoints and exports unchanged
+    for name in eager["grads"]:
+        assert torch.allclose(eager["grads"][name], whole["grads"][name], atol=1e-5), name
+        assert torch.allclose(eager["grads"][name], chunked["grads"][name], atol=1e-5), name
 
 
 def test_sum_pi_squared_chunked_equals_full_and_a_direct_computation(tiny_model_path):

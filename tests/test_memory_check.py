@@ -15,10 +15,10 @@ from flowrl.engines.memory import GIB, ModelShape
 from flowrl.plan.cluster import ClusterConfig
 from flowrl.plan.costs import DEVICES
 from flowrl.runtime import trainer
-from flowrl.runtime.auto_plan import choose
+from flowrl.runtime.layout.auto_plan import choose
 from flowrl.config.candidate import configured
-from flowrl.runtime.memory_check import check_run, judge
-from flowrl.runtime.planning import make_plan
+from flowrl.runtime.layout.memory_check import check_run, judge
+from flowrl.runtime.layout.planning import make_plan
 from fakes import ParityTask
 from test_planner_advice import QWEN25_7B
 from test_resources import QWEN05B
@@ -140,7 +140,7 @@ QWEN25_1_5B = dict(model_type="qwen2", hidden_size=1536, num_hidden_layers=28, n
 def test_the_layout_flowrl_plan_writes_passes_trains_check_with_the_planned_peak(tmp_path):
     """`flowrl plan --cluster 1xH100-80G --write FILE`, then `flowrl train --config FILE`: the check translates
     the written placement and options back into the planner's candidate, with the peak the plan predicted."""
-    from flowrl.runtime.auto_plan import write
+    from flowrl.runtime.layout.auto_plan import write
 
     cfg = run_config(tmp_path, QWEN25_1_5B)
     choice, values = choose(cfg.model_copy(update={"placement": "auto"}), grpo, ParityTask(),

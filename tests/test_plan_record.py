@@ -1,4 +1,4 @@
-"""A run records its plan's prediction against what it measured (flowrl.runtime.plan_record) and writes the cost
+"""A run records its plan's prediction against what it measured (flowrl.runtime.layout.plan_record) and writes the cost
 model refined from its own steps, which the next plan takes (`flowrl plan --costs RUN/plan.json`)."""
 
 import json
@@ -10,7 +10,7 @@ import pytest
 from flowrl.config import load_run_config
 from flowrl.plan.calibrate import PlanSection, Prediction, load_refined
 from flowrl.plan.cluster import ClusterConfig
-from flowrl.runtime import auto_plan
+from flowrl.runtime.layout import auto_plan
 from flowrl.runtime.data_tasks import run_task
 from flowrl.runtime.trainer import resolve_algorithm, train
 

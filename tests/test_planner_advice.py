@@ -10,8 +10,8 @@ import flowrl as fl
 from flowrl.algorithms import grpo
 from flowrl.config import load_run_config
 from flowrl.engines.memory import GIB
-from flowrl.runtime.memory_check import check_memory
-from flowrl.runtime.planning import make_plan
+from flowrl.runtime.layout.memory_check import check_memory
+from flowrl.runtime.layout.planning import make_plan
 from fakes import ParityTask
 
 QWEN25_7B = dict(model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,

@@ -50,7 +50,8 @@ def true_device(spec: str, seed: int):
     """The table's row with its constants moved by up to 10% each way (the card as a run finds it)."""
     rng, row = random.Random(seed), DEVICES[ClusterConfig.parse(spec).device]
     moved = {k: getattr(row, k) * rng.uniform(0.9, 1.1) for k in
-             ("train_mfu", "hbm_gbs", "hf_static_step_s", "vllm_step_s", "sync_gbs", "pcie_gbs", "prefill_mfu")}
+             ("train_mfu", "hbm_gbs", "hf_static_step_s", "vllm_step_s", "sync_gbs", "pcie_gbs", "prefill_mfu",
+              "hf_static_row_s")}
     return dataclasses.replace(row, **moved)
 
 

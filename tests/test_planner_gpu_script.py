@@ -39,3 +39,31 @@ def test_the_summary_bars_on_hand_figures():
     assert out["step_over_predicted"] == 1.06 and out["peak_over_predicted"] == 1.2 and not out["peak_ok"]
     fast = bench.summary("1.5B", {**chosen, "s_step": 9.0, "engine": "hf_static"}, grid)
     assert fast["ratio_ok"] and fast["engine_ok"]
+
+
+def test_a_run_reports_its_node_medians_and_the_refined_cost_model(tmp_path, monkeypatch):
+    """What the device table is re-measured from: each node's median seconds after the first step, and the chosen
+    run's measured-over-predicted ratios and refined model from its plan.json (flowrl.plan.calibrate.record)."""
+    import json
+    import subprocess
+
+    rows = [{"timing_s/step": 9.0, "timing_s/generate": 8.0, "memory/peak_gib": 3.0},  # compiles: left out
+            {"timing_s/step": 2.0, "timing_s/generate": 1.0, "timing_s/update": 0.5, "memory/peak_gib": 4.0},
+            {"timing_s/step": 4.0, "timing_s/generate": 3.0, "timing_s/update": 0.7, "memory/peak_gib": 3.5}]
+    record = {"measured": {"node_ratio": {"generate": 0.8}}, "refined": {"device": "H100-80G",
+                                                                       "scale": {"generate": 0.8}, "fixed_s": 0.1}}
+
+    def fake_run(cmd, **kwargs):
+        out = Path(cmd[cmd.index("--output-dir") + 1])
+        out.mkdir(parents=True)
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if "--config" in cmd:
+            (out / "plan.json").write_text(json.dumps(record))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    grid = bench.train(tmp_path / "m", tmp_path / "grid", 3, [], [])
+    assert grid["s_step"] == 3.0 and grid["peak_gib"] == 4.0
+    assert grid["node_s"] == {"generate": 2.0, "step": 3.0, "update": 0.6} and "refined" not in grid
+    chosen = bench.train(tmp_path / "m", tmp_path / "chosen", 3, [], [], config=tmp_path / "plan.yaml")
+    assert chosen["node_ratio"] == {"generate": 0.8} and chosen["refined"]["scale"] == {"generate": 0.8}

@@ -13,7 +13,7 @@ from flowrl.plan.choose import PlannerConfig
 from flowrl.plan.cluster import ClusterConfig
 from flowrl.plan.costs import CostModel
 from flowrl.plan.memory import capture_sizes, cuda_graphs, fit, pool_phases
-from flowrl.runtime import auto_plan
+from flowrl.runtime.layout import auto_plan
 from flowrl.runtime.data_tasks import run_task
 from flowrl.runtime.trainer import resolve_algorithm
 from test_planner_choice import BATCH, GRPO_ROLES, WORK, _nodes, shape
@@ -153,7 +153,7 @@ def test_the_cli_says_it_in_one_line(tmp_path):
 def test_flowrl_plan_gpus_nodes_refuses_it_too(tmp_path):
     """`flowrl plan --gpus 16 --nodes 2` judges the user's layout with 8 GPUs a node (as flowrl train does under
     torchrun with LOCAL_WORLD_SIZE)."""
-    from flowrl.runtime.planning import plan_on_gpus
+    from flowrl.runtime.layout.planning import plan_on_gpus
 
     cfg = load_run_config(None, [f"train.output_dir={tmp_path}", "roles.rollout.engine=vllm",
                                  "roles.rollout.tensor_parallel_size=16", "train.batch_size=16"])
@@ -175,7 +175,7 @@ def test_flowrl_trains_check_names_eager_where_the_graphs_do_not_fit(tmp_path):
     """The run's own layout (the 7B with vLLM's graphs asleep beside the optimizer step) over a limit that only
     the same layout eager meets: the check's options name enforce_eager=true alone."""
     from flowrl.config.candidate import Layout
-    from flowrl.runtime.memory_check import fixes
+    from flowrl.runtime.layout.memory_check import fixes
 
     cand = Candidate(1, 0, "vllm", 1, 0.5, 1, True, True, micro_batch_size=32, enforce_eager=False)
     layout = Layout(cand, GRPO_ROLES, ONE, BATCH, {"global": "global"}, ("actor",), ("ref",), "rollout", "actor")

@@ -51,7 +51,8 @@ def test_ray_equals_local_on_a_split_placement(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0: the evaluation before training
     exported = [AutoModelForCausalLM.from_pretrained(tmp_path / run / "final").state_dict() for run in ("local", "ray")]
-    assert all(torch.allclose(exported[0][k], exported[1][k], atol=1e-6) for k in exported[0])
+    worst = {k: (exported[0][k] - exported[1][k]).abs().max().item() for k in exported[0]}
+    assert max(worst.values()) <= 1e-6, sorted(worst.items(), key=lambda kv: -kv[1])[:3]
 
 
 def test_a_two_rank_fsdp_pool_trains_checkpoints_and_resumes(tmp_path):
@@ -334,3 +335,24 @@ def assert_a_rank_that_never_sends_is_named(executor, sync, seconds=4):
         executor._get([executor._launch_sync(sync, 0.0)])
     assert time.perf_counter() - start < 2.5 * seconds
     ray.get(busy)
+
+
+def _mark_engine_closes(self, folder):
+    """In a worker: each role's engine writes a file named for its role when it is closed."""
+    import os
+
+    for name, instance in self.roles.items():
+        engine = getattr(instance, "engine", None)
+        if engine is not None:
+            engine.close = lambda path=os.path.join(folder, name): open(path, "w").close()
+
+
+def test_closing_the_executor_closes_each_workers_roles(tmp_path):
+    """As a local run closes its roles (flowrl.graph.role.close_role), so do the workers before they are ended
+    (they were killed with their engines open: a vLLM engine's shutdown, an agent endpoint's stop never ran)."""
+    placement = fl.Placement(pools=[fl.Pool(name="a", roles=["actor", "rollout"]), fl.Pool(name="b", roles=["ref"])])
+    executor = fake_executor(placement)
+    workers = [w for pool in executor.workers.values() for w in pool]
+    ray.get([w.__ray_call__.remote(_mark_engine_closes, str(tmp_path)) for w in workers])
+    executor.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rollout"]  # the roles whose close() closes an engine

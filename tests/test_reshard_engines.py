@@ -29,6 +29,7 @@ from flowrl.engines.weights.buckets import SyncGroup, WeightSyncTimeout
 from flowrl.engines.weights.in_process import StreamedSync
 from flowrl.engines.weights.reshard import Moved
 from flowrl.engines.weights.reshard_sync import ReshardShape, ReshardSync, ReshardTransport, WeightShards, model_heads
+from flowrl.runtime.threads import CPU_KERNELS
 from cli_process import START_METHOD
 
 GREEDY = SamplingParams(max_new_tokens=5, greedy=True)
@@ -57,7 +58,23 @@ def _batch(ids, mask, out):
                        "response_mask": out["response_mask"]}, batch_size=[ids.shape[0]])
 
 
+def _kernels() -> str:
+    """The CPU kernels this rank runs (ATen's capability)."""
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def _start_pinned(fn, args, nprocs, monkeypatch):
+    """The ranks in fresh processes with the CPU kernels the quick start pins (flowrl.runtime.threads: AVX2's on an
+    x86 CPU), read at each one's first op: the 1e-6 bar between the sampler's and the trainer's logprobs holds
+    there, while under AVX-512's the two part by 1.19e-6 on these magnitudes (a few fp32 ulps; weights and greedy
+    rows still equal). A forked rank would inherit the kernels its parent already chose."""
+    for key, value in CPU_KERNELS.items():
+        monkeypatch.setenv(key, value)
+    mp.start_processes(fn, args=args, nprocs=nprocs, start_method="spawn")
+
+
 def _colocated_rank(rank, path, out, stall):
+    kernels = _kernels()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{out / 'store'}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))
@@ -89,7 +106,7 @@ def _colocated_rank(rank, path, out, stall):
         new, old = (e.generate(ids, mask, GREEDY) for e in (resharded, gathered))
         ours, theirs = resharded.model.state_dict(), gathered.model.state_dict()
         rows.append(dict(equal=all(torch.equal(ours[k], theirs[k]) for k in theirs),
-                         same_rows=torch.equal(new["response_ids"], old["response_ids"]),
+                         same_rows=torch.equal(new["response_ids"], old["response_ids"]), kernels=kernels,
                          gap=_gap(train.forward(_batch(ids, mask, new))["logprobs"], new),
                          logged={k: v for k, v in logged.items() if k.startswith("sync/")},
                          own=sum(v.to_local().numel() * 4 for v in train.model.state_dict().values()),
@@ -99,11 +116,11 @@ def _colocated_rank(rank, path, out, stall):
     dist.destroy_process_group()
 
 
-def test_colocated_hf_replicas_sync_exactly_over_moving_weights(tiny_model_path, tmp_path):
+def test_colocated_hf_replicas_sync_exactly_over_moving_weights(tiny_model_path, tmp_path, monkeypatch):
     """2 ranks, rollout TP 1 x DP 2 (each rank an HF replica keeping the whole model): the resharded replica
     equals the gathered one bit for bit at each of 3 syncs, generates the same greedy rows, and its logprobs are
     the trainer's within 1e-6; each rank receives exactly the other's rows and sends its own."""
-    mp.start_processes(_colocated_rank, args=(tiny_model_path, tmp_path, False), nprocs=2, start_method=START_METHOD)
+    _start_pinned(_colocated_rank, (tiny_model_path, tmp_path, False), 2, monkeypatch)
     for rank in range(2):
         for row in torch.load(tmp_path / f"rank{rank}.pt", weights_only=False):
             assert row["equal"] and row["same_rows"] and row["gap"] < 1e-6, row
@@ -128,6 +145,7 @@ def test_colocated_rank_that_never_sends_is_named_within_sync_timeout(tiny_model
 def _split_rank(rank, path, out, port, stall):
     """Sync-group ranks 0, 1: train (torch.chunk rows of the model, FSDP2's Shard(0)); 2, 3: HF rollout replicas.
     With `stall`, train rank 1 never sends."""
+    kernels = _kernels()
     torch.set_num_threads(1)
     timeout = 3.0 if stall else 60.0
     store = SyncGroup.store("127.0.0.1", port, 4, rank == 0, timeout)
@@ -164,7 +182,7 @@ def _split_rank(rank, path, out, port, stall):
         with torch.no_grad():
             logits = model(input_ids=torch.cat([ids, new["response_ids"]], 1)).logits[:, ids.shape[1] - 1:-1]
         trainer = torch.log_softmax(logits.float(), -1).gather(-1, new["response_ids"].unsqueeze(-1)).squeeze(-1)
-        rows.append(dict(equal=all(torch.equal(ours[k], theirs[k]) for k in theirs), gap=_gap(trainer, new),
+        rows.append(dict(equal=all(torch.equal(ours[k], theirs[k]) for k in theirs), gap=_gap(trainer, new), kernels=kernels,
                          same_rows=torch.equal(new["response_ids"], reference["response_ids"]), received=moved.received,
                          whole=sum(t.numel() * 4 for t in theirs.values())))
     torch.save(rows, out / f"rank{rank}.pt")
@@ -179,12 +197,11 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_split_pools_hf_replicas_sync_exactly_over_moving_weights(tiny_model_path, tmp_path):
+def test_split_pools_hf_replicas_sync_exactly_over_moving_weights(tiny_model_path, tmp_path, monkeypatch):
     """2 train ranks -> 2 HF replicas over the Ray workers' SyncGroup + ReshardTransport: each replica's weights
     equal the whole model's bit for bit at each of 3 syncs, its greedy rows equal, its logprobs within 1e-6;
     a replica receives the whole model once (TP 1), a train rank sends its rows to each replica (2 x its share)."""
-    mp.start_processes(_split_rank, args=(tiny_model_path, tmp_path, _free_port(), False), nprocs=4,
-                       start_method=START_METHOD)
+    _start_pinned(_split_rank, (tiny_model_path, tmp_path, _free_port(), False), 4, monkeypatch)
     whole = sum(t.numel() * 4 for t in load_causal_lm(tiny_model_path).state_dict().values())
     sent = [sum(r["sync/sent_mb"] for r in torch.load(tmp_path / f"rank{k}.pt", weights_only=False)) for k in (0, 1)]
     assert sum(sent) * 2**20 == SYNCS * 2 * whole  # every row once to each of the 2 replicas

@@ -88,7 +88,7 @@ def test_placement_auto_builds_the_pools_from_the_cluster_gpus():
 
 def test_train_checks_its_plan_against_the_memory_of_a_gpu(tmp_path):
     from flowrl.config import load_run_config
-    from flowrl.runtime.memory_check import check_memory
+    from flowrl.runtime.layout.memory_check import check_memory
     from flowrl.runtime.trainer import make_plan
     from fakes import ParityTask
 

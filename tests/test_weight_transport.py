@@ -58,10 +58,22 @@ def _collective_rank(rank, out):
     if rank == 0:
         stats = transport.send(iter(named))
         torch.save(stats, out / "stats.pt")
-    else:
+    elif rank == 1:
         got = list(transport.receive())
         torch.save(all(n == m and torch.equal(a, b) for (n, a), (m, b) in zip(named, got)) and len(got) == 4,
                    out / f"rank{rank}.pt")
+    else:  # as a Ray rollout worker receives: into its engine, which loads the stream
+        engine = LoadingEngine()
+        logged = transport.receive_into(engine)
+        torch.save(logged == {} and len(engine.got) == 4 and all(
+            n == m and torch.equal(a, b) for (n, a), (m, b) in zip(named, engine.got)), out / f"rank{rank}.pt")
+
+
+class LoadingEngine:
+    """A rollout engine's load_weight_stream, keeping a copy of what it loaded."""
+
+    def load_weight_stream(self, named):
+        self.got = [(name, tensor.clone()) for name, tensor in named]
 
 
 def test_collective_transport_delivers_every_tensor_exactly(tmp_path):

@@ -16,6 +16,7 @@ from flowrl.engines.configs import ModelSource
 from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.engines.protocols import SamplingParams
+from flowrl.engines.vllm.process import SHM_FOLDER
 from flowrl.engines.vllm.rollout import VLLMRolloutConfig
 
 
@@ -24,6 +25,8 @@ def main(path: Path, out: Path) -> None:
     rank, tokenizer = dist.get_rank(), load_tokenizer(path)
     engine = VLLMRolloutConfig(tensor_parallel_size=2, kv_cache_gb=0.25).build(ModelSource(path), tokenizer=tokenizer,
                                                                              device="cpu")
+    dist.barrier()  # both ranks started: vLLM's shared memory segments are mapped, their names already taken back
+    (out / f"rank{rank}.shm.json").write_text(json.dumps(sorted(p.name for p in Path(SHM_FOLDER).glob("*cpushm_*"))))
     train = HFTrainEngine(load_causal_lm(path), HFTrainConfig(lr=1.0), kind="actor")
     sync, ids, rows = engine.weight_sync(train), torch.tensor([tokenizer.encode("12+3=")] * 2), []
     torch.manual_seed(0)

@@ -10,7 +10,7 @@ its own or a reward model, a rollout engine other than hf_static or vLLM, traine
 options, an engine option the phase model leaves at its default) raises Unexpressible naming what, in one line.
 vLLM's enforce_eager decides whether its share holds a CUDA graph pool (flowrl.plan.memory.cuda_graphs) and
 the decode step's cost (flowrl.plan.simulate).
-`workload` and `batch_sizes` are what placement=auto (flowrl.runtime.auto_plan) reads from the same config.
+`workload` and `batch_sizes` are what placement=auto (flowrl.runtime.layout.auto_plan) reads from the same config.
 """
 
 from __future__ import annotations

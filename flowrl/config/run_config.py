@@ -40,7 +40,7 @@ class RunConfig(Section):
     algo: dict[str, Any] = Field(default_factory=dict, description="The algorithm's own options, validated "
                                                                    "by its config class.")
     plan: PlanSection = Field(default_factory=PlanSection, description="The planner's prediction for this run's "
-                              "layout (flowrl.runtime.plan_record).")
+                              "layout (flowrl.runtime.layout.plan_record).")
     roles: dict[str, Any] = Field(default_factory=dict, description="Each role's own section, roles.<name>: "
                                   "its engine and options (roles.actor.lr, roles.rollout.engine, roles.rollout.env, "
                                   "roles.judge.<option>), validated by the role's config class; `use` (or "

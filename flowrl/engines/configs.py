@@ -54,6 +54,11 @@ class EngineConfig(BaseModel):
             return chosen.model_validate(data)
         return handler(data)
 
+    def runs_on_pinned_cpu_kernels(self) -> bool:
+        """Whether this engine runs right under the CPU kernels the quick start pins (flowrl.runtime.threads:
+        ATen's AVX2 kernels on an AVX-512 CPU); where an engine does not, the quick start leaves them unpinned."""
+        return True
+
 
 class TrainEngineConfig(EngineConfig):
     registry: ClassVar[Registry[type[EngineConfig]]] = Registry("train engine")
@@ -86,7 +91,8 @@ class RolloutEngineConfig(EngineConfig):
     registry: ClassVar[Registry[type[EngineConfig]]] = Registry("rollout engine")
     STREAMER: ClassVar[str] = "thread"  # its engines stream through this STREAMERS entry
     # one pool rank runs a replica that is a process of its own spanning the config's tensor_parallel_size GPUs
-    # (vllm_server): the plan gives that rank's bundle those GPUs (flowrl.runtime.planning.tensor_parallel_ranks)
+    # (vllm_server): the plan gives that rank's bundle those GPUs
+    # (flowrl.runtime.layout.planning.tensor_parallel_ranks)
     RANK_SPANS_GPUS: ClassVar[bool] = False
     max_new_tokens: int = Field(2, ge=1, description="Longest response, in tokens.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature; logprobs use the same one.")

@@ -3,7 +3,7 @@
 `token_budget`: the largest power-of-two budget of tokens per micro-batch and rank (the train engines'
 `max_tokens_per_micro_batch`: rows are grouped up to it, a longer row runs alone) whose update still fits the
 card beside everything else the pool holds, from one sequence up to a rank's whole share of the step.
-flowrl.runtime.auto_plan rescores the chosen layout under it (its peak and step time, as plan.predicted has
+flowrl.runtime.layout.auto_plan rescores the chosen layout under it (its peak and step time, as plan.predicted has
 them) and keeps it where it is predicted no slower than the layout's rows per micro-batch.
 
 `buffer_depth`: for split pools with an `fl.buffer`, how many batches the producers may run ahead. Producer-bound

@@ -31,7 +31,7 @@ class Pool(BaseModel):
     gpus_per_rank: int = Field(1, ge=1, description="Ray executor, CUDA: GPUs each rank's bundle holds. Set by the "
                                "plan, not by hand: a pool of N GPUs hosting a rollout whose replica is one process "
                                "spanning tensor_parallel_size k GPUs (roles.rollout.engine=vllm_server) runs N / k "
-                               "ranks of k GPUs each (flowrl.runtime.planning.tensor_parallel_ranks).")
+                               "ranks of k GPUs each (flowrl.runtime.layout.planning.tensor_parallel_ranks).")
     resources: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict, description="Ray executor: resources each rank "
                                         "asks for besides a CPU share and its GPU, e.g. a custom resource a node "
                                         "was started with (ray start --resources='{\"trainer\": 8}') to pin the "

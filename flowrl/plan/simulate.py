@@ -2,10 +2,13 @@
 
 Node costs (seconds) come from the cost model's device row (flowrl.plan.costs): generation is decode steps
 (per step a fixed overhead plus reading the weights and the KV cache at HBM bandwidth; static batches run to
-the longest row, vLLM's continuous batching runs the rows' mean tokens over its concurrent sequences, its
-overhead a decode step the device row's `vllm_step_s` with CUDA graphs or `vllm_eager_step_s` eager), forward
-and update passes are 2 and 6 FLOPs per parameter and token at the device's MFU (8 with checkpointing), plus
-offload traffic over PCIe; a weight sync moves the weights over NVLink, the network or an in-process copy.
+the longest row, each step attending over the whole static cache (prompt + max_new_tokens slots a row) at an
+overhead of `hf_static_step_s` plus `hf_static_row_s` a row; vLLM's continuous batching runs the rows' mean
+tokens over its concurrent sequences, reading the tokens they hold, its overhead a decode step the device row's
+`vllm_step_s` with CUDA graphs or `vllm_eager_step_s` eager), forward and update passes are 2 and 6 FLOPs per
+parameter and token (8 with checkpointing) at the device's MFU (a no-grad forward at the prefill's,
+`prefill_mfu`; an update at training's, `train_mfu`), plus offload traffic over PCIe; a weight sync moves the
+weights over NVLink, the network or an in-process copy.
 The step: nodes on one pool run one after another, nodes on different pools run together when the graph lets
 them; with a buffer (fl.buffer, depth >= 1) on split pools the weight syncs run first, then the producers of
 step t+1 overlap the consumers of step t, so the step takes the syncs and the slower side.
@@ -43,7 +46,8 @@ def node_seconds(node: GraphNode, cand: Candidate, shape: ModelShape, work: Work
         tokens = work.update_tokens() / cand.train_gpus
         micro = max(cand.token_budget, work.seq_len) if cand.token_budget else \
             cand.micro_batch_size // cand.train_gpus * work.seq_len
-        mfu = d.train_mfu * micro / (micro + d.half_mfu_tokens)
+        # a no-grad forward over whole rows is a prefill's work: it runs at the prefill's MFU, an update at training's
+        mfu = (d.prefill_mfu if node.category == "forward" else d.train_mfu) * micro / (micro + d.half_mfu_tokens)
         flops = (2 if node.category == "forward" else 6 + 2 * cand.gradient_checkpointing) * shape.compute_params()
         seconds = flops * tokens * work.epochs ** (node.category == "update") / (peak * mfu)
         if node.category == "update":
@@ -61,11 +65,13 @@ def generate_s(cand: Candidate, shape: ModelShape, work: Work, costs: CostModel,
         concurrent = max(1, min(rows, VLLM_MAX_NUM_SEQS, fit.kv_tokens // work.seq_len))
         steps = max(work.response_len, rows * work.mean_response_len / concurrent)
         overhead = d.vllm_eager_step_s if cand.enforce_eager else d.vllm_step_s
-    else:
-        concurrent, steps, overhead = rows, work.response_len, d.hf_static_step_s
+        cached = work.prompt_len + work.mean_response_len / 2  # paged: a step reads the tokens its rows hold
+    else:  # a static cache: every step attends over all of its slots, and costs more per row (sampling etc.)
+        concurrent, steps, cached = rows, work.response_len, work.seq_len
+        overhead = d.hf_static_step_s + rows * d.hf_static_row_s
     kv_token = kv_cache(shape, RankLoad(1, rows=1, seq_len=1, tokens=1))
     read = min(shape.num_params, shape.compute_params() * concurrent) * shape.dtype_bytes / k
-    read += concurrent * (work.prompt_len + work.mean_response_len / 2) * kv_token / k
+    read += concurrent * cached * kv_token / k
     step = overhead + read / (d.hbm_gbs * 1e9) + (2e-5 * shape.num_layers if k > 1 else 0.0)
     prefill = 2 * shape.compute_params() * rows * work.prompt_len / (k * d.peak_tflops * 1e12 * d.prefill_mfu)
     return steps * step + prefill

@@ -243,8 +243,12 @@ class RolloutConfig(GeneratorConfig):
         source = ctx.roles.get("actor")
         share = source.engine if source is not None and ctx.name in ctx.shared else None
         engine = self.engine.build(ctx.model, tokenizer=ctx.tokenizer, device=ctx.device, share=share)
-        sync = engine.weight_sync(source.engine, ctx.sync_timeout_s) if source is not None else None
-        env, agent = self.env_spec(), self.agent_spec()
+        try:  # an engine that started a process (a vLLM server) stops it when the role cannot be built
+            sync = engine.weight_sync(source.engine, ctx.sync_timeout_s) if source is not None else None
+            env, agent = self.env_spec(), self.agent_spec()
+        except BaseException:
+            getattr(engine, "close", lambda: None)()
+            raise
         return cls(engine=engine, params=self.engine.sampling(), source=source, weight_sync=sync, seed=ctx.seed,
                    env=env, tokenizer=ctx.tokenizer if env or agent else None, agent=agent,
                    meta_keys=tuple(ctx.task.meta_keys) if (env or agent) and ctx.task is not None else (),

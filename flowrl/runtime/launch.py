@@ -54,3 +54,34 @@ def run_ranks(nproc: int, argv: list[str], timeout_s: float = 60.0) -> int:
     except SignalException as err:  # the launcher itself was stopped: the ranks got SIGTERM and have stopped
         return 128 + int(err.sigval)
     return 0
+
+
+PEERS_SAID_S = 20.0  # how long a rank stopping on bad input waits for its peers to say theirs
+
+
+def wait_for_peers_to_say(deadline_s: float = PEERS_SAID_S) -> int:
+    """A rank of a launch (torchrun or `--nproc-per-node`) that stops on bad input waits, at most `deadline_s`,
+    until every rank has reached this point too: the launcher ends the other ranks as soon as one exits, and a
+    rank a few seconds behind (imports on a busy machine) was ended before it printed its own line. Counts in the
+    launch's own store (MASTER_ADDR:MASTER_PORT, one key per restart); returns how many ranks had said it (1 where
+    there is no launch, or its store cannot be reached)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1 or "TORCHELASTIC_RUN_ID" not in os.environ or "MASTER_PORT" not in os.environ:
+        return 1
+    import time
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    end = time.monotonic() + deadline_s
+    try:
+        store = TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]),
+                         is_master=False, timeout=timedelta(seconds=max(1.0, deadline_s)))
+        key = f"flowrl/said/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        said = store.add(key, 1)
+        while said < world and time.monotonic() < end:
+            time.sleep(0.1)
+            said = store.add(key, 0)
+    except (RuntimeError, ValueError, OSError):  # no store: say it and go, as before
+        return 1
+    return said

@@ -19,6 +19,7 @@ from flowrl.data.imports import import_attribute
 from flowrl.data.prompts import PromptStream
 from flowrl.data.redact import redact
 from flowrl.data.tasks import Task, check_task
+from flowrl.engines.configs import EngineConfig
 from flowrl.engines.models.folders import load_tokenizer
 from flowrl.graph.algorithm import ALGORITHMS, Algorithm
 from flowrl.roles.configs import RolloutConfig
@@ -30,9 +31,9 @@ from flowrl.runtime.evaluation import EVAL_SEED_OFFSET, Evaluator, eval_plan, pl
 from flowrl.runtime.executor import Executor
 from flowrl.runtime.executor_configs import executor_config
 from flowrl.runtime.observe.loggers import Loggers, open_loggers, trim_metrics
-from flowrl.runtime.memory_check import check_run
-from flowrl.runtime.planning import make_plan
-from flowrl.runtime.plan_record import PlanRecord
+from flowrl.runtime.layout.memory_check import check_run
+from flowrl.runtime.layout.planning import make_plan
+from flowrl.runtime.layout.plan_record import PlanRecord
 from flowrl.runtime.store.run_lock import RunLock
 from flowrl.runtime.shutdown import Shutdown, Stopped
 from flowrl.runtime.factory import make_factory, model_path
@@ -74,6 +75,13 @@ class Session:
         return Path(self.cfg.train.output_dir)
 
 
+def engines_run_on_pinned_cpu_kernels(cfg: RunConfig) -> bool:
+    """Whether every role's engine runs under the CPU kernels the quick start pins (each engine config declares
+    it: `runs_on_pinned_cpu_kernels`; vLLM's at tensor_parallel_size above 1 does not)."""
+    engines = (getattr(cfg.section(name), "engine", None) for name in cfg.roles)
+    return all(engine.runs_on_pinned_cpu_kernels() for engine in engines if isinstance(engine, EngineConfig))
+
+
 def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = None) -> Session:
     """Compile (no model loaded yet), build the roles, resume; the first graph or config error stops here.
 
@@ -86,8 +94,8 @@ def setup(cfg: RunConfig, algo: Algorithm | None = None, task: Task | None = Non
     if cfg.train.device == "cuda" and not cluster_gpus and not torch.cuda.is_available():
         raise ValueError("train.device: 'cuda', but torch sees no CUDA device here")
     distributed.check_rendezvous(cfg.executor.rendezvous_timeout_s)
-    if cfg.model.path is None and cfg.train.device == "cpu":  # the quick start: the same figures on x86 CPUs
-        threads.pin_cpu_kernels()
+    if cfg.model.path is None and cfg.train.device == "cpu" and engines_run_on_pinned_cpu_kernels(cfg):
+        threads.pin_cpu_kernels()  # the quick start: the same figures on x86 CPUs
     threads.set_cpu_threads(cfg.executor.cpu_threads, tiny_model=cfg.model.path is None)  # before any model loads
     rank, world = distributed.setup("cpu" if cluster_gpus else cfg.train.device, cfg.executor.node_timeout_s)
     runner.check_world(world)

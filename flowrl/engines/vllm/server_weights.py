@@ -129,6 +129,8 @@ class ServerNcclTransport:
     train rank 0, rank r >= 1 drives server replica r - 1. `trainer` makes rank 0's side of the NCCL group
     (NcclTrainer; a test passes a fake)."""
 
+    sends_shards = False  # train rank 0 sends whole tensors, gathered on every train rank
+
     def __init__(self, store: Any, rank: int, layout: NcclLayout, bucket_bytes: int, timeout_s: float,
                  trainer: Callable[[str, int, int, float], Any] = NcclTrainer):
         self.store, self.rank, self.layout = store, rank, layout
@@ -160,8 +162,9 @@ class ServerNcclTransport:
         self.store.set(f"{HEADER}/{sync}/{count}", "[]")  # the end
         return {"buckets": float(count), "bytes": float(sent)}
 
-    def receive_into(self, server: ServerWeights) -> int:
-        """A rollout rank: its server receives every bucket (one /update_weights each); the buckets."""
+    def receive_into(self, server: ServerWeights) -> dict[str, float]:
+        """A rollout rank: its server's workers receive every bucket (one /update_weights each); nothing to log
+        (train rank 0 logs the sync)."""
         sync, self.syncs = self.syncs, self.syncs + 1
         server.start_weight_update()
         try:
@@ -170,7 +173,7 @@ class ServerNcclTransport:
                 self.store.wait([key], timedelta(seconds=self.timeout_s))
                 entries = json.loads(self.store.get(key))
                 if not entries:
-                    return index
+                    return {}
                 server.update_weights(update_info([(n, d, list(s)) for n, d, s in entries]))
         finally:
             server.finish_weight_update()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterable, Iterator, Protocol
+from typing import Any, Iterable, Iterator, Protocol
 
 import torch
 import torch.distributed as dist
@@ -143,6 +143,8 @@ class CollectiveTransport:
     before it loads the bucket that landed.
     """
 
+    sends_shards = False  # train rank 0 sends whole tensors, gathered on every train rank
+
     def __init__(self, group: SyncGroup, bucket_bytes: int):
         self.group, self.bucket_bytes = group, bucket_bytes
 
@@ -195,6 +197,11 @@ class CollectiveTransport:
                 yield entry.name, buffer[entry.offset:entry.offset + entry.nbytes].view(_dtype(entry.dtype)).view(
                     entry.shape)
             index += 1
+
+    def receive_into(self, engine: Any) -> dict[str, float]:
+        """A rollout rank: `engine` loads each bucket as it lands; nothing to log (train rank 0 logs the sync)."""
+        engine.load_weight_stream(self.receive())
+        return {}
 
     def _send_header(self, entries: list[Entry]) -> None:
         data = json.dumps([e.__dict__ for e in entries]).encode() if entries else b""

@@ -105,6 +105,8 @@ class ReshardTransport:
     """Split pools: train ranks 0..num_train-1 and rollout ranks num_train.. of one SyncGroup; rollout layout
     `tp` x (rollout ranks / tp)."""
 
+    sends_shards = True  # every train rank sends the rows its FSDP2 shard holds (WeightShards)
+
     def __init__(self, group: SyncGroup, shape: ReshardShape, bucket_bytes: int):
         num_train = shape.num_train
         layout = Layout(shape.tp, check_layout(group.size - num_train, shape.tp), shape.num_heads, shape.num_kv_heads)
@@ -125,6 +127,12 @@ class ReshardTransport:
         """A rollout rank's side: (name, entry at its whole shape, only the kept block written), as they land."""
         for kept in self._run({}, moved if moved is not None else Moved()):
             yield kept.name, loader_view(kept)
+
+    def receive_into(self, engine: Any) -> dict[str, float]:
+        """A rollout rank: `engine` loads each block as it lands; what this rank received, and its seconds."""
+        start, moved = time.perf_counter(), Moved()
+        engine.load_weight_stream(self.receive(moved))
+        return moved_metrics(moved, time.perf_counter() - start, sent=False)
 
     def _run(self, local: Mapping[str, torch.Tensor], moved: Moved) -> Iterator[Any]:
         return reshard(self.group.group, self.group.rank, self.plans, local, device=self.group.device,

@@ -77,6 +77,9 @@ class RayConfig(Protocol):
     def sync(self) -> TransportConfig: ...
 
 
+CLOSE_TIMEOUT_S = 60.0  # the workers' close at the run's end, where executor.node_timeout_s is off
+
+
 class RayExecutor(Executor):
     def __init__(self, plan: Plan, factory: Any, config: RayConfig, extra_driver_roles: tuple[str, ...] = ()):
         """`factory` (a flowrl.runtime.factory.RoleFactory, or any object with build(names) and for_pool(pool))
@@ -163,9 +166,13 @@ class RayExecutor(Executor):
             if stream is not None:
                 stream.close()  # its engine, in the rollout's worker
         finally:
-            for workers in self.workers.values():
-                for worker in workers:
-                    ray.kill(worker)
+            workers = [worker for pool in self.workers.values() for worker in pool]
+            # each worker's roles close as a local run's do; one that died or hangs past the deadline is ended all
+            # the same
+            ray.wait([worker.close.remote() for worker in workers], num_returns=len(workers),
+                     timeout=self.config.options.node_timeout_s or CLOSE_TIMEOUT_S)
+            for worker in workers:
+                ray.kill(worker)
         self.workers = {}
         ray_cluster.release(self.groups)
         self.groups = {}

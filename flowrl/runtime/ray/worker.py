@@ -31,13 +31,13 @@ from tensordict import TensorDict
 
 from flowrl import metrics
 from flowrl.engines.train import sharded_checkpoint
-from flowrl.engines.weights.reshard import Moved
-from flowrl.engines.weights.reshard_sync import ReshardShape, ReshardTransport, moved_metrics
+from flowrl.engines.weights.reshard_sync import ReshardShape
 from flowrl.engines.weights.transport_configs import TransportConfig
 from flowrl.engines.weights.buckets import CollectiveTransport, SyncGroup
 from flowrl.engines.vllm.server import VLLMServerEngine
 from flowrl.engines.vllm.server_weights import NcclLayout, ServerNcclTransport
 from flowrl.graph.context import CallInfo
+from flowrl.graph.role import close_role
 from flowrl.graph.trace import Node
 from flowrl.runtime.ray.cluster import Files, ShippedFolder, pack, scratch, unpack
 from flowrl.runtime import threads
@@ -133,7 +133,7 @@ class PoolWorker:
         them in buckets over group `key`. Rank 0's timing and sizes."""
         start = time.perf_counter()
         transport = self.transports[key][0] if key in self.transports else None
-        if isinstance(transport, ReshardTransport):  # each train rank sends the rows it holds
+        if transport is not None and transport.sends_shards:  # each train rank sends the rows it holds
             return transport.send(self.roles[role].engine.weight_shards())
         tensors = self.roles[role].engine.named_full_tensors()
         if key not in self.transports:  # not rank 0: take part in each gather only
@@ -146,18 +146,11 @@ class PoolWorker:
 
     @ray.method(num_returns=2)
     def receive_weights(self, role: str, key: str, version: int) -> tuple[None, dict[str, float]]:
-        """A rollout rank: load each bucket from group `key` as it lands; what it received (the reshard)."""
-        transport, start = self.transports[key][0], time.perf_counter()
-        if isinstance(transport, ServerNcclTransport):  # the server's workers receive it themselves
-            transport.receive_into(self.roles[role].engine)
-            self.roles[role].synced_version = version
-            return None, {}  # train rank 0 logs the sync (as on the collective path)
-        if not isinstance(transport, ReshardTransport):
-            self.roles[role].load_weight_stream(transport.receive(), version)
-            return None, {}
-        moved = Moved()
-        self.roles[role].load_weight_stream(transport.receive(moved), version)
-        return None, moved_metrics(moved, time.perf_counter() - start, sent=False)
+        """A rollout rank: the role's engine loads each bucket from group `key` as it lands (the transport says
+        how: flowrl.engines.weights); what the transport logs on this side (the reshard: what it received)."""
+        logged = self.transports[key][0].receive_into(self.roles[role].engine)
+        self.roles[role].synced_version = version
+        return None, logged
 
     def stream(self, role: str, op: str, *args: Any) -> Any:
         """StreamRunner.<op>(*args) of the role's streamed rollout (flowrl.runtime.ray.streaming), run here so
@@ -203,6 +196,10 @@ class PoolWorker:
         gc_heap.freeze_heap()
 
     def close(self) -> None:
+        """The run is over: each role closes as in a local run (flowrl.graph.role.close_role: an engine's
+        shutdown, its server, an agent endpoint), then the transports and the process group."""
+        for instance in self.roles.values():
+            close_role(instance)
         for transport, _ in self.transports.values():
             transport.close()
         if dist.is_initialized():

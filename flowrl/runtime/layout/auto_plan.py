@@ -30,8 +30,8 @@ from flowrl.plan.planner import model_roles
 from flowrl.plan.simulate import graph_nodes
 from flowrl.config.candidate import batch_sizes, workload
 from flowrl.roles.configs import TrainRoleConfig
-from flowrl.runtime.memory_check import DTYPE_BYTES
-from flowrl.runtime.planning import make_plan, model_config
+from flowrl.runtime.layout.memory_check import DTYPE_BYTES
+from flowrl.runtime.layout.planning import make_plan, model_config
 
 
 def choose(cfg: RunConfig, algo: Algorithm, task: Any, cluster: ClusterConfig, prompt_len: int = 256,

@@ -2,7 +2,7 @@
 
 Loads no weights: the model's shape comes from its config.json (the built-in tiny model's recipe when
 model.path is unset), the workload from the run config, and the planner's phase model judges the layout
-(flowrl.runtime.memory_check, as `flowrl train` on CUDA checks its own plan against the memory of its GPUs).
+(flowrl.runtime.layout.memory_check, as `flowrl train` on CUDA checks its own plan against the memory of its GPUs).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from flowrl.plan.planner import Plan, compile_plan, model_roles
 from flowrl.plan.resources import gpu_placement
 from flowrl.roles.configs import EngineRoleConfig
 from flowrl.config.candidate import workload
-from flowrl.runtime.memory_check import DTYPE_BYTES, judge
+from flowrl.runtime.layout.memory_check import DTYPE_BYTES, judge
 
 
 def plan_on_gpus(cfg: RunConfig, algo: Algorithm, task: Any, gpus: int, nodes: int = 1, split: float | None = None,
@@ -103,7 +103,7 @@ def tensor_parallel_ranks(cfg: RunConfig, placement: Placement, classes: dict[st
     (RANK_SPANS_GPUS: vllm_server) becomes N / k ranks of k GPUs each (`Pool.gpus_per_rank`: the bundle Ray
     gives each; elsewhere one rank drives such a server, its workers vLLM's own); an in-process engine's
     replicas span k ranks of a CPU pool (on CUDA the memory check refuses a bad layout in its own line,
-    flowrl.runtime.memory_check). A k that does not divide the pool is one PlanError line."""
+    flowrl.runtime.layout.memory_check). A k that does not divide the pool is one PlanError line."""
     pools = []
     for pool in placement.pools:
         engines = [section.engine for role in pool.roles
