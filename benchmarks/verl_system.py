@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -223,6 +224,8 @@ def run_verl(wl: Workload, path: str, folder: str, extra: list[str], log: str, d
             while proc.poll() is None and time.perf_counter() - start < deadline_s:
                 step_lines(metrics_file, seen)
                 time.sleep(0.2)
+        except SystemExit:  # grpo_vs_verl's SIGTERM (a call's timeout): the steps logged so far still come back
+            print("verl: stopped by SIGTERM; reading back the steps it logged", flush=True)
         finally:  # verl's trainer, Ray and vLLM's processes: gone before the next system starts
             stop.set()
             if proc.poll() is None:
@@ -240,23 +243,65 @@ def run_verl(wl: Workload, path: str, folder: str, extra: list[str], log: str, d
 
 def verl_result(wl: Workload, lines: list[dict], seen: dict[int, float], start: float, peak_mib: float,
                 returncode: int) -> dict:
-    """s/step (verl's timing_s/step, mean over the timed steps), its phases, memory, response lengths."""
+    """s/step (verl's timing_s/step, mean over the timed steps), its phases, memory, response lengths, and the
+    wall-clock times of its step lines."""
     data = {line["step"]: line["data"] for line in lines}
-    timed = [data[s] for s in sorted(data) if s > wl.warmup]
     steps = sorted(data)
-    timing = {p: mean_or_none([d[f"timing_s/{p}"] for d in timed if f"timing_s/{p}" in d]) for p in PHASES}
     walls = [seen[b] - seen[a] for a, b in zip(steps, steps[1:])]
     first = seen[steps[0]]
-    return {"s_per_step": timing["step"], "steps_timed": len(timed), "returncode": returncode,
-            "step_s": [data[s].get("timing_s/step") for s in steps], "wall_between_steps_s": walls,
-            "timing_s": timing, "first_step_s_since_start": first - bench_workload.START,
+    return {**summary(data, wl.warmup), "returncode": returncode, "wall_between_steps_s": walls,
+            "first_step_s_since_start": first - bench_workload.START,
             "first_step_s_since_item": first - bench_workload.ITEM_START, "verl_start_to_first_step_s": first - start,
-            "gpu_used_peak_gib": peak_mib / 1024,
-            "peak_gib": max(d.get("perf/max_memory_allocated_gb", 0.0) for d in data.values()),
-            "trainer_reserved_peak_gib": max(d.get("perf/max_memory_reserved_gb", 0.0) for d in data.values()),
+            "gpu_used_peak_gib": peak_mib / 1024}
+
+
+def largest(data: dict[int, dict], name: str) -> float:
+    """The largest value of a metric over the steps, under any prefix (verl 0.9.1's v1 trainer logs the actor's
+    memory as actor/perf/..., its older trainer as perf/...)."""
+    return max((v for d in data.values() for k, v in d.items() if k == name or k.endswith("/" + name)), default=0.0)
+
+
+def summary(data: dict[int, dict], warmup: int) -> dict:
+    """What a run's step metrics (step -> verl's metrics) say: the steps after `warmup` timed."""
+    timed = [data[s] for s in sorted(data) if s > warmup]
+    steps = sorted(data)
+    timing = {p: mean_or_none([d[f"timing_s/{p}"] for d in timed if f"timing_s/{p}" in d]) for p in PHASES}
+    return {"s_per_step": timing["step"], "steps_timed": len(timed),
+            "step_s": [data[s].get("timing_s/step") for s in steps], "timing_s": timing,
+            "peak_gib": largest(data, "perf/max_memory_allocated_gb"),
+            "trainer_reserved_peak_gib": largest(data, "perf/max_memory_reserved_gb"),
+            "mfu_actor": mean_or_none([d["perf/mfu/actor"] for d in timed if "perf/mfu/actor" in d]),
             "response_length_mean": mean_or_none([d["response_length/mean"] for d in timed
                                                   if "response_length/mean" in d]),
             "verl_throughput": mean_or_none([d["perf/throughput"] for d in timed if "perf/throughput" in d]),
             "metrics_last": {k: v for k, v in data[steps[-1]].items()
                              if k.split("/")[0] in ("timing_s", "timing_per_token_ms", "perf", "response_length",
                                                     "actor")}}
+
+
+STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
+NUMBER = re.compile(r"^(?:np\.\w+\()?(-?[0-9.eE+-]+|nan|inf)\)?$")
+
+
+def console_steps(text: str) -> dict[int, dict]:
+    """verl's console step lines ("step:3 - timing_s/gen:12.1 - ... ", its console logger beside the file one)
+    as step -> metrics: the record of a run whose process (and file logger's folder) did not outlive the call."""
+    data: dict[int, dict] = {}
+    for raw in text.splitlines():
+        found = STEP_LINE.search(raw)
+        if not found:
+            continue
+        metrics = {}
+        for part in found.group(2).split(" - "):
+            key, _, value = part.strip().rpartition(":")
+            number = NUMBER.match(value.strip())
+            if key and number:
+                metrics[key] = float(number.group(1))
+        data[int(found.group(1))] = metrics
+    return data
+
+
+if __name__ == "__main__":  # python benchmarks/verl_system.py VERL_LOG [WARMUP]: a RESULT from verl's own log
+    steps = console_steps(Path(sys.argv[1]).read_text(errors="replace"))
+    print("RESULT " + json.dumps({"system": "verl", "from": sys.argv[1],
+                                  "result": summary(steps, int(sys.argv[2]) if len(sys.argv) > 2 else 1)}))

@@ -1,0 +1,37 @@
+"""benchmarks/verl_system.py reads a verl run's figures back from verl's own console log: on the device
+(2026-12-07, H100) the call's limit ended the benchmark process before it wrote its RESULT, and verl's file
+logger's folder went with the machine; verl's console step lines (transcribed below from that log, shortened)
+hold the same metrics."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from verl_system import console_steps, summary  # noqa: E402
+
+LOG = """\
+(TaskRunnerV1 pid=9096) Training Progress:   0%|          | 0/4 [00:00<?, ?it/s]
+(TaskRunnerV1 pid=9096) step:1 - actor/perf/max_memory_allocated_gb:59.5 - perf/mfu/actor:0.01 - \
+timing_s/gen:14.0 - timing_s/update_actor:37.0 - timing_s/step:101.0 - training/num_turns/mean:np.float64(2.0)
+(TaskRunnerV1 pid=9096) step:2 - actor/perf/max_memory_allocated_gb:60.0 - \
+actor/perf/max_memory_reserved_gb:76.5 - perf/mfu/actor:0.02 - timing_s/gen:10.0 - timing_s/update_actor:44.0 - \
+timing_s/step:82.0 - response_length/mean:256.0 - training/num_turns/max:np.int64(2)
+(TaskRunnerV1 pid=9096) step:3 - actor/perf/max_memory_allocated_gb:59.9 - perf/mfu/actor:0.03 - \
+timing_s/gen:12.0 - timing_s/update_actor:42.0 - timing_s/step:84.0 - response_length/mean:256.0 - \
+actor/pg_loss:-9.3e-09
+"""
+
+
+def test_a_runs_figures_come_back_from_verls_console_log():
+    steps = console_steps(LOG)
+    assert sorted(steps) == [1, 2, 3]
+    assert steps[1]["training/num_turns/mean"] == 2.0 and steps[2]["training/num_turns/max"] == 2.0
+    assert steps[3]["actor/pg_loss"] == -9.3e-09
+    result = summary(steps, warmup=1)  # step 1 is the warm-up: steps 2 and 3 timed
+    assert (result["s_per_step"], result["steps_timed"], result["step_s"]) == (83.0, 2, [101.0, 82.0, 84.0])
+    assert result["timing_s"]["gen"] == 11.0 and result["timing_s"]["update_actor"] == 43.0
+    assert result["timing_s"]["reward"] is None  # a phase verl did not log
+    # the actor's memory under verl's v1 prefix (actor/perf/...), the largest over every step
+    assert (result["peak_gib"], result["trainer_reserved_peak_gib"]) == (60.0, 76.5)
+    assert result["mfu_actor"] == 0.025 and result["response_length_mean"] == 256.0
