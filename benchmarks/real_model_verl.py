@@ -45,6 +45,7 @@ def overrides(args) -> list[str]:
         "data.filter_overlong_prompts=True", "data.dataloader_num_workers=0",
         f"{a}.model.path={args.model}", f"+{a}.model.override_config.attn_implementation=sdpa",
         f"{a}.model.use_remove_padding=False", f"{a}.model.enable_gradient_checkpointing=False",
+        f"{a}.model.use_fused_kernels=True", f"{a}.model.fused_kernel_options.impl_backend=torch",
         f"{a}.actor.optim.lr={args.lr}", f"{a}.actor.optim.lr_warmup_steps={args.warmup_steps}",
         f"{a}.actor.ppo_mini_batch_size={args.mini_batch_size // args.group_size}",
         f"{a}.actor.use_dynamic_bsz=True", f"{a}.actor.use_kl_loss=True", f"{a}.actor.kl_loss_coef=0.001",

@@ -18,7 +18,7 @@
 #   C (c3, c5) vllm and its wheels, and the server path's (benchmarks/verl_server_wheels.txt) installed; an import
 #           of what verl's vLLM server imports checked (exit 5 if one fails); verl, 64x8, 256, fixed (cold start;
 #           its preflight passed on the device on 2026-12-07)
-#   T       after C: verl, 64x8, 256, fixed, with FSDP2 and smaller token budgets (verl's memory at 76.6 of 79.2 GB)
+#   T       after C: verl, 64x8, 256, fixed, with FSDP2 and larger token budgets
 #   D       flowrl, then the preflight (exit 6) and verl, 64x8, 256, variable
 #   E       the preflight (exit 6), then verl, 1.5B shape 16x8, 1024, variable
 #   G       after C (vllm and its server path installed): flowrl with vLLM in-process, then with vLLM's own
@@ -114,14 +114,13 @@ print('vllm', vllm.__version__, 'server path imports')" >/tmp/runs/imports.log 2
   run verl_fixed "$t" $B $V --verl-deadline $((t - 25))
   ;;
 T)
-  # after C: verl 64x8, 256, fixed, with FSDP2 and a quarter of the token budgets: on 2026-12-07 (H100) verl ran
-  # 82.9 s/step at 1.8% MFU with 60 GB allocated and 76.6 GB reserved of 79.2 (FSDP1, 16384 / 32768 tokens per
-  # micro-batch); this run tells memory pressure from the rest
+  # after C: verl 64x8, 256, fixed, with FSDP2 and larger token budgets (verl's perf-tuning page: logprob passes
+  # may take twice the update's), both of which verl's fused kernels (on by default since 2026-12-07) allow
   t=$(left 560)
   run verl_tuned "$t" $B $V --label verl-fsdp2 --verl-set actor_rollout_ref.actor.strategy=fsdp2 \
-    --verl-set actor_rollout_ref.ref.strategy=fsdp2 --verl-set actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096 \
-    --verl-set actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=8192 \
-    --verl-set actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=8192 --verl-deadline $((t - 25))
+    --verl-set actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576 \
+    --verl-set actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=65536 \
+    --verl-set actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=65536 --verl-deadline $((t - 25))
   ;;
 D)
   run flowrl_variable 150 $B --systems flowrl --lengths variable
