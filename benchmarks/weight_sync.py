@@ -66,7 +66,7 @@ def run(shape: str, bucket_mb: int, repeats: int, systems: list[str]) -> list[di
 
         def collective():
             executor._versions.updates["actor"] += 1
-            executor._get([executor._launch_sync(node, 0.0)])
+            executor._get([executor.pool_sync.launch(node, 0.0)])
 
         def state_dict():
             states = [w.__ray_call__.remote(hm.actor_state) for w in train_ranks]  # every rank gathers

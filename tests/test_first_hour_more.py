@@ -12,7 +12,7 @@ import time
 
 from flowrl import cli
 from flowrl.engines.models.folders import atomic_dir
-from flowrl.engines.vllm.rollout import AdapterSync
+from flowrl.engines.vllm.weight_syncs import AdapterSync
 
 
 def test_plan_on_gpus_honours_format(capsys):

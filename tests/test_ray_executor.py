@@ -267,7 +267,7 @@ def test_split_pools_stream_the_weights_in_buckets_without_a_state_dict(tmp_path
             ray.get([w.__ray_call__.remote(hm.shift_actor, 0.01) for w in train_ranks])
             executor.book.updates["actor"] += 1
             starts = ray.get([w.__ray_call__.remote(hm.start_measuring) for w in everyone])
-            _, *logged = executor._get([executor._launch_sync(sync, 0.0)])  # the rollout's None, then metrics
+            _, *logged = executor._get([executor.pool_sync.launch(sync, 0.0)])  # the rollout's None, then metrics
             streamed = ray.get([w.__ray_call__.remote(hm.measured, s) for w, s in zip(everyone, starts)])
         trained = ray.get([w.__ray_call__.remote(hm.actor_weights) for w in train_ranks])[0]
         synced = ray.get(gen.__ray_call__.remote(hm.rollout_weights))
@@ -322,7 +322,7 @@ def assert_a_rank_that_never_sends_is_named(executor, sync, seconds=4):
 
     from flowrl.engines.weights.buckets import WeightSyncTimeout
 
-    (key,) = executor._sync_groups
+    (key,) = executor.pool_sync.groups
     everyone = [*executor.workers["train"], *executor.workers["gen"]]
     ray.get([w.__ray_call__.remote(_deadline, key, seconds) for w in everyone])
     executor.book.updates["actor"] += 1
@@ -332,7 +332,7 @@ def assert_a_rank_that_never_sends_is_named(executor, sync, seconds=4):
     # reports first): both name the bucket and the peer
     with pytest.raises(WeightSyncTimeout, match=rf"bucket \d+: the (receive from rank 1|send to rank 2) got no "
                                                 rf"answer within {seconds} s \(sync.timeout_s\)"):
-        executor._get([executor._launch_sync(sync, 0.0)])
+        executor._get([executor.pool_sync.launch(sync, 0.0)])
     assert time.perf_counter() - start < 2.5 * seconds
     ray.get(busy)
 

