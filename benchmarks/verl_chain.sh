@@ -12,14 +12,15 @@
 # REASON` line and exit 6, before verl's 5 minutes of start-up. The verl run's limits shrink where the call's 600 s
 # would end first (left), so that it still ends, and its logs are packed, inside the call.
 #   A (c1)  flowrl's and verl's wheels into /tmp/site and /tmp/vsite, imports and a Ray start checked; flowrl
-#           (`train.device=cuda` alone), Qwen2.5-0.5B shape 64x8, 256 new tokens, fixed (cold start)
+#           (`train.device=cuda` alone), Qwen2.5-0.5B shape 64x8, 256 new tokens, fixed (cold start), then
+#           variable (D's flowrl row, moved here so that D's call holds verl's 5-minute start and its steps)
 #   B (c2)  vllm's first half kept
 #   F       flowrl, Qwen2.5-1.5B shape 16x8, 1024 new tokens, variable
 #   C (c3, c5) vllm and its wheels, and the server path's (benchmarks/verl_server_wheels.txt) installed; an import
 #           of what verl's vLLM server imports checked (exit 5 if one fails); verl, 64x8, 256, fixed (cold start;
 #           its preflight passed on the device on 2026-12-07)
 #   T       after C: verl, 64x8, 256, fixed, with FSDP2 and larger token budgets
-#   D       flowrl, then the preflight (exit 6) and verl, 64x8, 256, variable
+#   D       the preflight (exit 6) and verl, 64x8, 256, variable
 #   E       the preflight (exit 6), then verl, 1.5B shape 16x8, 1024, variable
 #   G       after C (vllm and its server path installed): flowrl with vLLM in-process, then with vLLM's own
 #           OpenAI server as the replica (roles.rollout.engine=vllm_server), 64x8, 256, fixed (issue 45.5); both
@@ -89,7 +90,8 @@ import verl.workers.engine_workers, verl.experimental.agent_loop, verl.trainer.p
 print('vsite', verl.__version__, ray.__version__, tensordict.__version__, transformers.__version__, torch.__version__)
 ray.init(num_cpus=4, include_dashboard=False); print('ray', ray.cluster_resources()); ray.shutdown()" 2>&1 \
     | grep -vi warn | tail -5
-  run flowrl_fixed 240 $B --systems flowrl
+  run flowrl_fixed 200 $B --systems flowrl
+  run flowrl_variable 150 $B --systems flowrl --lengths variable  # D's flowrl row: D's call is verl's alone
   ;;
 B)
   cp "$ROOT/.verlcarry/c2/vllm.00" /tmp/vc/ || exit 4
@@ -123,10 +125,9 @@ T)
     --verl-set actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=65536 --verl-deadline $((t - 25))
   ;;
 D)
-  run flowrl_variable 150 $B --systems flowrl --lengths variable
   preflight verl_variable $P --lengths variable
-  t=$(left 420)
-  run verl_variable "$t" $B $V --lengths variable --verl-deadline $((t - 30))
+  t=$(left 560)
+  run verl_variable "$t" $B $V --lengths variable --verl-deadline $((t - 25))
   ;;
 G)
   # vLLM's OpenAI server imports uvicorn, which c1 brings for verl (/tmp/vsite): the server path needs it in /tmp/site
