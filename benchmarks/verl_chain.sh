@@ -4,10 +4,10 @@
 # carry [".verlcarry/cN", ".verlcarry/bench"] (cN: benchmarks/verl_carry.sh's carries; stage C also carries
 # ".verlcarry/c5", vLLM's server-path wheels: 37 MiB with c3; bench: this script and
 # grpo_vs_verl.py, verl_system.py, verl_reward.py, bench_report.py, verl_preflight.py, verl_preflight_fakes.py,
-# verl_preflight_setup.py, verl_preflight_rollout.py and verl_preflight_v1.py of the commit the figures name, laid
+# verl_preflight_setup.py, verl_preflight_actor.py, verl_preflight_rollout.py and verl_preflight_v1.py of the commit the figures name, laid
 # over the device's copy of the project). Each run's output and verl's own log come back in $OUT/logs_STAGE.tgz,
 # the RESULT lines in $OUT/runs_STAGE.jsonl.
-# Before each verl run (C, D, E) benchmarks/verl_preflight.py runs verl's CPU-side rollout path on that run's
+# Before verl's D and E runs benchmarks/verl_preflight.py runs verl's CPU-side rollout path on that run's
 # workload in verl's packages (about a minute): a refusal ends the stage with its `preflight FAILED at STAGE:
 # REASON` line and exit 6, before verl's 5 minutes of start-up. The verl run's limits shrink where the call's 600 s
 # would end first (left), so that it still ends, and its logs are packed, inside the call.

@@ -15,6 +15,9 @@ classes stage by stage, one line each:
               engine)
   tokenizer   HFModelConfig (the tokenizer, processor and hf_config AgentLoopWorker takes), its custom chat
               template, and verl's continuous token builder for the config's model_type
+  logprobs    the actor's and reference's forward as verl's FSDP engine patches it (use_fused_kernels and its
+              backend), on the CPU over the model copy: fused log_probs against log_softmax of the logits, and
+              their backward (verl_preflight_actor.py)
   dataset     create_rl_dataset (RLHFDataset with the data config; train and val) and the trainer's
               StatefulDataLoader: the first batch
   reward      RewardLoopWorker: verl's reward manager with benchmarks/verl_reward.py's compute_score
@@ -41,6 +44,7 @@ Ray's placement of the real actors. Exit 0 when every stage passes; else 1, `pre
 (verl/FILE:LINE where verl refused)` the last line (a stage running past --stage-timeout counts as hung; the
 launcher ended by SIGTERM, as `timeout` does, ends the check's process group first).
 This file is the launcher and the stage runner; the stages are verl_preflight_setup.py (imports .. reward),
+verl_preflight_actor.py (logprobs),
 verl_preflight_rollout.py (rollout, advantage) and verl_preflight_v1.py (v1, metrics), the stand-ins for Ray's
 handles, vLLM's server and the client in front of it verl_preflight_fakes.py (all in benchmarks/, which the check
 finds first on its path: it runs as a script there, and verl_system.verl_env puts benchmarks/ on PYTHONPATH).
@@ -63,6 +67,7 @@ import time
 import traceback
 from pathlib import Path
 
+from verl_preflight_actor import stage_logprobs
 from verl_preflight_rollout import stage_advantage, stage_rollout
 from verl_preflight_setup import stage_config, stage_dataset, stage_imports, stage_reward, stage_tokenizer
 from verl_preflight_v1 import stage_metrics, stage_v1, stop_v1
@@ -210,6 +215,7 @@ def run_check(spec_path: str, limit: float) -> None:
         st.run("imports", stage_imports, ctx)
         st.run("config", stage_config, ctx)
         st.run("tokenizer", stage_tokenizer, ctx)
+        st.run("logprobs", stage_logprobs, ctx)
         st.run("dataset", stage_dataset, ctx)
         st.run("reward", stage_reward, ctx)
         st.run("rollout", stage_rollout, ctx)

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "verl_preflight.py"
 VERL_PYTHON = Path("/tmp/verlenv/bin/python")
-STAGES = ("imports", "config", "tokenizer", "dataset", "reward", "rollout", "advantage", "v1", "metrics")
+STAGES = ("imports", "config", "tokenizer", "logprobs", "dataset", "reward", "rollout", "advantage", "v1", "metrics")
 
 pytestmark = pytest.mark.skipif(not VERL_PYTHON.exists(), reason="no verl environment at /tmp/verlenv (verl 0.9.1 "
                                                                   "and its pins, CPU torch): see verl_preflight.py")
@@ -97,3 +97,18 @@ def test_the_devices_tokenizer_refusal_fails_at_tokenizer(fixed_run):
     assert last.startswith("preflight FAILED at tokenizer: ValueError: Expected Qwen newline to tokenize to one "
                            "token, got []"), last
     assert "verl/utils/tokenizer/continuous_token.py:" in last
+
+
+def test_a_fused_forward_verl_does_not_patch_fails_at_logprobs(fixed_run):
+    """use_fused_kernels with a backend verl's monkey patch does not know: verl skips the patch with a print, and
+    its engine would then look for log_probs the plain forward never returns; the logprobs stage names it."""
+    folder, _ = fixed_run
+    spec = json.loads((folder / "spec.json").read_text())
+    spec["overrides"] = [o for o in spec["overrides"] if "fused_kernel_options.impl_backend" not in o]
+    spec["overrides"].append("actor_rollout_ref.model.fused_kernel_options.impl_backend=no_such_backend")
+    spec["v1"] = False
+    (folder / "bad_backend.json").write_text(json.dumps(spec))
+    done = check(folder / "bad_backend.json")
+    assert done.returncode == 1
+    assert stage_lines(done.stdout)[-1] == "preflight FAILED at logprobs: Failed: apply_monkey_patch left " \
+                                           "the forward as it was", stage_lines(done.stdout)
