@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -91,6 +92,7 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another hydra override")
+    p.add_argument("--deadline", type=float, default=3000, help="seconds before verl's processes are killed")
     args = p.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
     raw = args.output / "verl_metrics.jsonl"
@@ -99,12 +101,18 @@ def main() -> None:
     start, walls = time.perf_counter(), {}
     with open(args.output / "verl.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides(args)], env=env,
-                                cwd=args.output, stdout=log, stderr=subprocess.STDOUT)
-        while proc.poll() is None:
-            if raw.exists():
-                for line in raw.read_text().splitlines():
-                    walls.setdefault(json.loads(line)["step"], time.perf_counter() - start)
-            time.sleep(0.5)
+                                cwd=args.output, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while proc.poll() is None and time.perf_counter() - start < args.deadline:
+                if raw.exists():
+                    for line in raw.read_text().splitlines():
+                        walls.setdefault(json.loads(line)["step"], time.perf_counter() - start)
+                time.sleep(0.5)
+        finally:  # verl's trainer, Ray and vLLM's processes, at the deadline or on an error here
+            if proc.poll() is None:
+                print(f"verl: killed after {args.deadline:.0f} s", flush=True)
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     to_metrics(raw, walls, args.output / "metrics.jsonl")
     print(f"verl exited {proc.returncode}; {args.output}/metrics.jsonl")
 
