@@ -72,6 +72,20 @@ def test_the_registered_kind_is_vllms_server_and_a_slow_start_is_one_line_within
         VLLMServerEngine(ModelSource(model_path), load_tokenizer(model_path), device="cpu", config=config)
 
 
+def test_a_head_size_vllms_cpu_attention_lacks_is_one_line_before_a_server_starts(tmp_path, monkeypatch):
+    """head_dim 16 on the CPU: the in-process engine's check, before the server process (on 2026-12-07 the server
+    started, then failed every request with an HTTP 500 naming only "EngineCore encountered an issue")."""
+    import subprocess
+
+    path = build_tiny_model(tmp_path / "model", chars=ArithmeticTask.chars, hidden_size=64, num_heads=4)
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a))
+    config = ROLLOUT_ENGINES.get("vllm_server").model_validate(CONFIG)
+    with pytest.raises(ValueError, match=r"head_dim 16; vLLM on CPU needs one of \(32, "):
+        config.build(ModelSource(path), tokenizer=load_tokenizer(path), device="cpu")
+    assert started == []
+
+
 @SERVER
 def test_samples_through_the_router_are_the_models_own_and_a_weight_update_reaches_the_server(server, model_path):
     engine, streamer = server

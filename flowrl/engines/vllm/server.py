@@ -49,6 +49,7 @@ from tensordict import TensorDict
 
 from flowrl.data.batch import right_pad
 from flowrl.engines.configs import ModelSource
+from flowrl.engines.vllm.process import check_head_dim
 from flowrl.engines.vllm.replica_config import VLLMReplicaConfig
 from flowrl.engines.hf.rollout import responses
 from flowrl.engines.protocols import FinishReason, SamplingParams, TrainEngine, WeightSync
@@ -86,6 +87,7 @@ class VLLMServerEngine:
     """A RolloutEngine over one vLLM server process it starts and stops."""
 
     def __init__(self, source: ModelSource, tokenizer: Any, *, device: str, config: VLLMServerConfig):
+        check_head_dim(source.path, device.startswith("cuda"))  # one line here, not an HTTP 500 at the first request
         self.config, self.tp_ranks = config, 1  # one pool rank drives the server; its TP workers are vLLM's
         self.transfer = transfer_for(config.weight_transfer, device)
         self.eos_id, self.pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
