@@ -41,7 +41,6 @@ import forced_lengths  # noqa: E402
 from common import QWEN05B, SMALL, alias_algorithms, qwen_model  # noqa: E402
 from grpo_vs_trl import BenchTask  # noqa: E402
 
-SMOKE_SHAPE = dict(SMALL, num_attention_heads=2, num_key_value_heads=1)  # head_dim 32: vLLM's CPU kernels
 SMOKE = dict(prompts=4, group=2, new_tokens=24, prompt_len=16, steps=3, micro=4)
 FULL = dict(prompts=16, group=8, new_tokens=256, prompt_len=128, steps=6, micro=32)
 _ENGINE = None  # the child's one vLLM engine, shared by its settings
@@ -247,7 +246,7 @@ def main() -> None:
                                                                args.sigma), tmp)
         if args.engine == "vllm":
             forced_lengths.install_vllm_plugin(tmp + "/plugin")
-        model = qwen_model(tmp + "/model", BenchTask.chars, SMOKE_SHAPE if args.smoke else QWEN05B,
+        model = qwen_model(tmp + "/model", BenchTask.chars, SMALL if args.smoke else QWEN05B,
                            args.prompt_len + args.new_tokens + 16, getattr(torch, args.dtype))
         drive(args, model)
 

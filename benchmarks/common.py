@@ -50,9 +50,9 @@ def seconds_per_call(fn: Callable[[], object], device: str, repeats: int = 3, wa
 QWEN05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                intermediate_size=4864, vocab_size=151936)
 """The shape of Qwen2.5-0.5B (the workload of shared/PERF_NOTES.md)."""
-SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
              intermediate_size=256, vocab_size=512)
-"""A tiny model of the same architecture, for CPU smoke runs."""
+"""A tiny model of the same architecture, for CPU smoke runs (head_dim 32: vLLM's CPU attention has no smaller)."""
 
 
 def full_vocab_tokenizer(chars: str, vocab_size: int):
