@@ -9,7 +9,9 @@
 #   c2: the first 50 MiB of vllm 0.26.0's trimmed wheel (../shared/device/vllm/make.sh's .vllmcarry);
 #   c3: the rest of it and vllm's own wheels, with SHA256SUMS;
 #   c5: what vLLM's OpenAI server path (verl starts vLLM through it) imports beyond the in-process path:
-#       benchmarks/verl_server_wheels.txt, each pin's reason beside it (0.6 MiB).
+#       benchmarks/verl_server_wheels.txt, each pin's reason beside it (0.6 MiB);
+#   bench: verl_chain.sh and the scripts it lays over the device's copy of the project (re-run the last lines, or
+#       copy them again, after changing one).
 # Run from the project root with /.verlcarry/ and /.vllmcarry/ in .git/info/exclude, after
 # `bash ../shared/device/vllm/make.sh`. pip download --no-deps: every wheel the image lacks is named here.
 set -euo pipefail
@@ -49,4 +51,8 @@ for f in .vllmcarry/part2/wheels/*.whl; do
   [ -e "$OUTD/c1/site/$(basename "$f")" ] || cp "$f" "$OUTD/c3/vwheels/"
 done
 (cd "$T" && sha256sum "$W") > "$OUTD/c3/SHA256SUMS"
-du -sh "$OUTD"/c*
+# bench: the chain and the scripts it lays over the device's copy of the project (verl_chain.sh's header)
+B=$(dirname "$0")
+mkdir -p "$OUTD/bench" && cp "$B"/{verl_chain.sh,grpo_vs_verl.py,verl_system.py,verl_reward.py,bench_report.py} \
+  "$B"/verl_preflight*.py "$OUTD/bench/"
+du -sh "$OUTD"/c* "$OUTD/bench"
