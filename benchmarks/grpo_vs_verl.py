@@ -68,7 +68,8 @@ def main() -> None:
         if wl.variable:  # the same draws, through the vLLM logits-processor plugin, in verl's vLLM process
             forced_lengths.install_vllm_plugin(folder + "/plugin")
         try:
-            return run_verl(wl, path, folder, args.verl_set, args.verl_log, args.verl_deadline)
+            return {**run_verl(wl, path, folder, args.verl_set, args.verl_log, args.verl_deadline),
+                    "verl_set": args.verl_set}  # the overrides beyond verl_system's own, with the figures
         except RuntimeError as err:
             if not args.verl_fallback or not any(k in str(err) for k in ("transfer_queue", "ppo/v1", "TaskRunnerV1")):
                 raise

@@ -119,7 +119,7 @@ T)
   # after C: verl 64x8, 256, fixed, with FSDP2 and larger token budgets (verl's perf-tuning page: logprob passes
   # may take twice the update's), both of which verl's fused kernels (on by default since 2026-12-07) allow
   t=$(left 560)
-  run verl_tuned "$t" $B $V --label verl-fsdp2 --verl-set actor_rollout_ref.actor.strategy=fsdp2 \
+  run verl_tuned "$t" $B $V --verl-set actor_rollout_ref.actor.strategy=fsdp2 \
     --verl-set actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576 \
     --verl-set actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=65536 \
     --verl-set actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=65536 --verl-deadline $((t - 25))
