@@ -76,7 +76,8 @@ def main() -> None:
             print(f"verl: first try failed ({str(err)[-300:]}); again with {args.verl_fallback}", flush=True)
             result = run_verl(wl, path, folder, args.verl_set + args.verl_fallback, args.verl_log + ".2",
                               args.verl_deadline)
-            return {**result, "fallback": args.verl_fallback, "first_try_error": str(err)[-2000:]}
+            return {**result, "verl_set": args.verl_set, "fallback": args.verl_fallback,
+                    "first_try_error": str(err)[-2000:]}
 
     grpo_vs_trl.RUNNERS["flowrl"] = with_gpu_peak(grpo_vs_trl.RUNNERS["flowrl"])
     grpo_vs_trl.RUNNERS["verl"] = verl
