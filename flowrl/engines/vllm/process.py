@@ -22,7 +22,6 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from transformers import AutoConfig
 
 from flowrl.data.scoring.pool import call_with_deadline
 from flowrl.engines.weights.reshard_plan import check_layout
@@ -185,6 +184,8 @@ def unlink_own_shared_memory() -> list[str]:
 
 def check_head_dim(path: Any, cuda: bool) -> None:
     """vLLM's CPU attention has kernels for a few head sizes only; name the limit before vLLM starts."""
+    from transformers import AutoConfig  # here: the planner imports this module for CPU_HEAD_SIZES
+
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if not cuda and head_dim not in CPU_HEAD_SIZES:

@@ -88,7 +88,7 @@ class RayExecutor(Executor):
         nodes, _, spread = checked_nodes(plan)
         options = config.options
         super().__init__(plan, nodes, spread, options.gc_freeze, None)
-        self.config, self.sync = config, config.sync
+        self.config = config
         self.pool_sync = PoolSync(plan, config.sync, options.node_timeout_s, self.book, self._workers_of)
         buffering.refuse_stream(plan)  # before any worker starts
         pools = {pool.name: pool for pool in plan.pools.values()}
@@ -125,7 +125,8 @@ class RayExecutor(Executor):
                 raise PlanError(f"executor: plan {plan.algorithm} puts role {role!r} on pool {pool.name!r}, "
                                 f"which these workers do not host")
         view = copy.copy(self)
-        view.plan, view.gc_freeze, view.pool_sync = plan, False, self.pool_sync.for_plan(plan)  # the executor's own first step freezes (an evaluation runs first)
+        view.plan, view.gc_freeze = plan, False  # the executor's own first step freezes (an evaluation runs first)
+        view.pool_sync = self.pool_sync.for_plan(plan)  # the same groups and book
         view.nodes, view.fill_at, view.spread = checked_nodes(plan)  # view.book: this executor's
         view.pipeline = buffering.make(plan, view.nodes, lambda: view.versions, overlap=True, spread=view.spread)
         view.stream = ray_streaming.make(plan, view.nodes, view._workers_of, lambda: view.versions)
