@@ -10,7 +10,8 @@
 # Before verl's D and E runs benchmarks/verl_preflight.py runs verl's CPU-side rollout path on that run's
 # workload in verl's packages (about a minute): a refusal ends the stage with its `preflight FAILED at STAGE:
 # REASON` line and exit 6, before verl's 5 minutes of start-up. The verl run's limits shrink where the call's 600 s
-# would end first (left), so that it still ends, and its logs are packed, inside the call.
+# would end first (left; CALL_S=N where the device time left is under 600 s), so that it still ends, and its logs
+# are packed, inside the call.
 #   A (c1)  flowrl's and verl's wheels into /tmp/site and /tmp/vsite, imports and a Ray start checked; flowrl
 #           (`train.device=cuda` alone), Qwen2.5-0.5B shape 64x8, 256 new tokens, fixed (cold start), then
 #           variable (D's flowrl row, moved here so that D's call holds verl's 5-minute start and its steps)
@@ -22,7 +23,7 @@
 #   T       after C: verl, 64x8, 256, fixed, with FSDP2 and larger token budgets
 #   D       the preflight (exit 6) and verl, 64x8, 256, variable
 #   E       the preflight (exit 6), then verl, 1.5B shape 16x8, 1024, variable
-#   G       after C (vllm and its server path installed): flowrl with vLLM in-process, then with vLLM's own
+#   G       after B (carry c3, c5 as C does; vllm installed here where C has not run): flowrl with vLLM in-process, then with vLLM's own
 #           OpenAI server as the replica (roles.rollout.engine=vllm_server), 64x8, 256, fixed (issue 45.5); both
 #           eager (the server path always is), both with half the card for vLLM (the in-process default)
 set -u
@@ -73,8 +74,27 @@ preflight() {  # NAME COMMAND...: the preflight of the verl run NAME (output in 
   exit 6
 }
 
-left() {  # SECONDS: that many, or fewer where the call's 600 s (less 15 s to pack the logs) end first
-  local t=$((585 - SECONDS))
+install_vllm() {  # vllm (B's first half and c3's second), its wheels and the server path's (c5) into /tmp/site, once
+  # per machine; then an import of what verl's vLLM server imports (exit 5 if one fails), at once instead of 450 s
+  # into verl's start
+  if [ ! -d /tmp/site/vllm ]; then
+    test -f /tmp/vc/vllm.00 || exit 3
+    cat /tmp/vc/vllm.00 "$ROOT/.verlcarry/c3/vllm.01" >"/tmp/vc/$W" && (cd /tmp/vc && sha256sum -c --quiet \
+      "$ROOT/.verlcarry/c3/SHA256SUMS") && python3 -m pip install -q --no-index --no-deps --no-compile \
+      --target /tmp/site "/tmp/vc/$W" "$ROOT"/.verlcarry/c3/vwheels/*.whl "$ROOT"/.verlcarry/c5/*.whl || exit 4
+  fi
+  PYTHONPATH=/tmp/vsite:/tmp/site timeout 60 python3 -c "
+import vllm, vllm.entrypoints.openai.api_server, vllm.entrypoints.cli.serve, prometheus_fastapi_instrumentator
+import verl.workers.rollout.vllm_rollout.vllm_async_server
+print('vllm', vllm.__version__, 'server path imports')" >/tmp/runs/imports.log 2>&1
+  local rc=$?
+  grep -vi warn /tmp/runs/imports.log | tail -3
+  [ $rc = 0 ] || exit 5
+}
+
+left() {  # SECONDS: that many, or fewer where the call's CALL_S (600 unless given: the device time left may be
+  # less) less 15 s to pack the logs end first
+  local t=$((${CALL_S:-600} - 15 - SECONDS))
   echo $((t < $1 ? t : $1))
 }
 
@@ -101,17 +121,7 @@ F)
   run flowrl_big 300 $B --systems flowrl $BIG
   ;;
 C)
-  test -f /tmp/vc/vllm.00 || exit 3
-  cat /tmp/vc/vllm.00 "$ROOT/.verlcarry/c3/vllm.01" >"/tmp/vc/$W" && (cd /tmp/vc && sha256sum -c --quiet \
-    "$ROOT/.verlcarry/c3/SHA256SUMS") && python3 -m pip install -q --no-index --no-deps --no-compile \
-    --target /tmp/site "/tmp/vc/$W" "$ROOT"/.verlcarry/c3/vwheels/*.whl "$ROOT"/.verlcarry/c5/*.whl || exit 4
-  # verl's process imports its vLLM server (vllm's OpenAI server path): a module missing here stops the stage
-  # at once instead of 450 s later
-  PYTHONPATH=/tmp/vsite:/tmp/site timeout 60 python3 -c "
-import vllm, vllm.entrypoints.openai.api_server, vllm.entrypoints.cli.serve, prometheus_fastapi_instrumentator
-import verl.workers.rollout.vllm_rollout.vllm_async_server
-print('vllm', vllm.__version__, 'server path imports')" >/tmp/runs/imports.log 2>&1
-  rc=$?; grep -vi warn /tmp/runs/imports.log | tail -3; [ $rc = 0 ] || exit 5
+  install_vllm
   # the fixed workload's preflight passed on the device (2026-12-07, H100): its 90 s go to verl's steps now
   t=$(left 560)
   run verl_fixed "$t" $B $V --verl-deadline $((t - 25))
@@ -131,10 +141,11 @@ D)
   run verl_variable "$t" $B $V --lengths variable --verl-deadline $((t - 25))
   ;;
 G)
+  install_vllm  # after B, and C where it ran first
   # vLLM's OpenAI server imports uvicorn, which c1 brings for verl (/tmp/vsite): the server path needs it in /tmp/site
   [ -d /tmp/site/uvicorn ] || cp -r /tmp/vsite/uvicorn /tmp/vsite/uvicorn-*.dist-info /tmp/site/ || exit 4
   run flowrl_vllm_inproc 200 $B --systems flowrl --flowrl-set roles.rollout.engine=vllm --label vllm
-  run flowrl_vllm_server 330 $B --systems flowrl --flowrl-set roles.rollout.engine=vllm_server \
+  run flowrl_vllm_server "$(left 330)" $B --systems flowrl --flowrl-set roles.rollout.engine=vllm_server \
     --flowrl-set 'roles.rollout.server_args=["--gpu-memory-utilization","0.5"]' --label vllm_server
   ;;
 E)
