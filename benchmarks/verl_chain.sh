@@ -23,9 +23,10 @@
 #   T       after C: verl, 64x8, 256, fixed, with FSDP2 and larger token budgets
 #   D       the preflight (exit 6) and verl, 64x8, 256, variable
 #   E       the preflight (exit 6), then verl, 1.5B shape 16x8, 1024, variable
-#   G       after B (carry c3, c5 as C does; vllm installed here where C has not run): flowrl with vLLM in-process, then with vLLM's own
-#           OpenAI server as the replica (roles.rollout.engine=vllm_server), 64x8, 256, fixed (issue 45.5); both
-#           eager (the server path always is), both with half the card for vLLM (the in-process default)
+#   G       after B (carry c3, c5 as C does; vllm installed here where C has not run): flowrl with vLLM
+#           in-process, then with vLLM's own OpenAI server as the replica (roles.rollout.engine=vllm_server),
+#           64x8, 256, fixed (issue 45.5); both eager (the server path always is), both with half the card for
+#           vLLM (the in-process default)
 set -u
 STAGE=$1
 ROOT=$(pwd)
