@@ -80,8 +80,6 @@ class VLLMRolloutConfig(VLLMReplicaConfig):
                                                                       "shares the GPU).")
     kv_cache_gb: float | None = Field(None, gt=0, description="KV cache size in GiB; None: what "
                                                               "gpu_memory_utilization leaves on CUDA, 1 GiB on CPU.")
-    enforce_eager: bool = Field(True, description="No CUDA graphs or torch.compile: starts in seconds; False "
-                                                  "decodes faster on GPUs.")
     max_num_seqs: int = Field(256, ge=1, description="Most sequences vLLM decodes at once.")
     block_size: int | None = Field(None, ge=1, description="Tokens per KV-cache block; None: vLLM's default "
                                                            "(128 on CPU).")

@@ -73,6 +73,10 @@ class VLLMServerConfig(VLLMReplicaConfig):
     start_timeout_s: float = Field(600.0, gt=0, description="Deadline of the server's start-up (until /health).")
     request_timeout_s: float = Field(600.0, gt=0, description="Deadline of one HTTP call to the server.")
     server_args: list[str] = Field(default_factory=list, description="More `vllm serve` arguments, as given.")
+    concurrent_requests: int = Field(1024, ge=1, description="Requests this process keeps in flight to the server "
+                                     "at once (vLLM runs up to its max_num_seqs of them and queues the rest). At 32 "
+                                     "a 512-row generate ran in 16 waves: 47 s against the in-process engine's 8 s "
+                                     "(64x8, 256 tokens, H100, 2026-12-07).")
     weight_transfer: Transfer = Field("auto", description="How a weight update reaches the server: 'file' (a "
                                       "safetensors file and vLLM's reload_weights; any device), 'nccl' (vLLM's NCCL "
                                       "weight transfer from train rank 0, CUDA and split Ray pools; elsewhere the "
@@ -93,6 +97,8 @@ class VLLMServerEngine:
         self.eos_id, self.pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.folder = Path(tempfile.mkdtemp(prefix="flowrl-vllm-server-"))  # its log and the weights it reloads
         self.log = (self.folder / "server.log").open("wb")
+        # the threads of the HTTP calls in flight, generate's and the streamer's (urllib blocks: one call a thread)
+        self.requests = ThreadPoolExecutor(config.concurrent_requests, thread_name_prefix="flowrl-vllm-server")
         self.port = free_port("127.0.0.1")
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
@@ -155,8 +161,7 @@ class VLLMServerEngine:
         """Each row one request (seed + row when seeded), all at once; the output as the in-process engines'."""
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids_BP.cpu(), prompt_mask_BP.cpu())]
         seeds = [None if seed is None else seed + row for row in range(len(prompts))]
-        with ThreadPoolExecutor(max(1, min(32, len(prompts)))) as pool:
-            outs = list(pool.map(lambda a: self.complete(a[0], params, a[1]), zip(prompts, seeds)))
+        outs = list(self.requests.map(lambda a: self.complete(a[0], params, a[1]), zip(prompts, seeds)))
         ids_BR, _ = right_pad([out[0] for out in outs], self.pad_id)
         logprobs_BR, _ = right_pad([out[1] for out in outs], 0.0, torch.float32)
         return responses(ids_BR, logprobs_BR, self.eos_id, self.pad_id, prompt_ids_BP.device)
@@ -219,6 +224,7 @@ class VLLMServerEngine:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(30)
         self.log.close()
+        self.requests.shutdown(wait=False, cancel_futures=True)
         shutil.rmtree(self.folder / "weights", ignore_errors=True)
 
 
@@ -226,7 +232,9 @@ def server_command(source: ModelSource, config: VLLMServerConfig, port: int) -> 
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(source.path),
                "--served-model-name", "flowrl", "--host", "127.0.0.1", "--port", str(port), "--dtype", source.dtype,
                "--seed", "0", "--generation-config", "vllm", "--logprobs-mode", "processed_logprobs",
-               "--enforce-eager", "--tensor-parallel-size", str(config.tensor_parallel_size)]
+               "--tensor-parallel-size", str(config.tensor_parallel_size)]
+    if config.enforce_eager:
+        command.append("--enforce-eager")
     if config.max_model_len:
         command += ["--max-model-len", str(config.max_model_len)]
     if config.block_size:
@@ -254,8 +262,8 @@ class VLLMServerStreamer:
             seed = None if request.seed is None else request.seed + len(ids)
             params = SamplingParams(**{**vars(request.params), "max_new_tokens": budget})
             try:
-                got, got_logprobs, finish = await asyncio.to_thread(
-                    self.engine.complete, list(request.prompt_ids) + ids, params, seed)
+                got, got_logprobs, finish = await asyncio.get_running_loop().run_in_executor(
+                    self.engine.requests, self.engine.complete, list(request.prompt_ids) + ids, params, seed)
             finally:
                 with self.lock:
                     self.in_flight -= 1
