@@ -130,6 +130,7 @@ C)
   run verl_fixed "$t" $B $V --verl-deadline $((t - 25))
   ;;
 T)
+  install_vllm  # once per machine: carry c3 and c5 where no stage before installed it
   # after C: verl 64x8, 256, fixed, with FSDP2 and larger token budgets (verl's perf-tuning page: logprob passes
   # may take twice the update's), both of which verl's fused kernels (on by default since 2026-12-07) allow
   t=$(left 560)
@@ -139,6 +140,7 @@ T)
     --verl-set actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=65536 --verl-deadline $((t - 25))
   ;;
 D)
+  install_vllm  # once per machine: carry c3 and c5 where no stage before installed it
   preflight verl_variable $P --lengths variable
   t=$(left 560)
   run verl_variable "$t" $B $V --lengths variable --verl-deadline $((t - 25))
@@ -152,6 +154,7 @@ G)
     --flowrl-set 'roles.rollout.server_args=["--gpu-memory-utilization","0.5"]' --label vllm_server
   ;;
 E)
+  install_vllm  # once per machine: carry c3 and c5 where no stage before installed it
   preflight verl_big $P $BIG
   t=$(left 560)
   run verl_big "$t" $B $V $BIG --verl-deadline $((t - 40))
