@@ -76,7 +76,9 @@ def measured(name: str, wl: Workload, path: str, draws_from: int = 0) -> dict:
         result = {"error": f"{type(err).__name__}: {err}"}
     gc.collect()
     if wl.device == "cuda":
+        # a system in processes of its own (verl) reports its peak itself: this process's is only a floor
         result["peak_gib"] = max(torch.cuda.max_memory_allocated() / 2**30, result.get("step_peak_gib", 0.0),
+                                 result.get("peak_gib") or 0.0,
                                  *[v for k, v in result.get("memory_max", {}).items() if k.startswith("peak_gib")])
         torch.cuda.empty_cache()
         result["left_allocated_gib"] = torch.cuda.memory_allocated() / 2**30

@@ -35,3 +35,21 @@ def test_a_runs_figures_come_back_from_verls_console_log():
     # the actor's memory under verl's v1 prefix (actor/perf/...), the largest over every step
     assert (result["peak_gib"], result["trainer_reserved_peak_gib"]) == (60.0, 76.5)
     assert result["mfu_actor"] == 0.025 and result["response_length_mean"] == 256.0
+
+
+def test_the_benchmark_keeps_the_peak_a_system_in_other_processes_reports(monkeypatch):
+    """grpo_vs_trl.measured took its own process's CUDA peak as every system's peak_gib: verl's trainer runs in
+    Ray workers, so verl's 26.5 GB (2026-12-07, H100) came out as 0.0 in its RESULT."""
+    import grpo_vs_trl
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 2 * 2**30)  # the driver's own 2 GiB
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
+    monkeypatch.setitem(grpo_vs_trl.RUNNERS, "verl_like", lambda wl, path: {"peak_gib": 26.5, "s_per_step": 2.0})
+    monkeypatch.setitem(grpo_vs_trl.RUNNERS, "in_process", lambda wl, path: {"step_peak_gib": 1.5})
+    wl = grpo_vs_trl.Workload(device="cuda", prompts=2, group=2, new_tokens=4, prompt_len=4, micro=2, steps=1,
+                              warmup=0, lr=1e-7, kl_coef=0.0, lengths="fixed", sigma=1.0, profile="")
+    assert grpo_vs_trl.measured("verl_like", wl, "unused")["peak_gib"] == 26.5
+    assert grpo_vs_trl.measured("in_process", wl, "unused")["peak_gib"] == 2.0  # its process's peak, as before
