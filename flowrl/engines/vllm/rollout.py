@@ -48,7 +48,7 @@ from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
 from flowrl.engines.responses import responses, right_pad_cat
 from flowrl.engines.sampling import check_sampling_params
 from flowrl.engines.streaming.lockstep import replica_group
-from flowrl.engines.vllm.process import (INSTALL, GIB, RELOAD_IMPORTS, RELOAD_LOGGER, RotaryReloadFilter,
+from flowrl.engines.vllm.process import (CPU_SCHEDULING, INSTALL, GIB, RELOAD_IMPORTS, RELOAD_LOGGER, RotaryReloadFilter,
                                          close_at_exit, device_used_gib, gather_rows, start_within,
                                          tensor_parallel_group, flat_logprobs_option, preload, token_logprobs,
                                          unlink_own_shared_memory, check_head_dim)
@@ -138,6 +138,7 @@ class VLLMRolloutEngine:
             kv_cache_memory_bytes=None if kv_gb is None else int(kv_gb * GIB), block_size=config.block_size,
             max_num_seqs=config.max_num_seqs, enable_sleep_mode=config.free_cache_engine > 0,
             distributed_executor_backend="external_launcher" if config.tensor_parallel_size > 1 else None,
+            **({} if self.cuda else CPU_SCHEDULING),
             **(dict(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=1) if config.max_lora_rank
                else {}))
         self.llm = start_within(start, config.start_timeout_s, self.cuda)

@@ -49,7 +49,7 @@ from tensordict import TensorDict
 
 from flowrl.data.batch import right_pad
 from flowrl.engines.configs import ModelSource
-from flowrl.engines.vllm.process import check_head_dim
+from flowrl.engines.vllm.process import CPU_SERVER_ARGS, check_head_dim
 from flowrl.engines.vllm.replica_config import VLLMReplicaConfig
 from flowrl.engines.hf.rollout import responses
 from flowrl.engines.protocols import FinishReason, SamplingParams, TrainEngine, WeightSync
@@ -105,7 +105,7 @@ class VLLMServerEngine:
         if not device.startswith("cuda"):
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(config.kv_cache_gb)))
         # behind the orphan guard: the server's group ends with this process, even one killed before close()
-        command = guarded(server_command(source, config, self.port) + server_args(self.transfer))
+        command = guarded(server_command(source, config, self.port, device) + server_args(self.transfer))
         self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
         try:
@@ -228,13 +228,15 @@ class VLLMServerEngine:
         shutil.rmtree(self.folder / "weights", ignore_errors=True)
 
 
-def server_command(source: ModelSource, config: VLLMServerConfig, port: int) -> list[str]:
+def server_command(source: ModelSource, config: VLLMServerConfig, port: int, device: str) -> list[str]:
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(source.path),
                "--served-model-name", "flowrl", "--host", "127.0.0.1", "--port", str(port), "--dtype", source.dtype,
                "--seed", "0", "--generation-config", "vllm", "--logprobs-mode", "processed_logprobs",
                "--tensor-parallel-size", str(config.tensor_parallel_size)]
     if config.enforce_eager:
         command.append("--enforce-eager")
+    if not device.startswith("cuda"):
+        command += CPU_SERVER_ARGS
     if config.max_model_len:
         command += ["--max-model-len", str(config.max_model_len)]
     if config.block_size:
