@@ -149,7 +149,9 @@ G)
   install_vllm  # after B, and C where it ran first
   # vLLM's OpenAI server imports uvicorn, which c1 brings for verl (/tmp/vsite): the server path needs it in /tmp/site
   [ -d /tmp/site/uvicorn ] || cp -r /tmp/vsite/uvicorn /tmp/vsite/uvicorn-*.dist-info /tmp/site/ || exit 4
-  run flowrl_vllm_inproc 200 $B --systems flowrl --flowrl-set roles.rollout.engine=vllm --label vllm
+  # SERVER_ONLY=1: the server's run alone (the in-process one measured on this card kind before)
+  [ "${SERVER_ONLY:-0}" = 1 ] || run flowrl_vllm_inproc 200 $B --systems flowrl --flowrl-set roles.rollout.engine=vllm \
+    --label vllm
   run flowrl_vllm_server "$(left 330)" $B --systems flowrl --flowrl-set roles.rollout.engine=vllm_server \
     --flowrl-set 'roles.rollout.server_args=["--gpu-memory-utilization","0.5"]' --label vllm_server
   ;;
