@@ -41,9 +41,10 @@ from flowrl.engines.train.engine_state import TrainEngineState
 from flowrl.engines.train.fsdp import move_optimizer_state, shard_device, shard_model
 from flowrl.engines.train.logprobs import full_logits_logprobs, token_logprobs
 from flowrl.engines.train.lr_schedules import check_schedule, lr_factor
-from flowrl.engines.train.model_outputs import check_outputs, default_outputs, gathered_columns
+from flowrl.engines.train.model_outputs import check_outputs, default_outputs, gathered_columns, response_width
 from flowrl.engines.train.model_inputs import column_multiple, masked_inputs, packed_inputs, trim_padding, used_columns
 from flowrl.engines.train.packing import packed_outputs
+from flowrl.engines.train.rank_agreement import all_reduce_max, all_reduce_sum, check_same_rows
 from flowrl.engines.protocols import LossFn
 from flowrl.engines.train.regional_compile import CompiledLayers
 from flowrl.engines.train.token_batching import budget_micro_batches
@@ -121,7 +122,7 @@ class HFTrainEngine(TrainEngineState):
         SAMPLED_WITH columns, flowrl.engines.sampling; rows without them: `temperature`, untruncated)."""
         _check_positive(temperature=temperature, micro_batch_size=micro_batch_size)
         outputs = check_outputs(self.kind, outputs or default_outputs(self.kind))
-        self._check_same_rows(batch.batch_size[0])
+        check_same_rows(batch.batch_size[0], self.device, self.sharded)
         groups = self._micro_batches(batch, micro_batch_size, self.forward_max_tokens)
         outs = [self._outputs(batch[rows], temperature, outputs) for rows in groups]
         order = torch.cat(groups)
@@ -144,7 +145,7 @@ class HFTrainEngine(TrainEngineState):
             raise ValueError(f"loss_fn.combine must be 'mean' or 'sum', got {loss_fn.combine!r}")
         check_outputs(self.kind, loss_fn.needs)
         num_rows = batch.batch_size[0]
-        self._check_same_rows(num_rows)
+        check_same_rows(num_rows, self.device, self.sharded)
         generator = None if shuffle_seed is None else torch.Generator().manual_seed(shuffle_seed)
         sums: dict[str, list] = {}  # key: [running sum (float or 0-d tensor), count]
         grad_norms, skipped, lr = [], 0, self.scheduler.get_last_lr()[0]
@@ -176,7 +177,7 @@ class HFTrainEngine(TrainEngineState):
         with self._compiling():
             out = self._outputs_dense(trimmed, sampling, outputs)
         width = mb["response_mask"].shape[1]  # a negative pad cuts the aligning columns (COLUMN_MULTIPLE) off
-        return {key: _response_width(value, mask, width) for key, value in out.items()}
+        return {key: response_width(value, mask, width) for key, value in out.items()}
 
     def _outputs_dense(self, mb: TensorDict, sampling: RowSampling,
                        outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -238,7 +239,7 @@ class HFTrainEngine(TrainEngineState):
         groups = self._micro_batches(mini, micro_batch_size, self.max_tokens)
         micro = [mini[rows] for rows in groups]
         weights = [float(loss_fn.weight(mb)) for mb in micro]
-        total = self._all_reduce_sum(sum(weights))
+        total = all_reduce_sum(sum(weights), self.device, self.sharded)
         if total <= 0:
             return None
         # what needs the host is read before the mini-batch moves in one go: no device sync per micro-batch
@@ -284,7 +285,8 @@ class HFTrainEngine(TrainEngineState):
         """Row indices of each micro-batch: `max_tokens` per micro-batch when set (as many on every rank), else
         `micro_batch_size` rows in `_order`."""
         if max_tokens:
-            return budget_micro_batches(batch, max_tokens, packed=self.packing, agree=self._all_reduce_max)
+            agree = functools.partial(all_reduce_max, device=self.device, sharded=self.sharded)
+            return budget_micro_batches(batch, max_tokens, packed=self.packing, agree=agree)
         return list(self._order(batch).split(micro_batch_size))
 
     def _order(self, batch: TensorDict) -> torch.Tensor:
@@ -294,37 +296,6 @@ class HFTrainEngine(TrainEngineState):
             return torch.arange(batch.batch_size[0])
         lengths = batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)
         return torch.argsort(lengths.cpu(), descending=True, stable=True)
-
-    def _all_reduce_max(self, value: int) -> int:
-        if not self.sharded:
-            return value
-        tensor = torch.tensor([value], device=self.device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return int(tensor.item())
-
-    def _all_reduce_sum(self, value: float) -> float:
-        if not self.sharded:
-            return value
-        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor.item()
-
-    def _check_same_rows(self, num_rows: int) -> None:
-        """FSDP2 runs collectives per micro-batch, so unequal row counts would hang; fail instead."""
-        if not self.sharded:
-            return
-        extremes = torch.tensor([num_rows, -num_rows], device=self.device)
-        dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
-        if extremes[0].item() != -extremes[1].item():
-            raise ValueError(f"batch rows differ across ranks (max {extremes[0].item()}, "
-                             f"min {-extremes[1].item()}); every rank must pass equally many rows")
-
-
-def _response_width(value_BR: torch.Tensor, mask_BR: torch.Tensor, width: int) -> torch.Tensor:
-    """An output ([B, R] or [B, R, K]) with 0 on padding, cut or padded to `width` response columns."""
-    mask = mask_BR.view(*mask_BR.shape, *(1,) * (value_BR.dim() - 2))
-    pad = (0, 0) * (value_BR.dim() - 2) + (0, width - value_BR.shape[1])
-    return torch.nn.functional.pad(torch.where(mask, value_BR, 0), pad)
 
 
 def _check_kind(kind: str) -> None:

@@ -127,3 +127,10 @@ def _offered(kind: str) -> str:
     if kind in HEAD_OUTPUTS:
         return repr(HEAD_OUTPUTS[kind])
     return ", ".join([*map(repr, TOKEN_OUTPUTS.names()), "'topk_logprobs:K'", "'topk_ids:K'", "'logprobs_at:COLUMN'"])
+
+
+def response_width(value_BR: torch.Tensor, mask_BR: torch.Tensor, width: int) -> torch.Tensor:
+    """An output ([B, R] or [B, R, K]) with 0 on padding, cut or padded to `width` response columns."""
+    mask = mask_BR.view(*mask_BR.shape, *(1,) * (value_BR.dim() - 2))
+    pad = (0, 0) * (value_BR.dim() - 2) + (0, width - value_BR.shape[1])
+    return torch.nn.functional.pad(torch.where(mask, value_BR, 0), pad)
