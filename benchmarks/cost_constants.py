@@ -75,6 +75,9 @@ class Run:
         return f"{self.shape} {self.prompts}x{self.group} {self.prompt_len}+{self.new_tokens} {self.lengths}"
 
 
+PLANNED_ENGINES = ("hf_static", "hf_static_lengths", "vllm")  # the rollout engines the planner enumerates
+
+
 def jsonl_runs() -> list[Run]:
     """Every flowrl run with node timings in the results' JSONL files."""
     runs = []
@@ -90,6 +93,8 @@ def jsonl_runs() -> list[Run]:
             if not str(row.get("system", "")).startswith("flowrl") or "rollout.generate" not in timing:
                 continue
             engine_name = result.get("cfg_rollout_engine")
+            if engine_name not in PLANNED_ENGINES:
+                continue  # a vLLM server replica's HTTP weight push is not a planner candidate (yet)
             rollout = result.get("rollout", {})
             drawn = engine_name == "hf_static_lengths" or (engine_name == "vllm" and wl.get("lengths") == "variable")
             rows = wl["prompts"] * wl["group"]
