@@ -1,6 +1,7 @@
 """The package layout shows the architecture: layers as packages, imports only going down, no cycles."""
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -20,7 +21,9 @@ FIELDS = {*MODEL_INPUT, *GENERATED, "uid", "old_logprobs", "ref_logprobs", "valu
           "returns", "token_rewards"}
 
 
+@functools.cache
 def modules() -> dict[str, Path]:
+    """flowrl's modules by dotted name (walked once: imports() asks for each `from flowrl... import` it reads)."""
     return {".".join(("flowrl", *p.relative_to(ROOT).with_suffix("").parts)).removesuffix(".__init__"): p
             for p in ROOT.rglob("*.py")}
 

@@ -177,12 +177,14 @@ def test_a_user_role_runs_on_the_driver_and_in_a_pool_as_locally(tmp_path):
 
 
 def test_the_reward_placed_in_a_pool_scores_there_as_on_the_driver(tmp_path):
+    """The driver's scores are the local executor's (the reward on the driver of a Ray run is test_ray_equals_local_
+    on_a_split_placement's): a Ray worker fewer to start."""
     common = ["task.name=fakes:ParityTask", "train.steps=2", "train.batch_size=4", "eval.every=0",
-              "checkpoint.export=false", "executor.name=ray"]
+              "checkpoint.export=false"]
     placed = ('placement={"pools": [{"name": "g", "roles": ["actor", "rollout", "ref"]}, '
               '{"name": "r", "roles": ["reward"]}]}')
     driver = train(config(tmp_path / "driver", *common), progress=False)
-    pooled = train(config(tmp_path / "pooled", *common, placed), progress=False)
+    pooled = train(config(tmp_path / "pooled", *common, "executor.name=ray", placed), progress=False)
     for key in ("reward/mean", "actor/pg_loss"):
         assert [r[key] for r in pooled] == pytest.approx([r[key] for r in driver], abs=1e-6), key
 
