@@ -63,7 +63,7 @@ def run_flowrl(wl: Workload, path: str) -> dict:
                     first_step_s, first_step_item_s = now - bench_workload.START, now - bench_workload.ITEM_START
                 print(f"flowrl step {step}: {times[-1]:.3f} s " + json.dumps(
                     {k: round(v, 4) for k, v in metrics.items()
-                     if k.split("/")[0] in ("timing_s", "memory") or k.startswith("rollout/decode_s")}),
+                     if k.split("/")[0] in ("timing_s", "memory", "sync") or k.startswith("rollout/decode_s")}),
                     flush=True)
             if wl.profile:  # more steps, untimed: the update or the rollout's generate under the profilers
                 profiled = engine if wl.profile == "update" else s.executor.roles["rollout"].engine
@@ -124,13 +124,15 @@ def flowrl_rates(wl: Workload, timed: list[dict], batch, num_params: int) -> dic
     """Mean node timings; rollout tok/s and update MFU from them."""
     keys = sorted({k for m in timed for k in m if k.startswith("timing_s/")})
     timing = {k.removeprefix("timing_s/"): mean_or_none([m[k] for m in timed if k in m]) for k in keys}
-    memory = {k.removeprefix("memory/"): max(m[k] for m in timed if k in m)
-              for k in sorted({k for m in timed for k in m if k.startswith("memory/")})}
+    memory, moved = ({k.removeprefix(prefix): max(m[k] for m in timed if k in m)
+                      for k in sorted({k for m in timed for k in m if k.startswith(prefix)})}
+                     for prefix in ("memory/", "sync/"))
     response_tokens = int(batch["response_mask"].sum())
     update_tokens = response_tokens + int(batch["prompt_mask"].sum())
     generate_s, update_s = timing.get("rollout.generate"), timing.get("actor.update")
     mfu = 6 * num_params * update_tokens / update_s / PEAK_FLOPS if update_s and wl.device == "cuda" else None
-    return {"timing_s": timing, "memory_max": memory, "prompt_width": int(batch["prompt_ids"].shape[1]),
+    return {"timing_s": timing, "memory_max": memory, "sync_max": moved,
+            "prompt_width": int(batch["prompt_ids"].shape[1]),
             "response_tokens": response_tokens, "update_tokens": update_tokens, "num_params": num_params,
             "rollout_tok_s": response_tokens / generate_s if generate_s else None, "update_mfu": mfu}
 

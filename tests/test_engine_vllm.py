@@ -11,6 +11,7 @@ from tensordict import TensorDict
 
 pytest.importorskip("vllm")
 
+from flowrl import metrics
 from flowrl.engines.hf.configs import HFRolloutConfig, HFTrainConfig
 from flowrl.config import load_run_config  # noqa: E402
 from flowrl.data.builtin.arithmetic import ArithmeticTask  # noqa: E402
@@ -65,7 +66,10 @@ def test_greedy_equals_hf_after_a_sync_that_perturbs_the_weights(engine, model_p
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.1)
     train = HFTrainEngine(model, HFTrainConfig(), kind="actor")
-    engine.weight_sync(train)(train, engine)
+    with metrics.collect() as logged:
+        engine.weight_sync(train)(train, engine)
+    whole = sum(t.numel() * t.element_size() for _, t in train.named_full_tensors()) / 2**20
+    assert logged["sync/loaded_mb"] == pytest.approx(whole, rel=1e-9) and whole > 0.5  # every tensor, once
     expected, after = hf.generate(ids, mask, greedy), engine.generate(ids, mask, greedy)
     assert not torch.equal(before["response_ids"], after["response_ids"])  # the perturbation shows
     for key in ("response_ids", "response_mask", "finish_reason"):

@@ -277,9 +277,14 @@ class VLLMRolloutEngine:
 
     @contextlib.contextmanager
     def _peak_memory(self, phase: str) -> Iterator[None]:
-        """On CUDA, logs the phase's peak allocated memory as memory/peak_gib/<phase>."""
+        """On CUDA, logs the phase's peak allocated memory as memory/peak_gib/<phase>, and how far it rose above
+        what was allocated when the phase began as memory/added_gib/<phase> (a sync's buffers, a generate's
+        activations)."""
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
         yield
         if self.cuda:
-            metrics.log(f"memory/peak_gib/{phase}", torch.cuda.max_memory_allocated() / GIB)
+            peak = torch.cuda.max_memory_allocated()
+            metrics.log(f"memory/peak_gib/{phase}", peak / GIB)
+            metrics.log(f"memory/added_gib/{phase}", (peak - before) / GIB)

@@ -6,20 +6,30 @@ from __future__ import annotations
 
 import tempfile
 import time
-from typing import Any
+from typing import Any, Iterator
+
+import torch
 
 from flowrl import metrics
 from flowrl.engines.protocols import TrainEngine
 
 
 class StreamedWeightSync:
-    """Streams the train engine's unsharded tensors into a VLLMRolloutEngine; logs timing_s/sync."""
+    """Streams the train engine's unsharded tensors into a VLLMRolloutEngine in this process; logs timing_s/sync,
+    rollout/sync_buckets and sync/loaded_mb (the bytes streamed: no rank sends or receives any)."""
 
     def __call__(self, train: TrainEngine, rollout: Any) -> None:
-        start = time.perf_counter()
-        count = rollout.load_weight_stream(train.named_full_tensors())
+        start, loaded = time.perf_counter(), [0]
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in train.named_full_tensors():
+                loaded[0] += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        count = rollout.load_weight_stream(counted())
         metrics.log("timing_s/sync", time.perf_counter() - start)
         metrics.log("rollout/sync_buckets", count)
+        metrics.log("sync/loaded_mb", loaded[0] / 2**20)
 
 
 class AdapterSync:
