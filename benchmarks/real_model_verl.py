@@ -1,14 +1,16 @@
 """verl 0.9.1 on what benchmarks/real_model_learning.py gives flowrl (issue 46, point 3): the same SmolLM2 model
 folder, word problems (flowrl data wordproblems' train/test.parquet are already verl's schema), chat-template
 prompts, group, batch, token budget, optimizer settings and reward, with verl's own validation (greedy, its
-val_kwargs) every --eval-every steps as the strict test accuracy. NOT RUN YET (the 2026-12-05 lease ran out
-before it); it writes OUTPUT/metrics.jsonl in the keys benchmarks/plot_learning.py reads, so one plot shows
-both:
+val_kwargs) every --eval-every steps, on the first --eval-prompts test rows (flowrl's), as the strict test
+accuracy. NOT RUN YET on the GPU (the leases ran out before it; its overrides, data and reward pass
+benchmarks/real_model_verl_preflight.py in verl's packages on the CPU); it writes OUTPUT/metrics.jsonl in the
+keys benchmarks/plot_learning.py reads, so one plot shows both:
 
     python benchmarks/real_model_verl.py --model /tmp/smollm2 --data /tmp/wp --output /tmp/runs/verl_grpo
     python benchmarks/plot_learning.py /tmp/runs/grpo /tmp/runs/verl_grpo --x wall --output docs/real_model_vs_verl.png
 
 Needs verl's packages first on PYTHONPATH (VERL_SITE, benchmarks/verl_carry.sh) and vllm (verl_chain.sh's C).
+benchmarks/real_model_verl_preflight.py checks its overrides, data and reward in verl's packages on the CPU.
 The training reward (`reward_fn` below) is verl's strict gsm8k scorer with 0.1 for a wrong `#### n`, as
 flowrl's gsm8k_format; its "acc" (strict, no format credit) is what verl's validation reports.
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ACCURACY, REWARD = "eval/openai/gsm8k/greedy", "reward/mean"  # plot_learning.py's keys
+FIRST_TEST = "test_first.parquet"  # the test rows both systems evaluate (first_test_rows)
 
 
 def reward_fn(data_source, solution_str, ground_truth, extra_info=None, **_):
@@ -40,8 +43,8 @@ def overrides(args) -> list[str]:
     a = "actor_rollout_ref"
     return [
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
-        f"data.train_files={args.data}/train.parquet", f"data.val_files={args.data}/test.parquet",
-        f"data.train_batch_size={args.batch_size}", f"data.val_max_samples={args.eval_prompts}",
+        f"data.train_files={args.data}/train.parquet", f"data.val_files={args.output}/{FIRST_TEST}",
+        f"data.train_batch_size={args.batch_size}",
         "data.max_prompt_length=256", f"data.max_response_length={args.max_new_tokens}",
         "data.filter_overlong_prompts=True", "data.dataloader_num_workers=0",
         f"{a}.model.path={args.model}", f"+{a}.model.override_config.attn_implementation=sdpa",
@@ -64,6 +67,17 @@ def overrides(args) -> list[str]:
     ]
 
 
+def first_test_rows(args) -> Path:
+    """The first --eval-prompts rows of the test parquet, the rows flowrl's evaluation reads
+    (benchmarks/real_model_learning.py): verl's data.val_max_samples would draw that many at random."""
+    import pyarrow.parquet as pq
+
+    out = args.output / FIRST_TEST
+    table = pq.read_table(Path(args.data) / "test.parquet")
+    pq.write_table(table.slice(0, min(args.eval_prompts, table.num_rows)), out)
+    return out
+
+
 def to_metrics(raw: Path, walls: dict[int, float], out: Path) -> None:
     """verl's file-logger lines as plot_learning.py's rows: step, reward/mean, the strict accuracy where
     validated, train_s (verl's timing_s/step summed) and wall_s (since the start, validation included)."""
@@ -81,7 +95,8 @@ def to_metrics(raw: Path, walls: dict[int, float], out: Path) -> None:
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (benchmarks/real_model_verl_preflight.py reads its defaults)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True)
@@ -93,8 +108,13 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another hydra override")
     p.add_argument("--deadline", type=float, default=3000, help="seconds before verl's processes are killed")
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
+    first_test_rows(args)
     raw = args.output / "verl_metrics.jsonl"
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(raw), "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join([os.environ.get("VERL_SITE", "/tmp/vsite"), os.environ.get("PYTHONPATH", "")])}
