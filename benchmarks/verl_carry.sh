@@ -53,6 +53,6 @@ done
 (cd "$T" && sha256sum "$W") > "$OUTD/c3/SHA256SUMS"
 # bench: the chain and the scripts it lays over the device's copy of the project (verl_chain.sh's header)
 B=$(dirname "$0")
-mkdir -p "$OUTD/bench" && cp "$B"/{verl_chain.sh,grpo_vs_verl.py,verl_system.py,verl_reward.py,bench_report.py} \
+mkdir -p "$OUTD/bench" && cp "$B"/{verl_chain.sh,grpo_vs_verl.py,verl_system.py,verl_reward.py,bench_report.py,real_model_verl.py} \
   "$B"/verl_preflight*.py "$OUTD/bench/"
 du -sh "$OUTD"/c* "$OUTD/bench"

@@ -27,10 +27,17 @@
 #           in-process, then with vLLM's own OpenAI server as the replica (roles.rollout.engine=vllm_server),
 #           64x8, 256, fixed (issue 45.5); both eager (the server path always is), both with half the card for
 #           vLLM (the in-process default)
+#   L1, L2, L3  the learning plot (issue 46.3), after A (and B for L3's vllm): L1 (carry .realcarry/part1, bench)
+#           SmolLM2's GGUF first half and the gguf wheel; L2 (.realcarry/part2, bench) the model imported, the word
+#           problems written, flowrl's GRPO on them (benchmarks/real_model_learning.py, 40 steps); L3 (c3, c5,
+#           bench) verl on the same (benchmarks/real_model_verl.py, its overrides, data and reward checked on the
+#           CPU by real_model_verl_preflight.py), to the call's end. Each run's folder in $OUT/NAME.tgz; plot
+#           here: python benchmarks/plot_learning.py flowrl_learning verl_learning --x wall
 set -u
 STAGE=$1
 ROOT=$(pwd)
 W=vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl
+GG=SmolLM2-135M-Instruct.Q4_1.gguf
 export PYTHONPATH=/tmp/site:/tmp/bt PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
   HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false VERL_SITE=/tmp/vsite \
   TORCHINDUCTOR_CACHE_DIR=/tmp/cc/inductor TRITON_CACHE_DIR=/tmp/cc/triton
@@ -54,6 +61,17 @@ run() {  # NAME SECONDS COMMAND...: output in /tmp/runs/NAME.log (verl's own in 
   [ -f "/tmp/runs/$name.verl.log" ] && grep -E "Error|error|Traceback|step:[0-9]" "/tmp/runs/$name.verl.log" \
     | grep -v Warning | cut -c1-400 | tail -12
   tar -czf "$OUT/logs_$STAGE.tgz" -C /tmp/runs . 2>/dev/null
+}
+
+learn() {  # NAME SECONDS COMMAND...: a learning run writing /tmp/runs/NAME/, its output in NAME.log, both packed
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name $(date +%T)"
+  timeout "$limit" "$@" --output "/tmp/runs/$name" >"/tmp/runs/$name.log" 2>&1
+  echo "rc=$? $(date +%T)"
+  grep -vE "it/s\]|s/it\]|Warning|warn" "/tmp/runs/$name.log" | tail -20 | cut -c1-400
+  tar -czf "$OUT/$name.tgz" -C /tmp/runs --exclude="$name/final" --exclude="$name/checkpoints" \
+    --exclude="$name/ckpt" --exclude="$name/trainer" "$name.log" "$name" 2>/dev/null
 }
 
 preflight() {  # NAME COMMAND...: the preflight of the verl run NAME (output in /tmp/runs/NAME.preflight.log);
@@ -154,6 +172,27 @@ G)
     --label vllm
   run flowrl_vllm_server "$(left 330)" $B --systems flowrl --flowrl-set roles.rollout.engine=vllm_server \
     --flowrl-set 'roles.rollout.server_args=["--gpu-memory-utilization","0.5"]' --label vllm_server
+  ;;
+L1)
+  mkdir -p /tmp/rc && cp "$ROOT/.realcarry/part1/$GG.part0" /tmp/rc/ || exit 3
+  [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    "$ROOT"/.realcarry/part1/wheels/gguf-*.whl || exit 4
+  ;;
+L2)
+  test -f "/tmp/rc/$GG.part0" || exit 3
+  cat "/tmp/rc/$GG.part0" "$ROOT/.realcarry/part2/$GG.part1" >"/tmp/rc/$GG" \
+    && (cd /tmp/rc && sha256sum -c --quiet "$ROOT/.realcarry/part2/SHA256SUMS") || exit 4
+  python3 -m flowrl.cli model import "/tmp/rc/$GG" --output /tmp/smollm2 2>&1 | tail -1
+  python3 -m flowrl.cli data wordproblems --output /tmp/wp | tail -1
+  learn flowrl_learning "$(left 560)" python3 benchmarks/real_model_learning.py --model /tmp/smollm2 --data /tmp/wp \
+    --device cuda --set roles.actor.compile=false --algorithm grpo --steps 40 --no-rescore
+  ;;
+L3)
+  install_vllm  # once per machine
+  test -d /tmp/smollm2 || exit 3
+  t=$(left 570)
+  learn verl_learning "$t" python3 benchmarks/real_model_verl.py --model /tmp/smollm2 --data /tmp/wp --steps 40 \
+    --deadline $((t - 20))
   ;;
 E)
   install_vllm  # once per machine: carry c3 and c5 where no stage before installed it
