@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor
 
 from flowrl.engines.weights.reshard_plan import Box, ParamPlan, Piece, bucketed, fsdp_rows
 from flowrl.engines.weights.buckets import WeightSyncTimeout, first_line
+from flowrl.engines.weights.kept_block import KeptBlock
 
 
 @dataclass
@@ -185,12 +186,9 @@ def _assemble(rank: int, bucket: list[ParamPlan], shards: Mapping[str, torch.Ten
 
 
 def loader_view(kept: Kept) -> torch.Tensor:
-    """The entry at its full shape, only the kept block written: what vLLM's loaders take (they narrow exactly
-    that block, vllm_params in tests/vllm_tp_reference.py). `torch.empty` maps fresh pages that stay
-    unresident on the CPU until written, so only the kept block costs memory; on CUDA the caching allocator
-    reserves the whole entry for the moment vLLM's loader reads it (one entry at a time, not one bucket)."""
+    """What vLLM's loaders take of an entry: the tensor itself where this rank keeps it whole, else a KeptBlock
+    (flowrl.engines.weights.kept_block): the entry's whole shape, only the kept block's data, which their
+    `narrow` returns (vllm_params in tests/vllm_tp_reference.py), so no full tensor is allocated."""
     if not kept.shape or kept.box.stop - kept.box.start == kept.shape[kept.box.dim]:
         return kept.tensor  # kept whole
-    whole = torch.empty(kept.shape, dtype=kept.tensor.dtype, device=kept.tensor.device)
-    whole.narrow(kept.box.dim, kept.box.start, kept.box.stop - kept.box.start).copy_(kept.tensor)
-    return whole
+    return KeptBlock(kept.name, kept.tensor, kept.shape, kept.box)

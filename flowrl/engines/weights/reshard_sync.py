@@ -124,7 +124,7 @@ class ReshardTransport:
         return moved_metrics(moved, time.perf_counter() - start, received=False)
 
     def receive(self, moved: Moved | None = None) -> Iterator[Named]:
-        """A rollout rank's side: (name, entry at its whole shape, only the kept block written), as they land."""
+        """A rollout rank's side: (name, the entry as vLLM's loaders take it: `loader_view`), as they land."""
         for kept in self._run({}, moved if moved is not None else Moved()):
             yield kept.name, loader_view(kept)
 
