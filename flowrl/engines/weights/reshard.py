@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from flowrl.engines.weights.reshard_plan import Box, ParamPlan, Piece, bucketed, fsdp_rows
+from flowrl.engines.weights.reshard_plan import Box, ParamPlan, Piece, bucketed
 from flowrl.engines.weights.buckets import WeightSyncTimeout, first_line
 from flowrl.engines.weights.kept_block import KeptBlock
 
