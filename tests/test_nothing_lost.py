@@ -92,7 +92,9 @@ def test_kill_9_of_a_run_scoring_a_data_set_leaves_no_scorer_and_no_lock(tmp_pat
     assert scorers, "the run started no scoring process"
     run.send_signal(signal.SIGKILL)
     run.wait()
-    time.sleep(3)  # the watch polls every 0.5 s
+    settled = time.monotonic() + 3  # the watch polls every 0.5 s: 3 s for each scorer to end, no more
+    while any(alive(pid) for pid in scorers) and time.monotonic() < settled:  # a dead pid stays dead
+        time.sleep(0.1)
     left = [pid for pid in scorers if alive(pid)]
     for pid in left:  # a failing run leaves nothing behind either
         os.kill(pid, signal.SIGKILL)
