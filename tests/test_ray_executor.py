@@ -127,7 +127,7 @@ def test_independent_nodes_on_two_pools_overlap():
     assert logged["timing_s/step"] < 0.9, logged  # one after the other would take 1 s and more
 
 
-def test_rows_that_do_not_split_over_a_pool_are_named():
+def test_rows_that_do_not_split_over_a_pool_are_named(monkeypatch):
     placement = fl.Placement(pools=[fl.Pool(name="a", roles=["actor", "ref"]),
                                     fl.Pool(name="gen", roles=["rollout"], world_size=2)])
     executor = fake_executor(placement)
@@ -138,6 +138,12 @@ def test_rows_that_do_not_split_over_a_pool_are_named():
             executor.run_step(1, PromptStream(ParityTask(), FakeTokenizer(), batch_size=3))
     finally:
         executor.close()
+    import flowrl.runtime.ray.executor as ray_executor
+
+    def started(*args, **kwargs):
+        raise AssertionError("a worker started for a batch size the plan refuses")
+
+    monkeypatch.setattr(ray_executor, "start_pool", started)  # refused before any pool's workers start
     with pytest.raises(ValueError, match="roles.actor.mini_batch_size=5 must be divisible by the world_size 2 of "
                                          "pool 'gen'"):
         fake_executor(placement, cfg=config("unused", "roles.actor.mini_batch_size=5"))

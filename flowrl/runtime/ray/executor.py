@@ -92,6 +92,8 @@ class RayExecutor(Executor):
         self.pool_sync = PoolSync(plan, config.sync, options.node_timeout_s, self.book, self._workers_of)
         buffering.refuse_stream(plan)  # before any worker starts
         pools = {pool.name: pool for pool in plan.pools.values()}
+        factories = {name: factory.for_pool(pool) for name, pool in pools.items()}  # batch sizes that do not split
+        # over a pool are refused here, before any worker starts (not after the first pool's workers import flowrl)
         ray_cluster.check_cluster(list(pools.values()))
         self.driver_roles = factory.build(tuple(dict.fromkeys((*plan.driver_roles(), *extra_driver_roles))))
         self.groups = ray_cluster.place(list(pools.values()), options.placement_timeout_s)
@@ -101,8 +103,8 @@ class RayExecutor(Executor):
             setups = []
             for name, pool in pools.items():
                 roles = tuple(r for r, p in plan.pools.items() if p.name == name)
-                self.workers[name], started = start_pool(pool, self.groups[name], factory.for_pool(pool), roles,
-                                                         shipped, options.cpu_threads)
+                self.workers[name], started = start_pool(pool, self.groups[name], factories[name], roles, shipped,
+                                                         options.cpu_threads)
                 setups += started
             ray.get(setups)
         except BaseException:
