@@ -92,9 +92,9 @@ class RayExecutor(Executor):
         self.pool_sync = PoolSync(plan, config.sync, options.node_timeout_s, self.book, self._workers_of)
         buffering.refuse_stream(plan)  # before any worker starts
         pools = {pool.name: pool for pool in plan.pools.values()}
+        ray_cluster.check_cluster(list(pools.values()))
         factories = {name: factory.for_pool(pool) for name, pool in pools.items()}  # batch sizes that do not split
         # over a pool are refused here, before any worker starts (not after the first pool's workers import flowrl)
-        ray_cluster.check_cluster(list(pools.values()))
         self.driver_roles = factory.build(tuple(dict.fromkeys((*plan.driver_roles(), *extra_driver_roles))))
         self.groups = ray_cluster.place(list(pools.values()), options.placement_timeout_s)
         self.workers: dict[str, list[Any]] = {}
