@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 from flowrl.engines.weights.reshard_plan import Box
 
@@ -49,13 +48,14 @@ class KeptBlock(torch.Tensor):
         kwargs = kwargs or {}
         if func in NARROW:
             return narrow(*args, **kwargs)
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **kwargs)  # shape, dtype, device, dim: the wrapper's own; data: __torch_dispatch__
+        return super().__torch_function__(func, types, args, kwargs)  # shape, dtype, device: the wrapper's; data:
+        # __torch_dispatch__
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        names = []
-        tree_map(lambda a: names.append(a.entry) if isinstance(a, KeptBlock) else None, (args, kwargs or {}))
+        flat = [*args, *(kwargs or {}).values()]
+        names = [a.entry for a in [*flat, *(b for a in flat if isinstance(a, (list, tuple)) for b in a)]
+                 if isinstance(a, KeptBlock)]
         raise KeptBlockError(f"weight sync: {func} read {', '.join(names)}, of which this rank holds only the block "
                              f"it keeps (vLLM's loaders narrow to it; flowrl.engines.weights.kept_block)")
 
