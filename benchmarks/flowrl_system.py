@@ -124,14 +124,16 @@ def flowrl_rates(wl: Workload, timed: list[dict], batch, num_params: int) -> dic
     """Mean node timings; rollout tok/s and update MFU from them."""
     keys = sorted({k for m in timed for k in m if k.startswith("timing_s/")})
     timing = {k.removeprefix("timing_s/"): mean_or_none([m[k] for m in timed if k in m]) for k in keys}
-    memory, moved = ({k.removeprefix(prefix): max(m[k] for m in timed if k in m)
-                      for k in sorted({k for m in timed for k in m if k.startswith(prefix)})}
-                     for prefix in ("memory/", "sync/"))
+
+    def maxima(prefix: str) -> dict[str, float]:
+        keys = sorted({k for m in timed for k in m if k.startswith(prefix)})
+        return {k.removeprefix(prefix): max(m[k] for m in timed if k in m) for k in keys}
+
     response_tokens = int(batch["response_mask"].sum())
     update_tokens = response_tokens + int(batch["prompt_mask"].sum())
     generate_s, update_s = timing.get("rollout.generate"), timing.get("actor.update")
     mfu = 6 * num_params * update_tokens / update_s / PEAK_FLOPS if update_s and wl.device == "cuda" else None
-    return {"timing_s": timing, "memory_max": memory, "sync_max": moved,
+    return {"timing_s": timing, "memory_max": maxima("memory/"), "sync_max": maxima("sync/"),
             "prompt_width": int(batch["prompt_ids"].shape[1]),
             "response_tokens": response_tokens, "update_tokens": update_tokens, "num_params": num_params,
             "rollout_tok_s": response_tokens / generate_s if generate_s else None, "update_mfu": mfu}

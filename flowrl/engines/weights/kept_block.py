@@ -48,8 +48,8 @@ class KeptBlock(torch.Tensor):
         kwargs = kwargs or {}
         if func in NARROW:
             return narrow(*args, **kwargs)
-        return super().__torch_function__(func, types, args, kwargs)  # shape, dtype, device: the wrapper's; data:
-        # __torch_dispatch__
+        # shape, dtype and device are the wrapper's own; anything reading data goes on to __torch_dispatch__
+        return super().__torch_function__(func, types, args, kwargs)
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
