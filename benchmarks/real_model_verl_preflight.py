@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,10 +85,13 @@ def launch(args) -> int:
     cmd = [args.verl_python or sys.executable, str(Path(__file__).resolve()), "--check", str(spec),
            "--stage-timeout", str(args.stage_timeout)]
     try:
-        return subprocess.run(cmd, env=env, cwd=folder, timeout=args.stage_timeout * 6).returncode
+        code = subprocess.run(cmd, env=env, cwd=folder, timeout=args.stage_timeout * 6).returncode
     except subprocess.TimeoutExpired:
         print(f"preflight FAILED: verl's process ran past {args.stage_timeout * 6:.0f} s", flush=True)
         return 1
+    if code == 0 and not args.folder:  # the temporary folder it made (as verl_preflight.launch)
+        shutil.rmtree(folder, ignore_errors=True)
+    return code
 
 
 # ---- verl's side ----------------------------------------------------------------------------------------------
