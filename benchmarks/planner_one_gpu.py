@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from contextlib import nullcontext
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -146,26 +147,42 @@ def summary(name: str, chosen: dict, grid: dict[str, dict]) -> dict:
     return out
 
 
-def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: dict[str, list[str]]) -> None:
-    """One shape: the planner's written layout and each grid row, a JSON line each, then the summary line."""
+def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: dict[str, list[str]],
+              runs: set[str] | None = None) -> None:
+    """One shape: the planner's written layout and each grid row, a JSON line each, then the summary line.
+    `runs` (None: all) names the runs this call makes ("chosen" and grid labels): a shape's runs can be spread over
+    several device calls with one --workdir, each run's line kept in the folder for the summary of the last call."""
     dtype, (workload, after) = (torch.float32, (TINY_WORKLOAD, CPU)) if tiny else (torch.bfloat16, (WORKLOAD, []))
-    folder = Path(qwen_model(f"{tmp}/{name}", "0123456789+=", shape, 2048, dtype))
-    chosen_file = Path(tmp) / f"{name}.json"
-    written = plan(folder, chosen_file, "1xCPU" if tiny else "found", workload)
-    if written is None:
-        chosen = {"ok": False, "s_step": None, "error": "refused by the planner", "engine": None}
-    else:
-        chosen = {**train(folder, Path(tmp) / f"{name}-chosen", steps, [], after, chosen_file),
-                  "engine": chosen_engine(written),
-                  "predicted": {k: written["plan"]["predicted"][k] for k in ("layout", "step_s", "peak_gib")}}
-    print(json.dumps({"shape": name, "run": "chosen", **chosen}), flush=True)
-    measured = {}
+    folder = Path(tmp) / name
+    if not (folder / "config.json").exists():  # a --workdir keeps the model (a 7B shape takes minutes to write)
+        qwen_model(str(folder), "0123456789+=", shape, 2048, dtype)
+    lines = Path(tmp) / f"{name}-runs.jsonl"
+    done = {r["run"]: r for r in map(json.loads, lines.read_text().splitlines())} if lines.exists() else {}
+
+    def record(label: str, got: dict) -> None:
+        done[label] = {"shape": name, "run": label, **got}
+        print(json.dumps(done[label]), flush=True)
+        with lines.open("a") as out:
+            out.write(json.dumps(done[label]) + "\n")
+
+    if runs is None or "chosen" in runs:
+        chosen_file = Path(tmp) / f"{name}.json"
+        written = plan(folder, chosen_file, "1xCPU" if tiny else "found", workload)
+        if written is None:
+            record("chosen", {"ok": False, "s_step": None, "error": "refused by the planner", "engine": None})
+        else:
+            record("chosen", {**train(folder, Path(tmp) / f"{name}-chosen", steps, [], after, chosen_file),
+                              "engine": chosen_engine(written),
+                              "predicted": {k: written["plan"]["predicted"][k]
+                                            for k in ("layout", "step_s", "peak_gib")}})
     for i, (label, extra) in enumerate(grid.items()):
+        if runs is not None and label not in runs:
+            continue
         # an empty prediction: the run logs memory/peak_gib (flowrl.runtime.layout.plan_record)
         got = train(folder, Path(tmp) / f"{name}-{i}", steps, workload, [*extra, *after, "plan.predicted.step_s=0"])
-        measured[label] = {**got, "engine": engine_of(extra)}
-        print(json.dumps({"shape": name, "run": label, **measured[label]}), flush=True)
-    print(json.dumps(summary(name, chosen, measured)), flush=True)
+        record(label, {**got, "engine": engine_of(extra)})
+    if "chosen" in done:
+        print(json.dumps(summary(name, done["chosen"], {k: v for k, v in done.items() if k in grid})), flush=True)
 
 
 def main() -> None:
@@ -174,6 +191,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run of the script)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same as --tiny")
+    parser.add_argument("--runs", default=None, help="comma-separated: 'chosen' and grid labels (default: all)")
+    parser.add_argument("--workdir", default=None,
+                        help="a folder kept between calls (models and each run's line); default: a temporary one")
     args = parser.parse_args()
     tiny = args.tiny or args.device == "cpu"
     shapes = TINY if tiny else SHAPES
@@ -184,9 +204,14 @@ def main() -> None:
     print(json.dumps({"device": "cpu" if tiny else torch.cuda.get_device_name(0), "steps": args.steps,
                       "workload": TINY_WORKLOAD if tiny else WORKLOAD, "grid": list(grid),
                       "vllm_installed": find_spec("vllm") is not None}), flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    runs = set(args.runs.split(",")) if args.runs else None
+    if runs and (unknown := runs - {"chosen", *grid}):
+        parser.error(f"--runs: {', '.join(sorted(unknown))} not among chosen, {', '.join(grid)}")
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() if args.workdir is None else nullcontext(args.workdir) as tmp:
         for name in names:
-            run_shape(name, shapes[name], tmp, tiny, args.steps, grid)
+            run_shape(name, shapes[name], tmp, tiny, args.steps, grid, runs)
 
 
 if __name__ == "__main__":
