@@ -67,3 +67,34 @@ def test_a_run_reports_its_node_medians_and_the_refined_cost_model(tmp_path, mon
     assert grid["node_s"] == {"generate": 2.0, "step": 3.0, "update": 0.6} and "refined" not in grid
     chosen = bench.train(tmp_path / "m", tmp_path / "chosen", 3, [], [], config=tmp_path / "plan.yaml")
     assert chosen["node_ratio"] == {"generate": 0.8} and chosen["refined"]["scale"] == {"generate": 0.8}
+
+
+def test_a_shapes_runs_span_calls_and_the_last_call_sums_them_all(tmp_path, monkeypatch, capsys):
+    """--runs and --workdir: a 7B shape's grid does not fit one device call. The model is written once, each call
+    runs only the runs it names, and a call's summary reads the lines every earlier call kept in the folder."""
+    import json
+
+    made, trained = [], []
+    monkeypatch.setattr(bench, "qwen_model", lambda folder, *a: made.append(folder) or
+                        (Path(folder).mkdir(parents=True), (Path(folder) / "config.json").write_text("{}")))
+    monkeypatch.setattr(bench, "plan", lambda folder, out, cluster, workload: {
+        "roles": {"rollout": {"engine": "hf_static"}},
+        "plan": {"predicted": {"layout": "colocated 1", "step_s": 4.0, "peak_gib": {"global": 10.0}}}})
+    times = {"chosen": 4.4, "hf_static": 4.0, "hf_static ckpt+offload": 5.0}
+
+    def fake_train(folder, out, steps, workload, extra, config=None):
+        label = "chosen" if config else next(k for k, v in bench.GRID.items() if all(e in extra for e in v)
+                                             and len(v) == len(extra) - 1)
+        trained.append(label)
+        return {"ok": True, "oom": False, "s_step": times[label], "peak_gib": 10.5, "error": ""}
+
+    monkeypatch.setattr(bench, "train", fake_train)
+    grid = {k: bench.GRID[k] for k in ("hf_static", "hf_static ckpt+offload")}
+    bench.run_shape("0.5B", {}, str(tmp_path), False, 2, grid, {"chosen"})
+    bench.run_shape("0.5B", {}, str(tmp_path), False, 2, grid, {"hf_static"})
+    capsys.readouterr()
+    bench.run_shape("0.5B", {}, str(tmp_path), False, 2, grid, {"hf_static ckpt+offload"})
+    assert len(made) == 1 and trained == ["chosen", "hf_static", "hf_static ckpt+offload"]
+    last = [json.loads(line) for line in capsys.readouterr().out.splitlines()][-1]
+    assert last["summary"] and last["best_grid"] == "hf_static" and last["ratio"] == 4.4 / 4.0
+    assert last["step_over_predicted"] == 4.4 / 4.0 and last["peak_over_predicted"] == 1.05
