@@ -15,7 +15,7 @@ from flowrl.engines.train.lora import BaseModelEngine
 from flowrl.engines.train.packing import _wants_block_mask, document_ids, pack
 from flowrl.engines.protocols import SamplingParams
 from fakes import TokenMeanNLL
-from test_engine_hf_train import ROWS, make_batch, reference_logprobs
+from test_engine_hf_train import ROWS, make_batch, reference_logprobs, stepped_grads
 from test_engine_hf_static import prompts
 
 
@@ -73,8 +73,8 @@ def test_packed_update_equals_padded(tiny_model_path):
     grads = []
     for packing in (False, True):
         engine = HFTrainEngine(load_causal_lm(tiny_model_path), HFTrainConfig(grad_clip=1e9, packing=packing), kind="actor")
+        grads.append(stepped_grads(engine))
         engine.update(make_batch(ROWS), TokenMeanNLL(), mini_batch_size=6, micro_batch_size=3)
-        grads.append({name: p.grad for name, p in engine.model.named_parameters()})
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, atol=1e-5, rtol=1e-5, msg=name)
 
