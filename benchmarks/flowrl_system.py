@@ -45,6 +45,9 @@ def run_flowrl(wl: Workload, path: str) -> dict:
     from flowrl.algorithms.grpo import grpo
     from flowrl.runtime.trainer import setup
 
+    from flowrl.engines import device_peak
+
+    device_peak.restart()  # torch's count less what a sleeping vLLM unmapped, from this system's start
     with tempfile.TemporaryDirectory() as out:
         s = setup(flowrl_config(wl, path, out), algo=grpo, task=BenchTask(wl.prompt_len))
         try:
@@ -57,7 +60,7 @@ def run_flowrl(wl: Workload, path: str) -> dict:
                 sync(wl.device)
                 times.append(time.perf_counter() - start)
                 logged.append(metrics)
-                peaks.append(torch.cuda.max_memory_allocated() / 2**30 if wl.device == "cuda" else 0.0)
+                peaks.append(device_peak.run_peak_gib() if wl.device == "cuda" else 0.0)
                 if step == 0:
                     now = time.perf_counter()
                     first_step_s, first_step_item_s = now - bench_workload.START, now - bench_workload.ITEM_START

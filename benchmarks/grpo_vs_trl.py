@@ -76,8 +76,10 @@ def measured(name: str, wl: Workload, path: str, draws_from: int = 0) -> dict:
         result = {"error": f"{type(err).__name__}: {err}"}
     gc.collect()
     if wl.device == "cuda":
-        # a system in processes of its own (verl) reports its peak itself: this process's is only a floor
-        result["peak_gib"] = max(torch.cuda.max_memory_allocated() / 2**30, result.get("step_peak_gib", 0.0),
+        # a system in processes of its own (verl) reports its peak itself: this process's is only a floor; flowrl's
+        # step_peak_gib is this process's, less what its sleeping vLLM unmapped (torch counts it: device_peak)
+        raw = torch.cuda.max_memory_allocated() / 2**30 if "step_peak_gib" not in result else 0.0
+        result["peak_gib"] = max(raw, result.get("step_peak_gib", 0.0),
                                  result.get("peak_gib") or 0.0,
                                  *[v for k, v in result.get("memory_max", {}).items() if k.startswith("peak_gib")])
         torch.cuda.empty_cache()

@@ -48,8 +48,11 @@ def test_the_benchmark_keeps_the_peak_a_system_in_other_processes_reports(monkey
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 2 * 2**30)  # the driver's own 2 GiB
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
     monkeypatch.setitem(grpo_vs_trl.RUNNERS, "verl_like", lambda wl, path: {"peak_gib": 26.5, "s_per_step": 2.0})
-    monkeypatch.setitem(grpo_vs_trl.RUNNERS, "in_process", lambda wl, path: {"step_peak_gib": 1.5})
+    monkeypatch.setitem(grpo_vs_trl.RUNNERS, "in_process", lambda wl, path: {"s_per_step": 2.0})
+    monkeypatch.setitem(grpo_vs_trl.RUNNERS, "flowrl_like", lambda wl, path: {"step_peak_gib": 1.5})
     wl = grpo_vs_trl.Workload(device="cuda", prompts=2, group=2, new_tokens=4, prompt_len=4, micro=2, steps=1,
                               warmup=0, lr=1e-7, kl_coef=0.0, lengths="fixed", sigma=1.0, profile="")
     assert grpo_vs_trl.measured("verl_like", wl, "unused")["peak_gib"] == 26.5
     assert grpo_vs_trl.measured("in_process", wl, "unused")["peak_gib"] == 2.0  # its process's peak, as before
+    # flowrl's own peak (flowrl.engines.device_peak) over torch's, which counts a sleeping vLLM's unmapped pool
+    assert grpo_vs_trl.measured("flowrl_like", wl, "unused")["peak_gib"] == 1.5

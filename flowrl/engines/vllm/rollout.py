@@ -42,6 +42,7 @@ from pydantic import Field
 from tensordict import TensorDict
 
 from flowrl import metrics
+from flowrl.engines import device_peak
 from flowrl.engines.configs import ModelSource
 from flowrl.engines.vllm.replica_config import VLLMReplicaConfig
 from flowrl.engines.protocols import SamplingParams, TrainEngine, WeightSync
@@ -253,7 +254,9 @@ class VLLMRolloutEngine:
         used, start = device_used_gib(self.cuda), time.perf_counter()
         self.llm.sleep(level=self.config.free_cache_engine)
         metrics.log("timing_s/vllm_sleep", time.perf_counter() - start)
-        metrics.log("memory/vllm_freed_gib", used - device_used_gib(self.cuda))
+        freed = used - device_used_gib(self.cuda)
+        metrics.log("memory/vllm_freed_gib", freed)
+        device_peak.unmapped(int(freed * GIB))  # torch still counts what vLLM unmapped
         self.sleeping, self.weights_fresh = {"weights", "kv_cache"}, False
 
     def _wake(self) -> None:
@@ -269,22 +272,20 @@ class VLLMRolloutEngine:
         metrics.log("timing_s/vllm_wake", time.perf_counter() - start)
 
     def _wake_up(self, *tags: str) -> None:
-        """Wakes those of `tags` that sleep (waking an awake tag would map its memory again)."""
+        """Wakes those of `tags` that sleep (waking an awake tag would map its memory again). On CUDA torch's
+        cache goes back to the device first: vLLM maps fresh pages, and blocks torch keeps cached from an update
+        (activations, gradients, an offloaded optimizer's moments) are not free to it (a 7B shape's planned
+        layout ran out of memory waking vLLM for its second sync on an H100 without it, 2026-12-07)."""
         asleep = [tag for tag in tags if tag in self.sleeping]
         if asleep:
+            if self.cuda:
+                torch.cuda.empty_cache()
+            used = device_used_gib(self.cuda)
             self.llm.wake_up(tags=asleep)
+            device_peak.unmapped(-int((device_used_gib(self.cuda) - used) * GIB))
             self.sleeping -= set(asleep)
 
-    @contextlib.contextmanager
-    def _peak_memory(self, phase: str) -> Iterator[None]:
-        """On CUDA, logs the phase's peak allocated memory as memory/peak_gib/<phase>, and how far it rose above
-        what was allocated when the phase began as memory/added_gib/<phase> (a sync's buffers, a generate's
-        activations)."""
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-        yield
-        if self.cuda:
-            peak = torch.cuda.max_memory_allocated()
-            metrics.log(f"memory/peak_gib/{phase}", peak / GIB)
-            metrics.log(f"memory/added_gib/{phase}", (peak - before) / GIB)
+    def _peak_memory(self, phase: str) -> contextlib.AbstractContextManager:
+        """On CUDA, the phase's device peak and rise as memory/peak_gib/<phase>, memory/added_gib/<phase>
+        (flowrl.engines.device_peak: what a sleeping vLLM unmapped left out)."""
+        return device_peak.logged_phase(phase) if self.cuda else contextlib.nullcontext()

@@ -1,7 +1,7 @@
 """A run's plan against what it measured: with `plan.predicted` (written by `flowrl plan --cluster --write`),
 each step's metrics row gets the predicted step time and peak memory and the measured over predicted ratios
-(flowrl.plan.calibrate.compare; `memory/peak_gib` is this rank's device peak: CUDA's allocated peak, on CPU the
-process's peak resident memory), and the run folder holds plan.json: the prediction, the measured medians and
+(flowrl.plan.calibrate.compare; `memory/peak_gib` is this rank's device peak: CUDA's allocated peak less what a
+sleeping vLLM had unmapped (flowrl.engines.device_peak), on CPU the process's peak resident memory), and the run folder holds plan.json: the prediction, the measured medians and
 the cost model refined from the run's own steps, which `flowrl plan --costs RUN/plan.json` plans with next.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from flowrl.engines import device_peak
 from flowrl.engines.memory import GIB
 from flowrl.plan.calibrate import PEAK, Prediction, compare, record
 
@@ -21,9 +22,10 @@ FILE = "plan.json"
 
 
 def device_peak_gib(device: str) -> float:
-    """This process's peak memory so far: CUDA's allocated peak, else its peak resident set."""
+    """This process's peak memory so far: on the device (CUDA's allocated peak, a sleeping vLLM's unmapped pool
+    left out), else its peak resident set."""
     if device == "cuda" and torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / GIB
+        return device_peak.run_peak_gib()
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # Linux reports KiB
 
 
