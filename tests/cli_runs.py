@@ -9,7 +9,11 @@ Exits with the first command line's status that is not 0.
 import json
 import sys
 
-from flowrl.cli import main
+from quick_imports import collector_off
+
+with collector_off():  # each rank's imports (tests/quick_imports.py): the CLI and the trainer its `train` runs
+    import flowrl.runtime.trainer  # noqa: F401
+    from flowrl.cli import main
 
 if __name__ == "__main__":
     for argv in json.loads(sys.argv[1]):

@@ -19,6 +19,10 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # mid-session leaves the environment (read by the next GCS) and the cached config (the driver) disagreeing:
 # "Failed to start GCS ... InvalidAuthToken".
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Collection imports every library the tests use (torch, transformers, vLLM, Ray: over a million objects), and
+# the cycle collector's full passes over them as they pile up are ~15% of an import's time; off until collection
+# ends (pytest_collection_finish collects once and freezes the heap).
+gc.disable()
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -36,6 +40,7 @@ def pytest_collection_finish(session):
     """Every library the tests use is imported by now and stays for the session: its half a million objects
     leave the cycle collector's sight (gc.freeze), so a full collection scans only what the tests make. vLLM
     runs about seven per engine start, each 1.5 s over the imports alone on a busy 2-core machine."""
+    gc.enable()  # off since this file's import
     gc.collect()
     gc.freeze()
     if not getattr(gc.unfreeze, "notes_thaws", False):
@@ -79,13 +84,15 @@ def ray_session():
 @pytest.fixture(scope="module")
 def ray_local(ray_session):
     """One local Ray cluster (2 CPUs, at 127.0.0.1) for the session: started by the first module that asks, kept
-    for the next; its workers find the tests' helper modules (fakes, ...) on PYTHONPATH. A module that needs a
+    for the next; its workers find the tests' helper modules (fakes, ...) on PYTHONPATH and import flowrl's with
+    the cycle collector off (tests/quick_imports.py: ~1 s less per worker). A module that needs a
     cluster of its own (test_multinode) shuts it down first, and the next module asking starts it again."""
     ray = ray_session
     if not ray.is_initialized():
         path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)
         ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 runtime_env={"env_vars": {"PYTHONPATH": path}})
+                 runtime_env={"env_vars": {"PYTHONPATH": path},
+                              "worker_process_setup_hook": "quick_imports.import_flowrl_worker"})
     return ray
 
 

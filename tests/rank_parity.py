@@ -17,14 +17,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tensordict import TensorDict
+from quick_imports import collector_off
 
-import flowrl as fl
-from flowrl.data.batch import concat, response_lengths
-from flowrl.engines.streaming.thread_streamer import ThreadedStreamer
-from flowrl.graph.context import CallInfo
-from flowrl.roles import Actor, Rollout
-from flowrl.graph.role import SPEC_ATTR
+with collector_off():  # a torchrun rank's imports (tests/quick_imports.py)
+    from tensordict import TensorDict
+
+    import flowrl as fl
+    from flowrl.data.batch import concat, response_lengths
+    from flowrl.engines.streaming.thread_streamer import ThreadedStreamer
+    from flowrl.graph.context import CallInfo
+    from flowrl.roles import Actor, Rollout
+    from flowrl.graph.role import SPEC_ATTR
 
 ROLES = ["roles={\"rollout\": \"uid_seeded_rollout\", \"actor\": \"rows_actor\"}"]
 
@@ -144,8 +147,9 @@ def main(out: str, runs: str) -> None:
     or its error line}."""
     import torch.distributed as dist
 
-    from flowrl.config import load_run_config
-    from flowrl.runtime.trainer import train
+    with collector_off():
+        from flowrl.config import load_run_config
+        from flowrl.runtime.trainer import train
 
     results = {}
     for name, overrides in json.loads(runs).items():

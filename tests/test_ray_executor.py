@@ -91,25 +91,30 @@ def fake_executor(placement, algo=two_forwards, forward_s=0.0, cfg=None, node_ti
                        RayExecutorConfig(device="cpu", options=options))
 
 
+def assert_heaps_frozen_after_the_first_step_only(executor, freeze: bool) -> None:
+    """executor.gc_freeze: each worker's heap is frozen after its first step (not after an evaluation's view of
+    the plan), and only then; with it off, after none."""
+    workers = [w for pool in executor.workers.values() for w in pool]
+    frozen = lambda: ray.get([w.__ray_call__.remote(lambda self: gc.get_freeze_count()) for w in workers])  # noqa: E731
+    stream = PromptStream(ParityTask(), FakeTokenizer(), batch_size=2)
+    before = frozen()
+    executor.for_plan(executor.plan).run_step(0, stream)  # a view (the evaluation's) freezes nothing
+    assert all(n <= b for n, b in zip(frozen(), before))  # (a frozen object may be freed since)
+    before = frozen()
+    executor.run_step(0, stream)
+    after = frozen()
+    assert all(a > b for a, b in zip(after, before)) == freeze and len(after) == 2
+    executor.run_step(1, stream)
+    assert all(n <= a for n, a in zip(frozen(), after))  # once (a frozen object may be freed since)
+
+
 def test_train_gc_freeze_freezes_each_workers_heap_after_the_first_step_only():
-    placement = fl.Placement(pools=[fl.Pool(name="a", roles=["actor", "rollout"]), fl.Pool(name="b", roles=["ref"])])
-    for freeze in (True, False):
-        executor = fake_executor(placement, gc_freeze=freeze)
-        try:
-            workers = [w for pool in executor.workers.values() for w in pool]
-            frozen = lambda: ray.get([w.__ray_call__.remote(lambda self: gc.get_freeze_count()) for w in workers])  # noqa: E731
-            stream = PromptStream(ParityTask(), FakeTokenizer(), batch_size=2)
-            before = frozen()
-            executor.for_plan(executor.plan).run_step(0, stream)  # a view (the evaluation's) freezes nothing
-            assert all(n <= b for n, b in zip(frozen(), before))  # (a frozen object may be freed since)
-            before = frozen()
-            executor.run_step(0, stream)
-            after = frozen()
-            assert all(a > b for a, b in zip(after, before)) == freeze and len(after) == 2
-            executor.run_step(1, stream)
-            assert all(n <= a for n, a in zip(frozen(), after))  # once (a frozen object may be freed since)
-        finally:
-            executor.close()
+    """On; off is checked on test_closing_the_executor_closes_each_workers_roles's executor (a pool start fewer)."""
+    executor = fake_executor(TWO_POOLS, gc_freeze=True)
+    try:
+        assert_heaps_frozen_after_the_first_step_only(executor, freeze=True)
+    finally:
+        executor.close()
 
 
 def test_independent_nodes_on_two_pools_overlap():
@@ -357,9 +362,14 @@ def _mark_engine_closes(self, folder):
 
 def test_closing_the_executor_closes_each_workers_roles(tmp_path):
     """As a local run closes its roles (flowrl.graph.role.close_role), so do the workers before they are ended
-    (they were killed with their engines open: a vLLM engine's shutdown, an agent endpoint's stop never ran)."""
-    placement = fl.Placement(pools=[fl.Pool(name="a", roles=["actor", "rollout"]), fl.Pool(name="b", roles=["ref"])])
-    executor = fake_executor(placement)
+    (they were killed with their engines open: a vLLM engine's shutdown, an agent endpoint's stop never ran).
+    The executor runs gc_freeze's off case first (test_train_gc_freeze_...: the same pools): no heap is frozen."""
+    executor = fake_executor(TWO_POOLS)
+    try:
+        assert_heaps_frozen_after_the_first_step_only(executor, freeze=False)
+    except BaseException:
+        executor.close()
+        raise
     workers = [w for pool in executor.workers.values() for w in pool]
     ray.get([w.__ray_call__.remote(_mark_engine_closes, str(tmp_path)) for w in workers])
     executor.close()

@@ -6,18 +6,22 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from tensordict import TensorDict
+from quick_imports import collector_off
 
-from flowrl.engines.hf.configs import HFTrainConfig
-from flowrl import metrics
-from flowrl.engines.configs import ModelSource
-from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
-from flowrl.engines.train.hf_engine import HFTrainEngine
-from flowrl.engines.protocols import SamplingParams
-from flowrl.engines.vllm.process import SHM_FOLDER
-from flowrl.engines.vllm.rollout import VLLMRolloutConfig
+with collector_off():  # each rank's imports (tests/quick_imports.py), vLLM's LLM included (the engine's build)
+    import torch
+    import torch.distributed as dist
+    from tensordict import TensorDict
+    from vllm import LLM  # noqa: F401
+
+    from flowrl.engines.hf.configs import HFTrainConfig
+    from flowrl import metrics
+    from flowrl.engines.configs import ModelSource
+    from flowrl.engines.models.folders import load_causal_lm, load_tokenizer
+    from flowrl.engines.train.hf_engine import HFTrainEngine
+    from flowrl.engines.protocols import SamplingParams
+    from flowrl.engines.vllm.process import SHM_FOLDER
+    from flowrl.engines.vllm.rollout import VLLMRolloutConfig
 
 
 def main(path: Path, out: Path) -> None:
