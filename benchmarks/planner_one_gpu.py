@@ -147,6 +147,12 @@ def summary(name: str, chosen: dict, grid: dict[str, dict]) -> dict:
     return out
 
 
+def fresh(base: Path, suffix: str = "") -> Path:
+    """base-N+suffix for the first N not taken: a run again in a kept --workdir (after a fix, on a warm machine)
+    gets its own plan file (`flowrl plan --write` keeps one that exists) and its own run folder."""
+    return next(path for n in range(1000) if not (path := base.with_name(f"{base.name}{n}{suffix}")).exists())
+
+
 def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: dict[str, list[str]],
               runs: set[str] | None = None) -> None:
     """One shape: the planner's written layout and each grid row, a JSON line each, then the summary line.
@@ -166,12 +172,12 @@ def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: di
             out.write(json.dumps(done[label]) + "\n")
 
     if runs is None or "chosen" in runs:
-        chosen_file = Path(tmp) / f"{name}.json"
+        chosen_file = fresh(Path(tmp) / f"{name}-plan", ".json")
         written = plan(folder, chosen_file, "1xCPU" if tiny else "found", workload)
         if written is None:
             record("chosen", {"ok": False, "s_step": None, "error": "refused by the planner", "engine": None})
         else:
-            record("chosen", {**train(folder, Path(tmp) / f"{name}-chosen", steps, [], after, chosen_file),
+            record("chosen", {**train(folder, fresh(Path(tmp) / f"{name}-chosen"), steps, [], after, chosen_file),
                               "engine": chosen_engine(written),
                               "predicted": {k: written["plan"]["predicted"][k]
                                             for k in ("layout", "step_s", "peak_gib")}})
@@ -179,7 +185,7 @@ def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: di
         if runs is not None and label not in runs:
             continue
         # an empty prediction: the run logs memory/peak_gib (flowrl.runtime.layout.plan_record)
-        got = train(folder, Path(tmp) / f"{name}-{i}", steps, workload, [*extra, *after, "plan.predicted.step_s=0"])
+        got = train(folder, fresh(Path(tmp) / f"{name}-{i}"), steps, workload, [*extra, *after, "plan.predicted.step_s=0"])
         record(label, {**got, "engine": engine_of(extra)})
     if "chosen" in done:
         print(json.dumps(summary(name, done["chosen"], {k: v for k, v in done.items() if k in grid})), flush=True)

@@ -77,7 +77,8 @@ def test_a_shapes_runs_span_calls_and_the_last_call_sums_them_all(tmp_path, monk
     made, trained = [], []
     monkeypatch.setattr(bench, "qwen_model", lambda folder, *a: made.append(folder) or
                         (Path(folder).mkdir(parents=True), (Path(folder) / "config.json").write_text("{}")))
-    monkeypatch.setattr(bench, "plan", lambda folder, out, cluster, workload: {
+    plans, outs = [], []
+    monkeypatch.setattr(bench, "plan", lambda folder, out, cluster, workload: plans.append(out) or out.touch() or {
         "roles": {"rollout": {"engine": "hf_static"}},
         "plan": {"predicted": {"layout": "colocated 1", "step_s": 4.0, "peak_gib": {"global": 10.0}}}})
     times = {"chosen": 4.4, "hf_static": 4.0, "hf_static ckpt+offload": 5.0}
@@ -86,6 +87,8 @@ def test_a_shapes_runs_span_calls_and_the_last_call_sums_them_all(tmp_path, monk
         label = "chosen" if config else next(k for k, v in bench.GRID.items() if all(e in extra for e in v)
                                              and len(v) == len(extra) - 1)
         trained.append(label)
+        outs.append(out)
+        out.mkdir()
         return {"ok": True, "oom": False, "s_step": times[label], "peak_gib": 10.5, "error": ""}
 
     monkeypatch.setattr(bench, "train", fake_train)
@@ -95,6 +98,8 @@ def test_a_shapes_runs_span_calls_and_the_last_call_sums_them_all(tmp_path, monk
     capsys.readouterr()
     bench.run_shape("0.5B", {}, str(tmp_path), False, 2, grid, {"hf_static ckpt+offload"})
     assert len(made) == 1 and trained == ["chosen", "hf_static", "hf_static ckpt+offload"]
+    bench.run_shape("0.5B", {}, str(tmp_path), False, 2, grid, {"chosen"})  # again, after a fix: its own files
+    assert len(set(plans)) == 2 and len(set(outs)) == 4
     last = [json.loads(line) for line in capsys.readouterr().out.splitlines()][-1]
     assert last["summary"] and last["best_grid"] == "hf_static" and last["ratio"] == 4.4 / 4.0
     assert last["step_over_predicted"] == 4.4 / 4.0 and last["peak_over_predicted"] == 1.05
