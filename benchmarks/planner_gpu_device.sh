@@ -19,7 +19,10 @@ if [ ! -d /tmp/site/vllm ] && [ -f /tmp/vc/vllm.00 ] && [ -d .verlcarry/c3 ]; th
     --target /tmp/site "/tmp/vc/$W" .verlcarry/c3/vwheels/*.whl .verlcarry/c5/*.whl || exit 4
 fi
 ln -sfn ../algorithms flowrl/algorithms  # pyproject maps algorithms/ to flowrl.algorithms; no install here
-export PYTHONPATH=/tmp/site:$(pwd) PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# flashinfer is not carried: vLLM's sampler falls back to its own (without this, vLLM 0.26 failed its first
+# generation on the H100, "No module named 'flashinfer'", 2026-12-07)
+export PYTHONPATH=/tmp/site:$(pwd) PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \
+  VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null
 date +%T
 timeout "$LIMIT" python3 benchmarks/planner_one_gpu.py --shapes "$SHAPES" --steps "$STEPS" --workdir /tmp/planner \
