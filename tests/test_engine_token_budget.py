@@ -8,7 +8,7 @@ from flowrl.engines.hf.configs import HFTrainConfig
 from flowrl.engines.models.folders import load_causal_lm
 from flowrl.engines.train.hf_engine import HFTrainEngine
 from flowrl.rl.ops.aggregate import AGG_MODES, SUM_MODES, agg_loss, agg_weight
-from test_engine_hf_train import ROWS, make_batch
+from test_engine_hf_train import ROWS, make_batch, stepped_grads
 from test_resources_options import per_gpu
 
 # lengths 6, 6, 7, 7, 3, 7, 11, 2: a long row and a short one
@@ -42,13 +42,14 @@ def rl_batch():
 
 
 def fresh(path, **kwargs):
-    # no clipping: the gradient left on the parameters is the step's own
+    # no clipping: the gradient the optimizer steps with is the step's own
     return HFTrainEngine(load_causal_lm(path), HFTrainConfig(lr=1.0, grad_clip=1e9, **kwargs), kind="actor", eps=1.0)
 
 
 def step_grads(engine, loss, **kwargs):
+    grads = stepped_grads(engine)  # the engine frees them after its step
     engine.update(rl_batch(), loss, mini_batch_size=len(LONG_TAIL), **kwargs)
-    return {name: p.grad.clone() for name, p in engine.model.named_parameters()}
+    return grads
 
 
 @pytest.mark.parametrize("mode", AGG_MODES)
