@@ -186,11 +186,10 @@ def register_flowrl_engine() -> None:
             return super().generate(prompt_ids_BP, prompt_mask_BP, params, seed=seed, eos_at_B=eos_at_B)
 
     class DrawnLengthConfig(HFStaticRolloutConfig):
-        def build(self, source, *, tokenizer, device, share=None):
+        def build(self, source, *, tokenizer, device, share=None):  # HFStaticRolloutConfig.build's, this engine
             model = share.model if isinstance(share, HFTrainEngine) else \
                 load_causal_lm(source.path, getattr(torch, source.dtype))
-            compile = self.compile if self.compile is not None else device.startswith("cuda")
-            return DrawnLengthEngine(model, tokenizer, device=device, compile=compile)
+            return DrawnLengthEngine(model, tokenizer, self, device=device)
 
     if "hf_static_lengths" not in ROLLOUT_ENGINES.names():
         ROLLOUT_ENGINES.register("hf_static_lengths", DrawnLengthConfig)
