@@ -8,7 +8,11 @@ plan.predicted.step_s=0, so they log it too) and `timing_s/step` (the median aft
 Prints one JSON line per run (shape, run, ok, oom, s_step, peak_gib, engine, the prediction for the chosen one)
 and one summary line per shape: chosen over the best of the grid (bar <= 1.15), whether the chosen engine is
 the faster one measured, predicted against measured step time and peak (bar: peak within 15%).
-Workload: 16 prompts x 8, 256-token prompts, 1024 new tokens, long-tailed (EOS not suppressed).
+Workload (issue 43's): 16 prompts x 8, 256-token prompts, 1024 new tokens, long-tailed: each response ends at a
+length drawn from a log-normal (median a quarter of the cap, sigma 1: benchmarks/forced_lengths.py), the same draws
+for every run of a shape (`--lengths fixed`: every row to the cap, as random weights do unforced). The processes
+run benchmarks/planner_bench.py's GRPO and task, which set the prompts and the forcing up (hf_static runs as
+hf_static_lengths, hf_static with each row's eos_at_B; vLLM with forced_lengths' logits processor).
 
 The grid's vLLM rows (CUDA graphs and eager, both asleep between generations) are left out where vLLM is not
 installed (the planner then leaves it out too: flowrl.runtime.layout.auto_plan.installed_engines), so a missing engine
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -35,7 +40,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import forced_lengths  # noqa: E402
+from bench_workload import BenchTask  # noqa: E402
 from common import qwen_model  # noqa: E402
+
+BENCH = Path(__file__).resolve().parent / "planner_bench.py"
+ALGO = f"{BENCH}:grpo"  # named by path: flowrl imports it (and its forced-length engine) before the config check
 
 SHAPES = {
     "0.5B": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -51,11 +61,12 @@ TINY = {name: dict(hidden_size=width, num_hidden_layers=2, num_attention_heads=4
                    intermediate_size=2 * width, vocab_size=512)
         for name, width in (("tiny-32", 32), ("tiny-48", 48), ("tiny-64", 64), ("tiny-96", 96))}
 WORKLOAD = ["train.device=cuda", "model.dtype=bfloat16", "train.batch_size=16", "algo.group_size=8",
-            "roles.rollout.max_new_tokens=1024", "data.max_prompt_length=256", "eval.every=0",
-            "checkpoint.every=0", "checkpoint.export=false"]
+            "roles.rollout.max_new_tokens=1024", "data.max_prompt_length=256", f"task.name={BENCH}:task",
+            "eval.every=0", "checkpoint.every=0", "checkpoint.export=false"]
 TINY_WORKLOAD = ["model.dtype=float32", "train.batch_size=2", "algo.group_size=2", "roles.actor.mini_batch_size=4",
-                 "roles.rollout.max_new_tokens=16", "data.max_prompt_length=16", "eval.every=0",
-                 "checkpoint.every=0", "checkpoint.export=false"]
+                 "roles.rollout.max_new_tokens=16", "data.max_prompt_length=256", f"task.name={BENCH}:task",
+                 "eval.every=0", "checkpoint.every=0", "checkpoint.export=false"]
+LENGTHS_SIGMA = 1.0  # as grpo_vs_trl.py's long-tailed workload
 CPU = ["train.device=cpu"]  # after the written config: the tiny run plans for a GPU and runs on the CPU
 GRID = {  # the hand grid: what a user would try
     "hf_static": [],
@@ -92,7 +103,10 @@ def grid_runs(tiny: bool) -> dict[str, list[str]]:
 
 def train(folder: Path, out: Path, steps: int, workload: list[str], extra: list[str],
           config: Path | None = None, timeout_s: float = 3600) -> dict:
-    cmd = [sys.executable, "-m", "flowrl", "train", "grpo", "--no-progress", "--steps", str(steps),
+    if forced_lengths.LENGTHS_ENV in os.environ and engine_of([*workload, *extra]) == "hf_static" and \
+            not (config and chosen_engine(json.loads(config.read_text())) != "hf_static"):
+        extra = [*extra, "roles.rollout.engine=hf_static_lengths"]  # hf_static, each row ending at its draw
+    cmd = [sys.executable, "-m", "flowrl", "train", ALGO, "--no-progress", "--steps", str(steps),
            "--output-dir", str(out), *(["--config", str(config)] if config else []),
            *[f"--set={kv}" for kv in [*workload, f"model.path={folder}", *extra]]]
     try:
@@ -118,7 +132,7 @@ def train(folder: Path, out: Path, steps: int, workload: list[str], extra: list[
 
 def plan(folder: Path, out: Path, cluster: str, workload: list[str]) -> dict | None:
     """The planner's written config (None where it refused: its line is printed)."""
-    done = subprocess.run([sys.executable, "-m", "flowrl", "plan", "grpo", "--cluster", cluster, "--explain",
+    done = subprocess.run([sys.executable, "-m", "flowrl", "plan", ALGO, "--cluster", cluster, "--explain",
                            "--write", str(out), *[f"--set={kv}" for kv in [*workload, f"model.path={folder}"]]],
                           capture_output=True, text=True, timeout=600)
     print(done.stdout + done.stderr[-500:], file=sys.stderr)
@@ -161,7 +175,7 @@ def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: di
     dtype, (workload, after) = (torch.float32, (TINY_WORKLOAD, CPU)) if tiny else (torch.bfloat16, (WORKLOAD, []))
     folder = Path(tmp) / name
     if not (folder / "config.json").exists():  # a --workdir keeps the model (a 7B shape takes minutes to write)
-        qwen_model(str(folder), "0123456789+=", shape, 2048, dtype)
+        qwen_model(str(folder), BenchTask.chars, shape, 2048, dtype)
     lines = Path(tmp) / f"{name}-runs.jsonl"
     done = {r["run"]: r for r in map(json.loads, lines.read_text().splitlines())} if lines.exists() else {}
 
@@ -198,6 +212,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run of the script)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same as --tiny")
     parser.add_argument("--runs", default=None, help="comma-separated: 'chosen' and grid labels (default: all)")
+    parser.add_argument("--lengths", choices=("variable", "fixed"), default="variable",
+                        help="variable: long-tailed drawn lengths (issue 43's workload); fixed: every row to the cap")
     parser.add_argument("--workdir", default=None,
                         help="a folder kept between calls (models and each run's line); default: a temporary one")
     args = parser.parse_args()
@@ -216,6 +232,11 @@ def main() -> None:
     if args.workdir:
         Path(args.workdir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() if args.workdir is None else nullcontext(args.workdir) as tmp:
+        if args.lengths == "variable":  # every process draws from the first: each run of a shape the same lengths
+            rows = 4 if tiny else 128
+            cap = 16 if tiny else 1024
+            forced_lengths.write_draws(forced_lengths.draw_lengths(4 * rows * (args.steps + 1), cap, LENGTHS_SIGMA),
+                                       tmp)
         for name in names:
             run_shape(name, shapes[name], tmp, tiny, args.steps, grid, runs)
 
