@@ -3,7 +3,8 @@
 For each Qwen2.5 shape (random bf16 weights, benchmarks/common.qwen_model; the 7B with untied embeddings as
 published): asks `flowrl plan grpo --cluster found --write` for the chosen layout, then runs `flowrl train` with it
 and with each hand-grid variant for `--steps` steps, each in its own process. Each run logs `memory/peak_gib`
-(torch.cuda.max_memory_allocated, by flowrl.runtime.layout.plan_record: the grid runs carry an empty prediction,
+(torch's allocated peak less what a sleeping vLLM unmapped, flowrl.engines.device_peak, by
+flowrl.runtime.layout.plan_record: the grid runs carry an empty prediction,
 plan.predicted.step_s=0, so they log it too) and `timing_s/step` (the median after the first step is read).
 Prints one JSON line per run (shape, run, ok, oom, s_step, peak_gib, engine, the prediction for the chosen one)
 and one summary line per shape: chosen over the best of the grid (bar <= 1.15), whether the chosen engine is
