@@ -104,7 +104,7 @@ def grid_runs(tiny: bool) -> dict[str, list[str]]:
 
 def train(folder: Path, out: Path, steps: int, workload: list[str], extra: list[str],
           config: Path | None = None, timeout_s: float = 3600) -> dict:
-    if forced_lengths.LENGTHS_ENV in os.environ and engine_of([*workload, *extra]) == "hf_static" and \
+    if os.environ.get(forced_lengths.LENGTHS_ENV) and engine_of([*workload, *extra]) == "hf_static" and \
             not (config and chosen_engine(json.loads(config.read_text())) != "hf_static"):
         extra = [*extra, "roles.rollout.engine=hf_static_lengths"]  # hf_static, each row ending at its draw
     cmd = [sys.executable, "-m", "flowrl", "train", ALGO, "--no-progress", "--steps", str(steps),

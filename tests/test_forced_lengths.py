@@ -19,7 +19,8 @@ from test_engine_hf_static import prompts  # noqa: E402
 
 def test_each_row_ends_at_its_draw(tiny_model_path, tmp_path, monkeypatch):
     draws = [3, 1, 9, 5, 12, 2, 7, 4, 1, 12, 6, 2]
-    monkeypatch.setenv(forced_lengths.LENGTHS_ENV, forced_lengths.write_draws(draws, str(tmp_path)))
+    monkeypatch.setenv(forced_lengths.LENGTHS_ENV, "")  # as before the test again after it: write_draws sets it
+    forced_lengths.write_draws(draws, str(tmp_path))
     monkeypatch.setattr(forced_lengths, "_DRAWS", None)  # this process's draws from the file just written
     forced_lengths.register_flowrl_engine()
     config = ROLLOUT_ENGINES.get("hf_static_lengths").model_validate({"compile": False})
