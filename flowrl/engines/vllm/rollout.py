@@ -274,8 +274,9 @@ class VLLMRolloutEngine:
     def _wake_up(self, *tags: str) -> None:
         """Wakes those of `tags` that sleep (waking an awake tag would map its memory again). On CUDA torch's
         cache goes back to the device first: vLLM maps fresh pages, and blocks torch keeps cached from an update
-        (activations, gradients, an offloaded optimizer's moments) are not free to it (a 7B shape's planned
-        layout ran out of memory waking vLLM for its second sync on an H100 without it, 2026-12-07)."""
+        (activations, an offloaded optimizer's moments) are not free to it (with the update's gradients, kept
+        then, they ran a 7B shape's planned layout out of memory as vLLM woke for its second sync, H100,
+        2026-12-07)."""
         asleep = [tag for tag in tags if tag in self.sleeping]
         if asleep:
             if self.cuda:
