@@ -12,11 +12,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 # vLLM for the grid's vLLM rows and the planner's vLLM candidates, where verl_chain.sh's stage B ran first on this
 # machine (/tmp/vc/vllm.00) and this call carries .verlcarry/c3 and .verlcarry/c5 (verl_carry.sh's second half and
 # the wheels vLLM needs beyond p3)
-ROOT=$(pwd) W=vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl
-if [ ! -d /tmp/site/vllm ] && [ -f /tmp/vc/vllm.00 ] && [ -d .verlcarry/c3 ]; then
-  cat /tmp/vc/vllm.00 .verlcarry/c3/vllm.01 >"/tmp/vc/$W" && (cd /tmp/vc && sha256sum -c --quiet \
-    "$ROOT/.verlcarry/c3/SHA256SUMS") && python3 -m pip install -q --no-index --no-deps --no-compile \
-    --target /tmp/site "/tmp/vc/$W" .verlcarry/c3/vwheels/*.whl .verlcarry/c5/*.whl || exit 4
+if [ -f /tmp/vc/vllm.00 ] && [ -d .verlcarry/c3 ]; then
+  bash benchmarks/vllm_from_carries.sh || exit $?
 fi
 ln -sfn ../algorithms flowrl/algorithms  # pyproject maps algorithms/ to flowrl.algorithms; no install here
 # flashinfer is not carried: vLLM's sampler falls back to its own (without this, vLLM 0.26 failed its first

@@ -36,7 +36,6 @@
 set -u
 STAGE=$1
 ROOT=$(pwd)
-W=vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl
 GG=SmolLM2-135M-Instruct.Q4_1.gguf
 export PYTHONPATH=/tmp/site:/tmp/bt PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
   HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false VERL_SITE=/tmp/vsite \
@@ -96,12 +95,7 @@ preflight() {  # NAME COMMAND...: the preflight of the verl run NAME (output in 
 install_vllm() {  # vllm (B's first half and c3's second), its wheels and the server path's (c5) into /tmp/site, once
   # per machine; then an import of what verl's vLLM server imports (exit 5 if one fails), at once instead of 450 s
   # into verl's start
-  if [ ! -d /tmp/site/vllm ]; then
-    test -f /tmp/vc/vllm.00 || exit 3
-    cat /tmp/vc/vllm.00 "$ROOT/.verlcarry/c3/vllm.01" >"/tmp/vc/$W" && (cd /tmp/vc && sha256sum -c --quiet \
-      "$ROOT/.verlcarry/c3/SHA256SUMS") && python3 -m pip install -q --no-index --no-deps --no-compile \
-      --target /tmp/site "/tmp/vc/$W" "$ROOT"/.verlcarry/c3/vwheels/*.whl "$ROOT"/.verlcarry/c5/*.whl || exit 4
-  fi
+  (cd "$ROOT" && bash benchmarks/vllm_from_carries.sh) || exit $?
   PYTHONPATH=/tmp/vsite:/tmp/site timeout 60 python3 -c "
 import vllm, vllm.entrypoints.openai.api_server, vllm.entrypoints.cli.serve, prometheus_fastapi_instrumentator
 import verl.workers.rollout.vllm_rollout.vllm_async_server
