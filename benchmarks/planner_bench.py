@@ -29,7 +29,6 @@ from flowrl.algorithms.grpo import grpo  # noqa: E402  (the algorithm the proces
 
 __all__ = ["grpo", "task", "forcing"]
 PROMPT_LEN = 256
-FORCED_ENGINE = "hf_static_lengths"
 
 
 def task() -> BenchTask:

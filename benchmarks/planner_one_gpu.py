@@ -104,9 +104,6 @@ def grid_runs(tiny: bool) -> dict[str, list[str]]:
 
 def train(folder: Path, out: Path, steps: int, workload: list[str], extra: list[str],
           config: Path | None = None, timeout_s: float = 3600) -> dict:
-    if os.environ.get(forced_lengths.LENGTHS_ENV) and engine_of([*workload, *extra]) == "hf_static" and \
-            not (config and chosen_engine(json.loads(config.read_text())) != "hf_static"):
-        extra = [*extra, "roles.rollout.engine=hf_static_lengths"]  # hf_static, each row ending at its draw
     cmd = [sys.executable, "-m", "flowrl", "train", ALGO, "--no-progress", "--steps", str(steps),
            "--output-dir", str(out), *(["--config", str(config)] if config else []),
            *[f"--set={kv}" for kv in [*workload, f"model.path={folder}", *extra]]]
@@ -162,6 +159,13 @@ def summary(name: str, chosen: dict, grid: dict[str, dict]) -> dict:
     return out
 
 
+def forced(engine: str) -> list[str]:
+    """Where responses end at drawn lengths, hf_static runs as hf_static_lengths (hf_static with each row's
+    eos_at_B; vLLM's forcing is its logits-processor plugin, benchmarks/planner_bench.py)."""
+    return ["roles.rollout.engine=hf_static_lengths"] if engine == "hf_static" and \
+        os.environ.get(forced_lengths.LENGTHS_ENV) else []
+
+
 def fresh(base: Path, suffix: str = "") -> Path:
     """base-N+suffix for the first N not taken: a run again in a kept --workdir (after a fix, on a warm machine)
     gets its own plan file (`flowrl plan --write` keeps one that exists) and its own run folder."""
@@ -192,15 +196,18 @@ def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: di
         if written is None:
             record("chosen", {"ok": False, "s_step": None, "error": "refused by the planner", "engine": None})
         else:
-            record("chosen", {**train(folder, fresh(Path(tmp) / f"{name}-chosen"), steps, [], after, chosen_file),
-                              "engine": chosen_engine(written),
+            engine = chosen_engine(written)
+            record("chosen", {**train(folder, fresh(Path(tmp) / f"{name}-chosen"), steps, [],
+                                      [*forced(engine), *after], chosen_file),
+                              "engine": engine,
                               "predicted": {k: written["plan"]["predicted"][k]
                                             for k in ("layout", "step_s", "peak_gib")}})
     for i, (label, extra) in enumerate(grid.items()):
         if runs is not None and label not in runs:
             continue
         # an empty prediction: the run logs memory/peak_gib (flowrl.runtime.layout.plan_record)
-        got = train(folder, fresh(Path(tmp) / f"{name}-{i}"), steps, workload, [*extra, *after, "plan.predicted.step_s=0"])
+        got = train(folder, fresh(Path(tmp) / f"{name}-{i}"), steps, workload,
+                    [*extra, *forced(engine_of(extra)), *after, "plan.predicted.step_s=0"])
         record(label, {**got, "engine": engine_of(extra)})
     if "chosen" in done:
         print(json.dumps(summary(name, done["chosen"], {k: v for k, v in done.items() if k in grid})), flush=True)

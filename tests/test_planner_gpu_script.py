@@ -103,3 +103,11 @@ def test_a_shapes_runs_span_calls_and_the_last_call_sums_them_all(tmp_path, monk
     last = [json.loads(line) for line in capsys.readouterr().out.splitlines()][-1]
     assert last["summary"] and last["best_grid"] == "hf_static" and last["ratio"] == 4.4 / 4.0
     assert last["step_over_predicted"] == 4.4 / 4.0 and last["peak_over_predicted"] == 1.05
+
+
+def test_hf_static_runs_as_hf_static_lengths_only_where_lengths_are_drawn(monkeypatch):
+    monkeypatch.delenv(bench.forced_lengths.LENGTHS_ENV, raising=False)
+    assert bench.forced("hf_static") == []
+    monkeypatch.setenv(bench.forced_lengths.LENGTHS_ENV, "/draws/lengths.json")
+    assert bench.forced("hf_static") == ["roles.rollout.engine=hf_static_lengths"]
+    assert bench.forced("vllm graphs") == [] and bench.forced("vllm eager") == []  # vLLM's plugin forces them
