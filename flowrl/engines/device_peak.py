@@ -54,14 +54,13 @@ class DevicePeak:
     run_peak: int = 0  # the real peak of the intervals folded so far
     open_phases: list[list[int]] = field(default_factory=list)
 
-    def fold(self) -> int:
-        """Ends the current interval: its real peak goes into the run's and every open phase's; returns it."""
+    def fold(self) -> None:
+        """Ends the current interval: its real peak goes into the run's and every open phase's."""
         real = self.counters.peak() - self.unmapped_bytes
         self.run_peak = max(self.run_peak, real)
         for box in self.open_phases:
             box[0] = max(box[0], real)
         self.counters.reset()
-        return real
 
     def unmapped(self, change: int) -> None:
         """`change` more bytes of torch's count are unmapped from now on (negative: mapped again)."""
@@ -79,17 +78,16 @@ class DevicePeak:
 
     @contextlib.contextmanager
     def phase(self) -> Iterator[list[int]]:
-        """[peak bytes, bytes on the device when it began], the peak filled in when the block ends."""
+        """[peak bytes, bytes on the device when it began], the peak final when the block ends."""
         self.fold()
-        box = [self.counters.allocated() - self.unmapped_bytes]
-        start = box[0]
+        start = self.counters.allocated() - self.unmapped_bytes
+        box = [start, start]
         self.open_phases.append(box)
         try:
             yield box
         finally:
             self.fold()
             self.open_phases.remove(box)
-            box.append(start)
 
 
 TRACKER = DevicePeak()
