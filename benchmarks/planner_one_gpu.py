@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -159,6 +160,17 @@ def summary(name: str, chosen: dict, grid: dict[str, dict]) -> dict:
     return out
 
 
+def write_model(folder: Path, shape: dict, dtype: torch.dtype, device: str) -> None:
+    """The shape's random checkpoint, drawn on `device` (a 7B's fp32 init takes minutes on the CPU, seconds on
+    the GPU) in a process of its own, so that none of its GPU memory stays in this one beside the runs."""
+    child = multiprocessing.get_context("spawn").Process(
+        target=qwen_model, args=(str(folder), BenchTask.chars, shape, 2048, dtype), kwargs={"device": device})
+    child.start()
+    child.join()
+    if child.exitcode:
+        raise SystemExit(f"writing the {folder.name} model failed (exit {child.exitcode})")
+
+
 def forced(engine: str) -> list[str]:
     """Where responses end at drawn lengths, hf_static runs as hf_static_lengths (hf_static with each row's
     eos_at_B; vLLM's forcing is its logits-processor plugin, benchmarks/planner_bench.py)."""
@@ -179,8 +191,8 @@ def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: di
     several device calls with one --workdir, each run's line kept in the folder for the summary of the last call."""
     dtype, (workload, after) = (torch.float32, (TINY_WORKLOAD, CPU)) if tiny else (torch.bfloat16, (WORKLOAD, []))
     folder = Path(tmp) / name
-    if not (folder / "config.json").exists():  # a --workdir keeps the model (a 7B shape takes minutes to write)
-        qwen_model(str(folder), BenchTask.chars, shape, 2048, dtype)
+    if not (folder / "config.json").exists():  # a --workdir keeps the model
+        write_model(folder, shape, dtype, "cpu" if tiny else "cuda")
     lines = Path(tmp) / f"{name}-runs.jsonl"
     done = {r["run"]: r for r in map(json.loads, lines.read_text().splitlines())} if lines.exists() else {}
 

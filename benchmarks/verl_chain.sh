@@ -125,7 +125,8 @@ ray.init(num_cpus=4, include_dashboard=False); print('ray', ray.cluster_resource
     | grep -vi warn | tail -5
   # INSTALL_ONLY=1: the wheels alone, where only G follows on this machine (its runs are its own baseline)
   [ "${INSTALL_ONLY:-0}" = 1 ] && exit 0
-  run flowrl_fixed 200 $B --systems flowrl
+  # VARIABLE_ONLY=1: D's flowrl row alone (the fixed workload measured on this card kind before)
+  [ "${VARIABLE_ONLY:-0}" = 1 ] || run flowrl_fixed 200 $B --systems flowrl
   # D's flowrl row (D's call is verl's alone); FIXED_ONLY=1 leaves it out where D will not run on this machine
   [ "${FIXED_ONLY:-0}" = 1 ] || run flowrl_variable 150 $B --systems flowrl --lengths variable
   ;;

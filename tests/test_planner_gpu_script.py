@@ -75,7 +75,7 @@ def test_a_shapes_runs_span_calls_and_the_last_call_sums_them_all(tmp_path, monk
     import json
 
     made, trained = [], []
-    monkeypatch.setattr(bench, "qwen_model", lambda folder, *a: made.append(folder) or
+    monkeypatch.setattr(bench, "write_model", lambda folder, *a: made.append(folder) or
                         (Path(folder).mkdir(parents=True), (Path(folder) / "config.json").write_text("{}")))
     plans, outs = [], []
     monkeypatch.setattr(bench, "plan", lambda folder, out, cluster, workload: plans.append(out) or out.touch() or {
@@ -111,3 +111,14 @@ def test_hf_static_runs_as_hf_static_lengths_only_where_lengths_are_drawn(monkey
     monkeypatch.setenv(bench.forced_lengths.LENGTHS_ENV, "/draws/lengths.json")
     assert bench.forced("hf_static") == ["roles.rollout.engine=hf_static_lengths"]
     assert bench.forced("vllm graphs") == [] and bench.forced("vllm eager") == []  # vLLM's plugin forces them
+
+
+def test_the_model_is_written_in_a_child_process_and_loads(tmp_path):
+    """write_model draws the checkpoint in a spawned process (on the GPU there, so none of its memory stays in the
+    harness beside the runs); the folder it leaves loads through transformers with the shape asked for."""
+    from transformers import AutoConfig
+
+    shape = bench.TINY["tiny-32"]
+    bench.write_model(tmp_path / "m", shape, bench.torch.float32, "cpu")
+    config = AutoConfig.from_pretrained(tmp_path / "m")
+    assert (config.hidden_size, config.num_hidden_layers) == (shape["hidden_size"], shape["num_hidden_layers"])
