@@ -6,6 +6,7 @@ takes its config since issue 42): every variable-length flowrl run of those benc
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -41,3 +42,30 @@ def test_each_row_ends_at_its_draw(tiny_model_path, tmp_path, monkeypatch):
         assert (out["rollout_logprobs"][torch.arange(6), ends][at_draw] == 0).all()  # a forced token: logprob 0
         forced += int(at_draw.sum())
     assert forced >= 9
+
+
+def test_a_vllm_run_of_the_planner_benchmark_ends_each_row_at_its_draw(tmp_path, monkeypatch):
+    """planner_one_gpu's vLLM runs (the 7B's chosen layout among them) force lengths with forced_lengths' logits
+    processor, which planner_bench.py declares as a vLLM plugin before vLLM starts: a `flowrl train` process of
+    the benchmark on vLLM (CPU) generates each step's rows at exactly their draws (eos masked before, forced at)."""
+    import json
+    import subprocess
+
+    pytest.importorskip("vllm")
+    import planner_one_gpu as bench
+
+    monkeypatch.setenv(forced_lengths.LENGTHS_ENV, "")  # as before the test again after it: write_draws sets it
+    bench.write_model(tmp_path / "m", {**bench.TINY["tiny-64"], "hidden_size": 128, "intermediate_size": 256},
+                      torch.float32, "cpu")  # head_dim 32: vLLM's CPU attention has no kernel below that
+    draws = forced_lengths.draw_lengths(64, 16, 1.0)
+    forced_lengths.write_draws(draws, str(tmp_path))
+    sets = [*bench.TINY_WORKLOAD, f"model.path={tmp_path / 'm'}", "train.device=cpu", "roles.rollout.engine=vllm",
+            "roles.rollout.enforce_eager=true", "roles.rollout.kv_cache_gb=0.25"]
+    done = subprocess.run([sys.executable, "-m", "flowrl", "train", bench.ALGO, "--no-progress", "--steps", "2",
+                           "--output-dir", str(tmp_path / "run"), *[f"--set={kv}" for kv in sets]],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    per_step = 2 * 2  # train.batch_size x algo.group_size of the tiny workload
+    assert [r["response_length/mean"] for r in rows] == \
+        [sum(draws[per_step * s:per_step * (s + 1)]) / per_step for s in range(2)]
