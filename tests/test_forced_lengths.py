@@ -49,7 +49,6 @@ def test_a_vllm_run_of_the_planner_benchmark_ends_each_row_at_its_draw(tmp_path,
     processor, which planner_bench.py declares as a vLLM plugin before vLLM starts: a `flowrl train` process of
     the benchmark on vLLM (CPU) generates each step's rows at exactly their draws (eos masked before, forced at)."""
     import json
-    import subprocess
 
     pytest.importorskip("vllm")
     import planner_one_gpu as bench
@@ -59,13 +58,13 @@ def test_a_vllm_run_of_the_planner_benchmark_ends_each_row_at_its_draw(tmp_path,
                       torch.float32, "cpu")  # head_dim 32: vLLM's CPU attention has no kernel below that
     draws = forced_lengths.draw_lengths(64, 16, 1.0)
     forced_lengths.write_draws(draws, str(tmp_path))
-    sets = [*bench.TINY_WORKLOAD, f"model.path={tmp_path / 'm'}", "train.device=cpu", "roles.rollout.engine=vllm",
-            "roles.rollout.enforce_eager=true", "roles.rollout.kv_cache_gb=0.25"]
-    done = subprocess.run([sys.executable, "-m", "flowrl", "train", bench.ALGO, "--no-progress", "--steps", "2",
-                           "--output-dir", str(tmp_path / "run"), *[f"--set={kv}" for kv in sets]],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+    # the benchmark's own `flowrl train` command (planner_one_gpu.train), as its grid rows run it
+    got = bench.train(tmp_path / "m", tmp_path / "run", 2, bench.TINY_WORKLOAD,
+                      [*bench.CPU, "roles.rollout.engine=vllm", "roles.rollout.enforce_eager=true",
+                       "roles.rollout.kv_cache_gb=0.25"], timeout_s=600)
+    assert got["ok"], got["error"]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    per_step = 2 * 2  # train.batch_size x algo.group_size of the tiny workload
+    sizes = dict(kv.split("=") for kv in bench.TINY_WORKLOAD)
+    per_step = int(sizes["train.batch_size"]) * int(sizes["algo.group_size"])
     assert [r["response_length/mean"] for r in rows] == \
         [sum(draws[per_step * s:per_step * (s + 1)]) / per_step for s in range(2)]
