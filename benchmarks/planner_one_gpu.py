@@ -160,13 +160,17 @@ def summary(name: str, chosen: dict, grid: dict[str, dict]) -> dict:
     return out
 
 
-def write_model(folder: Path, shape: dict, dtype: torch.dtype, device: str) -> None:
+def write_model(folder: Path, shape: dict, dtype: torch.dtype, device: str, timeout_s: float = 900) -> None:
     """The shape's random checkpoint, drawn on `device` (a 7B's fp32 init takes minutes on the CPU, seconds on
     the GPU) in a process of its own, so that none of its GPU memory stays in this one beside the runs."""
     child = multiprocessing.get_context("spawn").Process(
         target=qwen_model, args=(str(folder), BenchTask.chars, shape, 2048, dtype), kwargs={"device": device})
     child.start()
-    child.join()
+    child.join(timeout_s)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        raise SystemExit(f"writing the {folder.name} model took over {timeout_s:.0f} s")
     if child.exitcode:
         raise SystemExit(f"writing the {folder.name} model failed (exit {child.exitcode})")
 

@@ -122,3 +122,11 @@ def test_the_model_is_written_in_a_child_process_and_loads(tmp_path):
     bench.write_model(tmp_path / "m", shape, bench.torch.float32, "cpu")
     config = AutoConfig.from_pretrained(tmp_path / "m")
     assert (config.hidden_size, config.num_hidden_layers) == (shape["hidden_size"], shape["num_hidden_layers"])
+
+
+def test_writing_the_model_has_a_deadline(tmp_path):
+    """A write that outlives its deadline is killed and named, never waited on for ever."""
+    import pytest
+
+    with pytest.raises(SystemExit, match="writing the m model took over 0 s"):
+        bench.write_model(tmp_path / "m", bench.TINY["tiny-32"], bench.torch.float32, "cpu", timeout_s=0.01)
