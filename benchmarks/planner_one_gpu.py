@@ -81,6 +81,22 @@ GRID = {  # the hand grid: what a user would try
                           "roles.rollout.free_cache_engine=1", "model.gradient_checkpointing=true",
                           "roles.actor.offload_optimizer=true"],
 }
+# a grid row that is its base row's layout plus checkpointing and optimizer offload: the same micro-batches with
+# recompute and PCIe traffic added, so never faster than its base. It runs only where its base did not run to its
+# end (out of memory at 7B), or ran near the card's memory (`unpressed`); where the base ran with room, it is left
+# out (a "skipped" line) unless --run-dominated
+DOMINATED = {"hf_static ckpt+offload": "hf_static", "vllm ckpt+offload": "vllm graphs 0.5 sleep1"}
+
+
+PRESSED = 0.9  # a base row peaking above this share of the card may have paid for the allocator's retries
+
+
+def unpressed(peak_gib: float | None) -> bool:
+    """Whether a run's peak left the card's allocator room (below PRESSED of it; always where no GPU is): only
+    then is a row that adds recompute and offload to it sure to be slower."""
+    if not torch.cuda.is_available():
+        return True
+    return peak_gib is not None and peak_gib < PRESSED * torch.cuda.get_device_properties(0).total_memory / 2**30
 
 
 def engine_of(values: list[str]) -> str:
@@ -189,10 +205,12 @@ def fresh(base: Path, suffix: str = "") -> Path:
 
 
 def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: dict[str, list[str]],
-              runs: set[str] | None = None) -> None:
+              runs: set[str] | None = None, run_dominated: bool = False) -> None:
     """One shape: the planner's written layout and each grid row, a JSON line each, then the summary line.
     `runs` (None: all) names the runs this call makes ("chosen" and grid labels): a shape's runs can be spread over
-    several device calls with one --workdir, each run's line kept in the folder for the summary of the last call."""
+    several device calls with one --workdir, each run's line kept in the folder for the summary of the last call.
+    A DOMINATED row whose base row ran to its end (in this call or an earlier one) is skipped: it cannot be the
+    grid's best (`run_dominated` runs it anyway)."""
     dtype, (workload, after) = (torch.float32, (TINY_WORKLOAD, CPU)) if tiny else (torch.bfloat16, (WORKLOAD, []))
     folder = Path(tmp) / name
     if not (folder / "config.json").exists():  # a --workdir keeps the model
@@ -221,6 +239,11 @@ def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: di
     for i, (label, extra) in enumerate(grid.items()):
         if runs is not None and label not in runs:
             continue
+        base = done.get(DOMINATED.get(label, ""), {})
+        if base.get("ok") and base.get("s_step") and not run_dominated and unpressed(base.get("peak_gib")):
+            print(json.dumps({"shape": name, "run": label, "skipped": f"{DOMINATED[label]} ran to its end in "
+                              f"{base['s_step']:.2f} s/step: this row adds recompute and offload to it"}), flush=True)
+            continue
         # an empty prediction: the run logs memory/peak_gib (flowrl.runtime.layout.plan_record)
         got = train(folder, fresh(Path(tmp) / f"{name}-{i}"), steps, workload,
                     [*extra, *forced(engine_of(extra)), *after, "plan.predicted.step_s=0"])
@@ -236,6 +259,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run of the script)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same as --tiny")
     parser.add_argument("--runs", default=None, help="comma-separated: 'chosen' and grid labels (default: all)")
+    parser.add_argument("--run-dominated", action="store_true",
+                        help="run the checkpointing-and-offload rows even where their base row ran (DOMINATED)")
     parser.add_argument("--lengths", choices=("variable", "fixed"), default="variable",
                         help="variable: long-tailed drawn lengths (issue 43's workload); fixed: every row to the cap")
     parser.add_argument("--workdir", default=None,
@@ -262,7 +287,7 @@ def main() -> None:
             forced_lengths.write_draws(forced_lengths.draw_lengths(4 * rows * (args.steps + 1), cap, LENGTHS_SIGMA),
                                        tmp)
         for name in names:
-            run_shape(name, shapes[name], tmp, tiny, args.steps, grid, runs)
+            run_shape(name, shapes[name], tmp, tiny, args.steps, grid, runs, args.run_dominated)
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ def test_a_shapes_runs_span_calls_and_the_last_call_sums_them_all(tmp_path, monk
     bench.run_shape("0.5B", {}, str(tmp_path), False, 2, grid, {"chosen"})
     bench.run_shape("0.5B", {}, str(tmp_path), False, 2, grid, {"hf_static"})
     capsys.readouterr()
-    bench.run_shape("0.5B", {}, str(tmp_path), False, 2, grid, {"hf_static ckpt+offload"})
+    bench.run_shape("0.5B", {}, str(tmp_path), False, 2, grid, {"hf_static ckpt+offload"}, run_dominated=True)
     assert len(made) == 1 and trained == ["chosen", "hf_static", "hf_static ckpt+offload"]
     bench.run_shape("0.5B", {}, str(tmp_path), False, 2, grid, {"chosen"})  # again, after a fix: its own files
     assert len(set(plans)) == 2 and len(set(outs)) == 4
@@ -130,3 +130,39 @@ def test_writing_the_model_has_a_deadline(tmp_path):
 
     with pytest.raises(SystemExit, match="writing the m model took over 0 s"):
         bench.write_model(tmp_path / "m", bench.TINY["tiny-32"], bench.torch.float32, "cpu", timeout_s=0.01)
+
+
+def test_a_row_that_only_adds_recompute_and_offload_to_a_base_that_ran_is_skipped(tmp_path, monkeypatch, capsys):
+    """DOMINATED: 'hf_static ckpt+offload' runs where 'hf_static' ran out of memory (7B) and is skipped where it
+    ran (it cannot be the grid's best); the vLLM pair likewise; --run-dominated runs it anyway."""
+    import json
+
+    monkeypatch.setattr(bench, "write_model", lambda folder, *a: (Path(folder).mkdir(parents=True),
+                                                                   (Path(folder) / "config.json").write_text("{}")))
+    fits = {"hf_static": False, "vllm graphs 0.5 sleep1": True}
+    trained = []
+
+    def fake_train(folder, out, steps, workload, extra, config=None):
+        label = next(k for k, v in bench.GRID.items() if all(e in extra for e in v) and len(v) == len(extra) - 1)
+        trained.append(label)
+        ok = fits.get(label, True)
+        return {"ok": ok, "oom": not ok, "s_step": 5.0 if ok else None, "peak_gib": 10.0, "error": ""}
+
+    monkeypatch.setattr(bench, "train", fake_train)
+    bench.run_shape("7B", {}, str(tmp_path), False, 2, bench.GRID, set(bench.GRID))
+    assert trained == ["hf_static", "vllm graphs 0.5 sleep1", "hf_static ckpt+offload", "vllm eager 0.5 sleep1"]
+    skipped = [r for r in map(json.loads, capsys.readouterr().out.splitlines()) if "skipped" in r]
+    assert [r["run"] for r in skipped] == ["vllm ckpt+offload"] and "vllm graphs 0.5 sleep1" in skipped[0]["skipped"]
+    trained.clear()
+    bench.run_shape("7B", {}, str(tmp_path), False, 2, bench.GRID, {"vllm ckpt+offload"}, run_dominated=True)
+    assert trained == ["vllm ckpt+offload"]
+
+
+def test_a_base_row_near_the_cards_memory_does_not_rule_its_variant_out(monkeypatch):
+    """A base that peaked above PRESSED of the card may have been slowed by the allocator: its variant runs."""
+    class Props:
+        total_memory = 80 * 2**30
+
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench.torch.cuda, "get_device_properties", lambda i: Props())
+    assert bench.unpressed(71.9) and not bench.unpressed(72.0) and not bench.unpressed(None)
