@@ -9,14 +9,20 @@ flowrl.plan.resources says how a plan's roles load each rank and sums the estima
   pool's ranks (FSDP2); activations of one micro-batch (per rank): without activation checkpointing,
   24 h + 8 i bytes per token and layer in bf16 for a SwiGLU layer of hidden size h and intermediate size i
   (the MLP keeps its input, gate and up outputs, the activation and the product: 2 h + 8 i; attention and the
-  two RMSNorms, which transformers computes in fp32, about 22 h), 34 h for torch.compile'd passes (inductor
-  fuses the elementwise ops and saves fewer of their outputs) and where i is unknown (Korthikanti et al., a
-  4h GELU MLP); with checkpointing 2 h a layer (each layer's input) plus one layer's full activations (the
-  layer the backward pass recomputes: 24 h + 8 i, or 34 h); and the fp32 logits of the tokens computed at once
-  (3 copies: logits, log-softmax, its gradient). Calibrated on one H200: eager Qwen2.5-0.5B (h 896, i 4864)
-  peaked at 33.5 GiB updating 4 x 4352 tokens and 17.4 GiB for 4 x 1280 (docs/long_context.md), where this
-  predicts 34.1 and 17.6 GiB (34 h: 22.5 and 14.1); compiled, 32 x 384 tokens peaked at 22.8 GiB against 23.2
-  predicted (docs/benchmarks.md);
+  two RMSNorms, which transformers computes in fp32, about 22 h); 18 h + 6 i for torch.compile'd passes
+  (inductor fuses the elementwise ops: the MLP keeps its input, the gate and up outputs and the product, 2 h +
+  6 i, attention its matmuls' inputs and the norms' fp32 inputs, about 16 h); 34 h where i is unknown
+  (Korthikanti et al., a 4h GELU MLP); with checkpointing 2 h a layer (each layer's input) plus one layer's full
+  activations (the layer the backward pass recomputes); and the logits of the tokens computed at once, 12 bytes
+  per token and vocabulary entry eager (3 fp32 copies: logits, log-softmax, its gradient), 6 compiled (the
+  chunk's bf16 logits and one fp32 copy: the compiled log-softmax fuses the rest). Calibrated on the 0.5B shape
+  (h 896, i 4864): eager, 33.5 GiB updating 4 x 4352 tokens and 17.4 GiB for 4 x 1280 on an H200
+  (docs/long_context.md), where this predicts 34.1 and 17.6; compiled, torch's allocated peaks of 16.5, 22.8 and
+  33.4 GiB for micro-batches of 16 x 384, 32 x 384 and 16 x 1152 tokens (H200, docs/benchmarks.md), 0.98-0.99 of
+  this; and on an H100 (2026-12-07) the 64 x 1280-token micro-batches that 34 h had accepted (71 GiB predicted)
+  ran out of memory at 77.6 GiB allocated, where the planner's phase model (flowrl.plan.memory) now predicts 95 GiB,
+  and with checkpointing and the optimizer offloaded peaked at 14.4 GiB (0.5B: 16.9 predicted, the planner's
+  2 GiB overhead included) and 30.6 GiB (1.5B: 31.3);
 - frozen (reference, reward model): its weights, sharded, and one micro-batch's forward activations (about
   4 bytes per token, layer and hidden unit);
 - a rollout: its own copy of the weights unless it shares its source's module, and the KV cache of its rows
@@ -29,6 +35,8 @@ from dataclasses import dataclass
 
 GIB = 2**30
 GPT_ACTIVATION_BYTES = 34  # per token, layer and hidden unit without recompute, when the MLP's size is unknown
+LOGIT_BYTES = 12  # per token and vocabulary entry of the logits computed at once: 3 fp32 copies (eager)
+COMPILED_LOGIT_BYTES = 6  # compiled: the bf16 logits and one fp32 copy
 RECOMPUTE_BYTES = 2  # per token, layer and hidden unit with activation checkpointing: the layer's input
 FORWARD_BYTES = 4  # per token, layer, hidden unit of a no-grad forward pass
 
@@ -114,20 +122,21 @@ def trained(shape: ModelShape, load: RankLoad, *, trained_params: int | None = N
     trained_bytes = (shape.num_params if trained_params is None else trained_params) * shape.dtype_bytes
     return {"weights": shape.weight_bytes // load.ranks, "gradients": trained_bytes // load.ranks,
             "optimizer": 2 * trained_bytes // load.ranks, "activations": activations(shape, load, compiled),
-            "logits": logits(shape, load, logit_tokens)}
+            "logits": logits(shape, load, logit_tokens, compiled)}
 
 
 def activations(shape: ModelShape, load: RankLoad, compiled: bool = False) -> int:
     """One micro-batch's saved activations for the backward pass (see the module docstring)."""
     h, i = shape.hidden_size, shape.intermediate_size
-    full = GPT_ACTIVATION_BYTES * h if compiled or not i else 24 * h + 8 * i
+    full = GPT_ACTIVATION_BYTES * h if not i else 18 * h + 6 * i if compiled else 24 * h + 8 * i
     if load.gradient_checkpointing:  # every layer's input, and the layer being recomputed in full
         return load.tokens * (shape.num_layers * RECOMPUTE_BYTES * h + full)
     return load.tokens * shape.num_layers * full
 
 
-def logits(shape: ModelShape, load: RankLoad, chunk_tokens: int | None = None) -> int:
-    return 3 * min(load.tokens, chunk_tokens or load.tokens) * shape.vocab_size * 4
+def logits(shape: ModelShape, load: RankLoad, chunk_tokens: int | None = None, compiled: bool = False) -> int:
+    per_entry = COMPILED_LOGIT_BYTES if compiled else LOGIT_BYTES
+    return per_entry * min(load.tokens, chunk_tokens or load.tokens) * shape.vocab_size
 
 
 def frozen(shape: ModelShape, load: RankLoad, holds_weights: bool = True) -> dict[str, int]:
