@@ -70,22 +70,33 @@ TINY_WORKLOAD = ["model.dtype=float32", "train.batch_size=2", "algo.group_size=2
                  "eval.every=0", "checkpoint.every=0", "checkpoint.export=false"]
 LENGTHS_SIGMA = 1.0  # as grpo_vs_trl.py's long-tailed workload
 CPU = ["train.device=cpu"]  # after the written config: the tiny run plans for a GPU and runs on the CPU
-GRID = {  # the hand grid: what a user would try
+VLLM_05 = ["roles.rollout.engine=vllm", "roles.rollout.gpu_memory_utilization=0.5", "roles.rollout.free_cache_engine=1"]
+CKPT = ["model.gradient_checkpointing=true"]
+OFFLOAD = ["roles.actor.offload_optimizer=true"]
+GRID = {  # the hand grid: what a user would try: the defaults, each engine, then what a refusal advises first
     "hf_static": [],
-    "vllm graphs 0.5 sleep1": ["roles.rollout.engine=vllm", "roles.rollout.enforce_eager=false",
-                               "roles.rollout.gpu_memory_utilization=0.5", "roles.rollout.free_cache_engine=1"],
-    "hf_static ckpt+offload": ["model.gradient_checkpointing=true", "roles.actor.offload_optimizer=true"],
-    "vllm eager 0.5 sleep1": ["roles.rollout.engine=vllm", "roles.rollout.enforce_eager=true",
-                              "roles.rollout.gpu_memory_utilization=0.5", "roles.rollout.free_cache_engine=1"],
-    "vllm ckpt+offload": ["roles.rollout.engine=vllm", "roles.rollout.enforce_eager=false",
-                          "roles.rollout.free_cache_engine=1", "model.gradient_checkpointing=true",
-                          "roles.actor.offload_optimizer=true"],
+    "vllm graphs 0.5 sleep1": [*VLLM_05, "roles.rollout.enforce_eager=false"],
+    "hf_static ckpt": CKPT,
+    "vllm graphs ckpt": [*VLLM_05, "roles.rollout.enforce_eager=false", *CKPT],
+    "hf_static ckpt+offload": [*CKPT, *OFFLOAD],
+    "vllm eager 0.5 sleep1": [*VLLM_05, "roles.rollout.enforce_eager=true"],
+    "vllm ckpt+offload": [*VLLM_05, "roles.rollout.enforce_eager=false", *CKPT, *OFFLOAD],
 }
-# a grid row that is its base row's layout plus checkpointing and optimizer offload: the same micro-batches with
-# recompute and PCIe traffic added, so never faster than its base. It runs only where its base did not run to its
-# end (out of memory at 7B), or ran near the card's memory (`unpressed`); where the base ran with room, it is left
-# out (a "skipped" line) unless --run-dominated
-DOMINATED = {"hf_static ckpt+offload": "hf_static", "vllm ckpt+offload": "vllm graphs 0.5 sleep1"}
+# a grid row that is its base row's layout with recompute (checkpointing) or PCIe traffic (optimizer offload) added
+# to the same micro-batches, so never faster than it. It runs only where no row of its chain (its base, its base's
+# base) ran to its end (refused or out of memory, as at 7B), or where that row ran near the card's memory
+# (`unpressed`); where one ran with room, it is left out (a "skipped" line) unless --run-dominated
+DOMINATED = {"hf_static ckpt": "hf_static", "hf_static ckpt+offload": "hf_static ckpt",
+             "vllm graphs ckpt": "vllm graphs 0.5 sleep1", "vllm ckpt+offload": "vllm graphs ckpt"}
+
+
+def dominating(label: str, done: dict[str, dict]) -> str | None:
+    """The row of `label`'s chain that ran to its end with room, which makes it pointless; None: run it."""
+    while (label := DOMINATED.get(label)) is not None:
+        base = done.get(label, {})
+        if base.get("ok") and base.get("s_step") and unpressed(base.get("peak_gib")):
+            return label
+    return None
 
 
 PRESSED = 0.9  # a base row peaking above this share of the card may have paid for the allocator's retries
@@ -209,8 +220,8 @@ def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: di
     """One shape: the planner's written layout and each grid row, a JSON line each, then the summary line.
     `runs` (None: all) names the runs this call makes ("chosen" and grid labels): a shape's runs can be spread over
     several device calls with one --workdir, each run's line kept in the folder for the summary of the last call.
-    A DOMINATED row whose base row ran to its end (in this call or an earlier one) is skipped: it cannot be the
-    grid's best (`run_dominated` runs it anyway)."""
+    A DOMINATED row one of whose chain ran to its end (in this call or an earlier one) is skipped: it cannot be
+    the grid's best (`run_dominated` runs it anyway)."""
     dtype, (workload, after) = (torch.float32, (TINY_WORKLOAD, CPU)) if tiny else (torch.bfloat16, (WORKLOAD, []))
     folder = Path(tmp) / name
     if not (folder / "config.json").exists():  # a --workdir keeps the model
@@ -239,10 +250,10 @@ def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: di
     for i, (label, extra) in enumerate(grid.items()):
         if runs is not None and label not in runs:
             continue
-        base = done.get(DOMINATED.get(label, ""), {})
-        if base.get("ok") and base.get("s_step") and not run_dominated and unpressed(base.get("peak_gib")):
-            print(json.dumps({"shape": name, "run": label, "skipped": f"{DOMINATED[label]} ran to its end in "
-                              f"{base['s_step']:.2f} s/step: this row adds recompute and offload to it"}), flush=True)
+        if not run_dominated and (base := dominating(label, done)):
+            print(json.dumps({"shape": name, "run": label, "skipped": f"{base} ran to its end in "
+                              f"{done[base]['s_step']:.2f} s/step: this row adds recompute or offload to it"}),
+                  flush=True)
             continue
         # an empty prediction: the run logs memory/peak_gib (flowrl.runtime.layout.plan_record)
         got = train(folder, fresh(Path(tmp) / f"{name}-{i}"), steps, workload,

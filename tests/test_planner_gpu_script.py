@@ -13,7 +13,7 @@ import planner_one_gpu as bench  # noqa: E402
 
 def test_an_engine_that_is_not_installed_is_left_out_of_the_grid(monkeypatch):
     monkeypatch.setattr(bench, "find_spec", lambda name: None)
-    assert set(bench.grid_runs(tiny=False)) == {"hf_static", "hf_static ckpt+offload"}
+    assert set(bench.grid_runs(tiny=False)) == {"hf_static", "hf_static ckpt", "hf_static ckpt+offload"}
     monkeypatch.setattr(bench, "find_spec", lambda name: object())
     assert {bench.engine_of(v) for v in bench.grid_runs(tiny=False).values()} == \
         {"hf_static", "vllm graphs", "vllm eager"}
@@ -133,13 +133,14 @@ def test_writing_the_model_has_a_deadline(tmp_path):
 
 
 def test_a_row_that_only_adds_recompute_and_offload_to_a_base_that_ran_is_skipped(tmp_path, monkeypatch, capsys):
-    """DOMINATED: 'hf_static ckpt+offload' runs where 'hf_static' ran out of memory (7B) and is skipped where it
-    ran (it cannot be the grid's best); the vLLM pair likewise; --run-dominated runs it anyway."""
+    """DOMINATED: 'hf_static ckpt+offload' runs where neither 'hf_static ckpt' nor 'hf_static' ran to its end
+    (7B), and a row is skipped where a row of its chain ran (it cannot be the grid's best): 'vllm graphs ckpt'
+    and, two links up, 'vllm ckpt+offload' after 'vllm graphs 0.5 sleep1' ran; --run-dominated runs it anyway."""
     import json
 
     monkeypatch.setattr(bench, "write_model", lambda folder, *a: (Path(folder).mkdir(parents=True),
                                                                    (Path(folder) / "config.json").write_text("{}")))
-    fits = {"hf_static": False, "vllm graphs 0.5 sleep1": True}
+    fits = {"hf_static": False, "hf_static ckpt": False, "vllm graphs 0.5 sleep1": True}
     trained = []
 
     def fake_train(folder, out, steps, workload, extra, config=None):
@@ -150,9 +151,11 @@ def test_a_row_that_only_adds_recompute_and_offload_to_a_base_that_ran_is_skippe
 
     monkeypatch.setattr(bench, "train", fake_train)
     bench.run_shape("7B", {}, str(tmp_path), False, 2, bench.GRID, set(bench.GRID))
-    assert trained == ["hf_static", "vllm graphs 0.5 sleep1", "hf_static ckpt+offload", "vllm eager 0.5 sleep1"]
+    assert trained == ["hf_static", "vllm graphs 0.5 sleep1", "hf_static ckpt", "hf_static ckpt+offload",
+                       "vllm eager 0.5 sleep1"]
     skipped = [r for r in map(json.loads, capsys.readouterr().out.splitlines()) if "skipped" in r]
-    assert [r["run"] for r in skipped] == ["vllm ckpt+offload"] and "vllm graphs 0.5 sleep1" in skipped[0]["skipped"]
+    assert [r["run"] for r in skipped] == ["vllm graphs ckpt", "vllm ckpt+offload"]
+    assert all(r["skipped"].startswith("vllm graphs 0.5 sleep1 ran to its end") for r in skipped)
     trained.clear()
     bench.run_shape("7B", {}, str(tmp_path), False, 2, bench.GRID, {"vllm ckpt+offload"}, run_dominated=True)
     assert trained == ["vllm ckpt+offload"]
