@@ -71,16 +71,17 @@ TINY_WORKLOAD = ["model.dtype=float32", "train.batch_size=2", "algo.group_size=2
 LENGTHS_SIGMA = 1.0  # as grpo_vs_trl.py's long-tailed workload
 CPU = ["train.device=cpu"]  # after the written config: the tiny run plans for a GPU and runs on the CPU
 VLLM_05 = ["roles.rollout.engine=vllm", "roles.rollout.gpu_memory_utilization=0.5", "roles.rollout.free_cache_engine=1"]
+VLLM_GRAPHS = [*VLLM_05, "roles.rollout.enforce_eager=false"]
 CKPT = ["model.gradient_checkpointing=true"]
 OFFLOAD = ["roles.actor.offload_optimizer=true"]
 GRID = {  # the hand grid: what a user would try: the defaults, each engine, then what a refusal advises first
     "hf_static": [],
-    "vllm graphs 0.5 sleep1": [*VLLM_05, "roles.rollout.enforce_eager=false"],
+    "vllm graphs 0.5 sleep1": VLLM_GRAPHS,
     "hf_static ckpt": CKPT,
-    "vllm graphs ckpt": [*VLLM_05, "roles.rollout.enforce_eager=false", *CKPT],
+    "vllm graphs ckpt": [*VLLM_GRAPHS, *CKPT],
     "hf_static ckpt+offload": [*CKPT, *OFFLOAD],
     "vllm eager 0.5 sleep1": [*VLLM_05, "roles.rollout.enforce_eager=true"],
-    "vllm ckpt+offload": [*VLLM_05, "roles.rollout.enforce_eager=false", *CKPT, *OFFLOAD],
+    "vllm ckpt+offload": [*VLLM_GRAPHS, *CKPT, *OFFLOAD],
 }
 # a grid row that is its base row's layout with recompute (checkpointing) or PCIe traffic (optimizer offload) added
 # to the same micro-batches, so never faster than it. It runs only where no row of its chain (its base, its base's
@@ -271,7 +272,8 @@ def main() -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same as --tiny")
     parser.add_argument("--runs", default=None, help="comma-separated: 'chosen' and grid labels (default: all)")
     parser.add_argument("--run-dominated", action="store_true",
-                        help="run the checkpointing-and-offload rows even where their base row ran (DOMINATED)")
+                        help="run the checkpointing and checkpointing-and-offload rows even where a row of their "
+                             "chain ran with room (DOMINATED)")
     parser.add_argument("--lengths", choices=("variable", "fixed"), default="variable",
                         help="variable: long-tailed drawn lengths (issue 43's workload); fixed: every row to the cap")
     parser.add_argument("--workdir", default=None,

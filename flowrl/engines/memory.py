@@ -128,7 +128,10 @@ def trained(shape: ModelShape, load: RankLoad, *, trained_params: int | None = N
 def activations(shape: ModelShape, load: RankLoad, compiled: bool = False) -> int:
     """One micro-batch's saved activations for the backward pass (see the module docstring)."""
     h, i = shape.hidden_size, shape.intermediate_size
-    full = GPT_ACTIVATION_BYTES * h if not i else 18 * h + 6 * i if compiled else 24 * h + 8 * i
+    if not i:
+        full = GPT_ACTIVATION_BYTES * h
+    else:
+        full = 18 * h + 6 * i if compiled else 24 * h + 8 * i
     if load.gradient_checkpointing:  # every layer's input, and the layer being recomputed in full
         return load.tokens * (shape.num_layers * RECOMPUTE_BYTES * h + full)
     return load.tokens * shape.num_layers * full
