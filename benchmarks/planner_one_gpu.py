@@ -15,6 +15,11 @@ for every run of a shape (`--lengths fixed`: every row to the cap, as random wei
 run benchmarks/planner_bench.py's GRPO and task, which set the prompts and the forcing up (hf_static runs as
 hf_static_lengths, hf_static with each row's eos_at_B; vLLM with forced_lengths' logits processor).
 
+Where every grid row of an engine (hf_static, vLLM with CUDA graphs) is refused before it loads (at 7B on an 80 GB
+card), the grid adds the row a user reaches by setting what the last refusal advises, LoRA left out (advised_rows:
+at 7B, vLLM graphs with checkpointing, optimizer offload and the largest token budget that fits), so that every
+engine that can train the full model has a measured row.
+
 The grid's vLLM rows (CUDA graphs and eager, both asleep between generations) are left out where vLLM is not
 installed (the planner then leaves it out too: flowrl.runtime.layout.auto_plan.installed_engines), so a missing engine
 is a row not run, never a crash; the engine compared is the engine and, for vLLM, graphs or eager.
@@ -45,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import forced_lengths  # noqa: E402
 from bench_workload import BenchTask  # noqa: E402
 from common import qwen_model  # noqa: E402
+from planner_grid import ADVISED, GRID, advised_rows, chosen_engine, dominating, engine_of  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent / "planner_bench.py"
 ALGO = f"{BENCH}:grpo"  # named by path: flowrl imports it (and its forced-length engine) before the config check
@@ -70,60 +76,6 @@ TINY_WORKLOAD = ["model.dtype=float32", "train.batch_size=2", "algo.group_size=2
                  "eval.every=0", "checkpoint.every=0", "checkpoint.export=false"]
 LENGTHS_SIGMA = 1.0  # as grpo_vs_trl.py's long-tailed workload
 CPU = ["train.device=cpu"]  # after the written config: the tiny run plans for a GPU and runs on the CPU
-VLLM_05 = ["roles.rollout.engine=vllm", "roles.rollout.gpu_memory_utilization=0.5", "roles.rollout.free_cache_engine=1"]
-VLLM_GRAPHS = [*VLLM_05, "roles.rollout.enforce_eager=false"]
-CKPT = ["model.gradient_checkpointing=true"]
-OFFLOAD = ["roles.actor.offload_optimizer=true"]
-GRID = {  # the hand grid: what a user would try: the defaults, each engine, then what a refusal advises first
-    "hf_static": [],
-    "vllm graphs 0.5 sleep1": VLLM_GRAPHS,
-    "hf_static ckpt": CKPT,
-    "vllm graphs ckpt": [*VLLM_GRAPHS, *CKPT],
-    "hf_static ckpt+offload": [*CKPT, *OFFLOAD],
-    "vllm eager 0.5 sleep1": [*VLLM_05, "roles.rollout.enforce_eager=true"],
-    "vllm ckpt+offload": [*VLLM_GRAPHS, *CKPT, *OFFLOAD],
-}
-# a grid row that is its base row's layout with recompute (checkpointing) or PCIe traffic (optimizer offload) added
-# to the same micro-batches, so never faster than it. It runs only where no row of its chain (its base, its base's
-# base) ran to its end (refused or out of memory, as at 7B), or where that row ran near the card's memory
-# (`unpressed`); where one ran with room, it is left out (a "skipped" line) unless --run-dominated
-DOMINATED = {"hf_static ckpt": "hf_static", "hf_static ckpt+offload": "hf_static ckpt",
-             "vllm graphs ckpt": "vllm graphs 0.5 sleep1", "vllm ckpt+offload": "vllm graphs ckpt"}
-
-
-def dominating(label: str, done: dict[str, dict]) -> str | None:
-    """The row of `label`'s chain that ran to its end with room, which makes it pointless; None: run it."""
-    while (label := DOMINATED.get(label)) is not None:
-        base = done.get(label, {})
-        if base.get("ok") and base.get("s_step") and unpressed(base.get("peak_gib")):
-            return label
-    return None
-
-
-PRESSED = 0.9  # a base row peaking above this share of the card may have paid for the allocator's retries
-
-
-def unpressed(peak_gib: float | None) -> bool:
-    """Whether a run's peak left the card's allocator room (below PRESSED of it; always where no GPU is): only
-    then is a row that adds recompute and offload to it sure to be slower."""
-    if not torch.cuda.is_available():
-        return True
-    return peak_gib is not None and peak_gib < PRESSED * torch.cuda.get_device_properties(0).total_memory / 2**30
-
-
-def engine_of(values: list[str]) -> str:
-    """hf_static, 'vllm graphs' or 'vllm eager' (the rollout's enforce_eager)."""
-    if "roles.rollout.engine=vllm" not in values:
-        return "hf_static"
-    return "vllm eager" if "roles.rollout.enforce_eager=true" in values else "vllm graphs"
-
-
-def chosen_engine(written: dict) -> str:
-    rollout = written.get("roles", {}).get("rollout", {})
-    if rollout.get("engine", "hf_static") != "vllm":
-        return rollout.get("engine", "hf_static")
-    return "vllm eager" if rollout.get("enforce_eager", True) else "vllm graphs"
-
 
 def grid_runs(tiny: bool) -> dict[str, list[str]]:
     """The hand grid this machine can run: no vLLM row where vLLM is not installed or on the CPU (sleep mode)."""
@@ -248,6 +200,12 @@ def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: di
                               "engine": engine,
                               "predicted": {k: written["plan"]["predicted"][k]
                                             for k in ("layout", "step_s", "peak_gib")}})
+    def row(label: str, extra: list[str], i: int) -> None:
+        # an empty prediction: the run logs memory/peak_gib (flowrl.runtime.layout.plan_record)
+        got = train(folder, fresh(Path(tmp) / f"{name}-{i}"), steps, workload,
+                    [*extra, *forced(engine_of(extra)), *after, "plan.predicted.step_s=0"])
+        record(label, {**got, "engine": engine_of(extra), **({} if label in grid else {"values": extra})})
+
     for i, (label, extra) in enumerate(grid.items()):
         if runs is not None and label not in runs:
             continue
@@ -256,12 +214,14 @@ def run_shape(name: str, shape: dict, tmp: str, tiny: bool, steps: int, grid: di
                               f"{done[base]['s_step']:.2f} s/step: this row adds recompute or offload to it"}),
                   flush=True)
             continue
-        # an empty prediction: the run logs memory/peak_gib (flowrl.runtime.layout.plan_record)
-        got = train(folder, fresh(Path(tmp) / f"{name}-{i}"), steps, workload,
-                    [*extra, *forced(engine_of(extra)), *after, "plan.predicted.step_s=0"])
-        record(label, {**got, "engine": engine_of(extra)})
+        row(label, extra, i)
+    if runs is None or ADVISED in runs:
+        for i, (label, extra) in enumerate(advised_rows(grid, done).items(), start=len(grid)):
+            if label not in done:
+                row(label, extra, i)
     if "chosen" in done:
-        print(json.dumps(summary(name, done["chosen"], {k: v for k, v in done.items() if k in grid})), flush=True)
+        print(json.dumps(summary(name, done["chosen"], {k: v for k, v in done.items() if k != "chosen"})),
+              flush=True)
 
 
 def main() -> None:
@@ -270,7 +230,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (a smoke run of the script)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: the same as --tiny")
-    parser.add_argument("--runs", default=None, help="comma-separated: 'chosen' and grid labels (default: all)")
+    parser.add_argument("--runs", default=None, help=f"comma-separated: 'chosen', grid labels and '{ADVISED}' "
+                        "(the rows the refusals advise, advised_rows) (default: all)")
     parser.add_argument("--run-dominated", action="store_true",
                         help="run the checkpointing and checkpointing-and-offload rows even where a row of their "
                              "chain ran with room (DOMINATED)")
@@ -289,8 +250,8 @@ def main() -> None:
                       "workload": TINY_WORKLOAD if tiny else WORKLOAD, "grid": list(grid),
                       "vllm_installed": find_spec("vllm") is not None}), flush=True)
     runs = set(args.runs.split(",")) if args.runs else None
-    if runs and (unknown := runs - {"chosen", *grid}):
-        parser.error(f"--runs: {', '.join(sorted(unknown))} not among chosen, {', '.join(grid)}")
+    if runs and (unknown := runs - {"chosen", ADVISED, *grid}):
+        parser.error(f"--runs: {', '.join(sorted(unknown))} not among chosen, {ADVISED}, {', '.join(grid)}")
     if args.workdir:
         Path(args.workdir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() if args.workdir is None else nullcontext(args.workdir) as tmp:

@@ -39,3 +39,52 @@ def test_7b_on_one_80_gib_gpu_is_refused_naming_checkpointing_offload_and_lora(t
     with pytest.raises(fl.PlanError) as err:
         check_memory(cfg, plan, tmp_path, 40 * GIB)
     assert "lora_rank=64" in str(err.value) and "offload_optimizer=true" not in str(err.value)
+
+
+VLLM_GRAPHS = ["roles.rollout.engine=vllm", "roles.rollout.gpu_memory_utilization=0.5",
+               "roles.rollout.free_cache_engine=1", "roles.rollout.enforce_eager=false"]
+STEP_16X8 = [*WORKLOAD, "train.batch_size=16"]
+
+
+def refusal(tmp_path, values: list[str]) -> str:
+    cfg = load_run_config(None, [*STEP_16X8, *values])
+    with pytest.raises(fl.PlanError) as err:
+        check_memory(cfg, make_plan(cfg, grpo, ParityTask()), tmp_path, 80 * GIB)
+    return str(err.value)
+
+
+def passes(tmp_path, values: list[str]) -> None:
+    cfg = load_run_config(None, [*STEP_16X8, *values])
+    check_memory(cfg, make_plan(cfg, grpo, ParityTask()), tmp_path, 80 * GIB)
+
+
+def test_the_token_budget_advised_is_the_largest_that_fits(tmp_path):
+    """7B, vLLM with CUDA graphs asleep at level 1, checkpointing and the optimizer offloaded, 16 x 8 rows of 256 +
+    1024 tokens on one 80 GiB card (issue 43's hand grid): refused; the budget it names is the largest power of two
+    that fits (twice it is refused), not the one sequence a micro-batch (2048 tokens) with which the set was found:
+    the fewest micro-batches, the one a user following the advice runs."""
+    pytest.importorskip("vllm")
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B))
+    base = [*VLLM_GRAPHS, "model.gradient_checkpointing=true", "roles.actor.offload_optimizer=true"]
+    line = refusal(tmp_path, base)
+    named = line.split("it would fit with ")[1].split(" (`flowrl plan")[0].split("; or ")
+    budget = next(f for f in named if "lora_rank" not in f)
+    tokens = int(budget.split(" + ")[0].split("=")[1])
+    assert budget == f"roles.actor.max_tokens_per_micro_batch={tokens} + roles.ref.max_tokens_per_micro_batch={tokens}"
+    assert tokens > 2048 and tokens & (tokens - 1) == 0
+    passes(tmp_path, [*base, *budget.split(" + ")])
+    refusal(tmp_path, [*base, *budget.replace(str(tokens), str(2 * tokens)).split(" + ")])
+
+
+def test_vllm_refused_for_want_of_room_names_what_makes_room(tmp_path):
+    """vLLM's build-time refusal (half the card not free beside the 7B's train engines) names the sets of options
+    that make room, as a peak over the card does; each, applied, passes the same check."""
+    pytest.importorskip("vllm")
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B))
+    line = refusal(tmp_path, [*VLLM_GRAPHS, "model.gradient_checkpointing=true"])
+    assert line.startswith("placement: vLLM would not start: gpu_memory_utilization=0.5 of the card is not free")
+    assert "\n" not in line and "it would fit with " in line
+    named = line.split("it would fit with ")[1].split(" (`flowrl plan")[0].split("; or ")
+    assert any("roles.actor.offload_optimizer=true" in f for f in named)
+    for fix in named:
+        passes(tmp_path, [*VLLM_GRAPHS, "model.gradient_checkpointing=true", *fix.split(" + ")])

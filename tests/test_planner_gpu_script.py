@@ -8,6 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import planner_grid  # noqa: E402
 import planner_one_gpu as bench  # noqa: E402
 
 
@@ -168,4 +169,67 @@ def test_a_base_row_near_the_cards_memory_does_not_rule_its_variant_out(monkeypa
 
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(bench.torch.cuda, "get_device_properties", lambda i: Props())
-    assert bench.unpressed(71.9) and not bench.unpressed(72.0) and not bench.unpressed(None)
+    assert planner_grid.unpressed(71.9) and not planner_grid.unpressed(72.0) and not planner_grid.unpressed(None)
+
+
+REFUSED_7B = ("flowrl: error: placement: pool 'global' needs about 78.0 GiB per GPU at its peak (predicted for "
+              "colocated 1; vllm graphs tp1x1 mem 0.5 sleep 1; micro 64; ckpt, offload-opt), more than 95% of a GPU's "
+              "79.2 GiB; it would fit with roles.actor.lora_rank=64; or roles.actor.max_tokens_per_micro_batch=65536 + "
+              "roles.ref.max_tokens_per_micro_batch=65536 (`flowrl plan ALGO --cluster found --explain` chooses among "
+              "them) (or train.memory_check=false to try anyway)")
+LORA_ONLY = ("flowrl: error: placement: pool 'global' needs about 85.7 GiB per GPU at its peak (...); it would fit "
+             "with roles.actor.lora_rank=64 (`flowrl plan ALGO --cluster found --explain` chooses among them)")
+
+
+def test_the_advice_a_user_follows_keeps_the_math():
+    """The first set a refusal names without LoRA (7B's vLLM row, 2026-12-08's refusal text); none where LoRA
+    alone would fit or nothing is advised."""
+    assert planner_grid.advice_values(REFUSED_7B) == ["roles.actor.max_tokens_per_micro_batch=65536",
+                                               "roles.ref.max_tokens_per_micro_batch=65536"]
+    assert planner_grid.advice_values(LORA_ONLY) is None
+    assert planner_grid.advice_values("flowrl: error: CUDA out of memory") is None
+
+
+def test_an_engine_whose_grid_rows_were_all_refused_gets_the_row_its_last_refusal_advises(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """7B: every hf_static row is refused naming LoRA alone (no row: the math stays), every vLLM graphs row is
+    refused, the last one naming a token budget: one more row, 'vllm ckpt+offload + advice', runs with the last
+    row's values and the budget, and counts in the summary; an engine with a row that ran gets none."""
+    import json
+
+    monkeypatch.setattr(bench, "write_model", lambda folder, *a: (Path(folder).mkdir(parents=True),
+                                                                   (Path(folder) / "config.json").write_text("{}")))
+    monkeypatch.setattr(bench, "plan", lambda folder, out, cluster, workload: out.touch() or {
+        "roles": {"rollout": {"engine": "vllm", "enforce_eager": False}},
+        "plan": {"predicted": {"layout": "colocated 1", "step_s": 40.0, "peak_gib": {"global": 74.0}}}})
+    errors = {"vllm ckpt+offload": REFUSED_7B, "vllm graphs 0.5 sleep1": "flowrl: error: placement: vLLM would "
+              "not start: gpu_memory_utilization=0.5 of the card is not free beside the train engines' 56.7 GiB"}
+    trained = []
+
+    def fake_train(folder, out, steps, workload, extra, config=None):
+        if config:
+            return {"ok": True, "oom": False, "s_step": 24.0, "peak_gib": 70.0, "error": ""}
+        label = next((k for k, v in bench.GRID.items() if all(e in extra for e in v) and len(v) == len(extra) - 1),
+                     "advised")
+        trained.append((label, [e for e in extra if e != "plan.predicted.step_s=0"]))
+        if label == "advised":
+            return {"ok": True, "oom": False, "s_step": 25.0, "peak_gib": 71.0, "error": ""}
+        if label == "vllm eager 0.5 sleep1":
+            return {"ok": True, "oom": False, "s_step": 40.0, "peak_gib": 71.0, "error": ""}
+        return {"ok": False, "oom": False, "s_step": None, "peak_gib": None,
+                "error": errors.get(label, LORA_ONLY)}
+
+    monkeypatch.setattr(bench, "train", fake_train)
+    bench.run_shape("7B", {}, str(tmp_path), False, 2, bench.GRID)
+    advised = [values for label, values in trained if label == "advised"]
+    assert advised == [[*bench.GRID["vllm ckpt+offload"], "roles.actor.max_tokens_per_micro_batch=65536",
+                        "roles.ref.max_tokens_per_micro_batch=65536"]]
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    row = next(r for r in lines if r.get("run") == "vllm ckpt+offload + advice")
+    assert row["engine"] == "vllm graphs" and row["values"] == advised[0]
+    last = lines[-1]
+    assert last["best_grid"] == "vllm ckpt+offload + advice" and last["ratio"] == 24.0 / 25.0
+    assert last["fastest_engine"] == "vllm graphs" and last["engine_ok"]
+    capsys.readouterr()
+    bench.run_shape("7B", {}, str(tmp_path), False, 2, bench.GRID, {bench.ADVISED})  # kept: not run again
+    assert len([label for label, _ in trained if label == "advised"]) == 1

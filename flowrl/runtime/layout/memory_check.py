@@ -24,7 +24,7 @@ from typing import Callable
 from flowrl.config import RunConfig
 from flowrl.engines.memory import GIB, ModelShape
 from flowrl.errors import PlanError
-from flowrl.plan.candidates import Work
+from flowrl.plan.candidates import Candidate, Work
 from flowrl.plan.choose import PlannerConfig
 from flowrl.plan.memory import Fit, fit, pool_phases
 from flowrl.plan.planner import Plan
@@ -56,9 +56,12 @@ def judge(cfg: RunConfig, plan: Plan, shape: ModelShape, prompt_len: int, gpu_by
                       f"planner's phase model", stacklevel=3)
         return fallback(cfg, plan, shape, work.seq_len, gpu_bytes)
     got = fit(layout.cand, shape, work, layout.roles, layout.cluster, layout.batch)
-    if got.refused:
-        raise PlanError(f"placement: {got.refused}")
     limit = int(gpu_bytes * PlannerConfig().headroom)
+    if got.refused:  # an engine's refusal for want of memory (vLLM's share not free, no room for a sequence's
+        # KV cache) names what would make room as a peak over the card does; one for the layout (TP, nodes) cannot
+        found = "" if got.layout_refused or not (sets := fixes(layout, shape, work, limit)) else \
+            f"; it would fit with {named(sets)} (`flowrl plan ALGO --cluster found --explain` chooses among them)"
+        raise PlanError(f"placement: {got.refused}{found}")
     if max(got.peak.values()) > limit:
         raise PlanError(f"{too_big(layout, got, gpu_bytes)}; it would fit with {advice(layout, shape, work, limit)} "
                         f"(`flowrl plan ALGO --cluster found --explain` chooses among them)")
@@ -83,14 +86,20 @@ def too_big(layout: Layout, got: Fit, gpu_bytes: int) -> str:
 
 def advice(layout: Layout, shape: ModelShape, work: Work, limit: int) -> str:
     found = fixes(layout, shape, work, limit)
-    return "; or ".join(" + ".join(f) for f in found) if found else "none of flowrl's memory options alone"
+    return named(found) if found else "none of flowrl's memory options alone"
+
+
+def named(found: list[list[str]]) -> str:
+    return "; or ".join(" + ".join(f) for f in found)
 
 
 def fixes(layout: Layout, shape: ModelShape, work: Work, limit: int) -> list[list[str]]:
     """The smallest sets of `--set` values with which the layout fits `limit` bytes a GPU, in the phase model:
     activation checkpointing, the optimizer or parameters offloaded, LoRA on the policy (it changes the math:
-    offered, never applied), a token budget of one sequence per micro-batch, vLLM asleep between generations or
-    without its CUDA graph pool (enforce_eager)."""
+    offered, never applied), a token budget per micro-batch, vLLM asleep between generations or without its CUDA
+    graph pool (enforce_eager). A set is found with the budget of one sequence a micro-batch and named with the
+    largest power of two that still fits beside the rest of the set (`largest_budget`): the fewest micro-batches,
+    the one a user following the advice should run."""
     cand, trained, tuned = layout.cand, layout.trained, layout.trained + layout.frozen
     budget = 1 << (work.seq_len - 1).bit_length()  # the smallest power of two that holds one sequence
     sets = {"model.gradient_checkpointing=true": ({"gradient_checkpointing": True}, not cand.gradient_checkpointing),
@@ -116,7 +125,27 @@ def fixes(layout: Layout, shape: ModelShape, work: Work, limit: int) -> list[lis
             roles = replace(layout.roles, frozen_lent=layout.roles.frozen_lent or changed.lora_rank > 0)
             if fit(changed, shape, work, roles, layout.cluster, layout.batch).fits(limit):
                 found.append(frozenset(combo))
-    return [[name for name in options if name in f] for f in found]
+    named = " + ".join(f"roles.{r}.max_tokens_per_micro_batch={budget}" for r in tuned)
+    out = []
+    for f in found:
+        names = [name for name in options if name in f]
+        if named in f:
+            update = {k: v for name in f if name != named for k, v in options[name].items()}
+            most = largest_budget(layout, replace(cand, **update), shape, work, limit, budget)
+            names[names.index(named)] = named.replace(f"={budget}", f"={most}")
+        out.append(names)
+    return out
+
+
+def largest_budget(layout: Layout, cand: Candidate, shape: ModelShape, work: Work, limit: int, least: int) -> int:
+    """The largest power-of-two token budget, from `least` (one sequence, known to fit) up to the step's tokens,
+    with which `cand` fits `limit` bytes a GPU."""
+    roles = replace(layout.roles, frozen_lent=layout.roles.frozen_lent or cand.lora_rank > 0)
+    most = least
+    while most < work.rows * work.seq_len and \
+            fit(replace(cand, token_budget=2 * most), shape, work, roles, layout.cluster, layout.batch).fits(limit):
+        most *= 2
+    return most
 
 
 def fallback(cfg: RunConfig, plan: Plan, shape: ModelShape, seq_len: int, gpu_bytes: int) -> Judged:
