@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import nullcontext
 from importlib.util import find_spec
 from pathlib import Path
@@ -88,6 +89,8 @@ def train(folder: Path, out: Path, steps: int, workload: list[str], extra: list[
     cmd = [sys.executable, "-m", "flowrl", "train", ALGO, "--no-progress", "--steps", str(steps),
            "--output-dir", str(out), *(["--config", str(config)] if config else []),
            *[f"--set={kv}" for kv in [*workload, f"model.path={folder}", *extra]]]
+    began = time.monotonic()  # a run's whole process (imports, model load, compiles, vLLM's start, every step):
+    # what a device call's time is planned from
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -100,6 +103,7 @@ def train(folder: Path, out: Path, steps: int, workload: list[str], extra: list[
     return {"ok": done.returncode == 0, "oom": "out of memory" in done.stderr.lower(),
             "s_step": statistics.median(times) if times else None, "peak_gib": max(peaks) if peaks else None,
             "error": (done.stderr.strip().splitlines() or [""])[-1] if done.returncode else "",
+            "wall_s": round(time.monotonic() - began, 1),
             # each node's measured median seconds, and where the run had a prediction, measured over predicted per
             # node and the cost model refined from the run (flowrl.plan.calibrate.record): what the device table's
             # constants are re-measured from (flowrl/plan/costs.py)

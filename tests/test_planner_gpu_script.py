@@ -63,8 +63,12 @@ def test_a_run_reports_its_node_medians_and_the_refined_cost_model(tmp_path, mon
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    clock = iter([100.0, 212.5])  # the process's whole wall time, what a device call is planned from
+    monkeypatch.setattr(bench.time, "monotonic", lambda: next(clock))
     grid = bench.train(tmp_path / "m", tmp_path / "grid", 3, [], [])
-    assert grid["s_step"] == 3.0 and grid["peak_gib"] == 4.0
+    monkeypatch.undo()
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    assert grid["s_step"] == 3.0 and grid["peak_gib"] == 4.0 and grid["wall_s"] == 112.5
     assert grid["node_s"] == {"generate": 2.0, "step": 3.0, "update": 0.6} and "refined" not in grid
     chosen = bench.train(tmp_path / "m", tmp_path / "chosen", 3, [], [], config=tmp_path / "plan.yaml")
     assert chosen["node_ratio"] == {"generate": 0.8} and chosen["refined"]["scale"] == {"generate": 0.8}
