@@ -16,7 +16,7 @@
 #           (`train.device=cuda` alone), Qwen2.5-0.5B shape 64x8, 256 new tokens, fixed (cold start), then
 #           variable (D's flowrl row, moved here so that D's call holds verl's 5-minute start and its steps)
 #   B (c2)  vllm's first half kept
-#   F       flowrl, Qwen2.5-1.5B shape 16x8, 1024 new tokens, variable
+#   F       flowrl, Qwen2.5-1.5B shape 16x8, 1024 new tokens, variable (micro-batches of 16 on a card under 100 GB)
 #   C (c3, c5) vllm and its wheels, and the server path's (benchmarks/verl_server_wheels.txt) installed; an import
 #           of what verl's vLLM server imports checked (exit 5 if one fails); verl, 64x8, 256, fixed (cold start;
 #           its preflight passed on the device on 2026-12-07)
@@ -134,7 +134,13 @@ B)
   cp "$ROOT/.verlcarry/c2/vllm.00" /tmp/vc/ || exit 4
   ;;
 F)
-  run flowrl_big 300 $B --systems flowrl $BIG
+  # flowrl's micro-batch of 32 rows of up to 1280 tokens needs about 102 GiB at 1.5B (its memory check refuses it
+  # on an 80 GB card): there flowrl runs micro-batches of 16 (what `flowrl plan --cluster found` picks on an H100;
+  # verl's update is bounded by its token budget, ppo_max_token_len_per_gpu, either way)
+  MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  MICRO=""
+  [ "${MIB:-0}" -lt 100000 ] && MICRO="--micro 16" && echo "F: a card of $MIB MiB: flowrl with --micro 16"
+  run flowrl_big 300 $B --systems flowrl $BIG $MICRO
   ;;
 C)
   install_vllm
