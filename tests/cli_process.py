@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -54,6 +55,14 @@ def start(args: list[str], cwd: str | Path, env: dict[str, str] | None = None,
                                                 out, err))
     proc.start()
     return proc
+
+
+def stall_until(done: list[Path], longest: float) -> None:
+    """A rank that never takes part: it stays (as a stuck rank would) until the other ranks wrote their results
+    `done`, having given up on it, or `longest` s at most; its exit earlier would close their pairs to it."""
+    deadline = time.monotonic() + longest
+    while not all(path.exists() for path in done) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def run(*args: str, cwd: str | Path, env: dict[str, str] | None = None,

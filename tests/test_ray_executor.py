@@ -303,7 +303,7 @@ def test_split_pools_stream_the_weights_in_buckets_without_a_state_dict(tmp_path
         ray.get([w.__ray_call__.remote(hm.old_gather) for w in train_ranks])
         ray.get(gen.__ray_call__.remote(hm.old_load, ray.put(trained)))
         old = ray.get([w.__ray_call__.remote(hm.measured, s) for w, s in zip(everyone, starts)])
-        assert_a_rank_that_never_sends_is_named(executor, sync)  # last: it leaves the group broken
+        assert_a_rank_that_never_sends_is_named(executor, sync, tmp_path / "released")  # last: breaks the group
     finally:
         executor.close()
     bucket, largest = 8, 16  # MB: sync.bucket_mb, and the embedding (a tensor over a bucket goes alone)
@@ -315,11 +315,11 @@ def test_split_pools_stream_the_weights_in_buckets_without_a_state_dict(tmp_path
     assert all(peak > 134 for peak in old), old  # the old path: the whole model on the CPU of every rank
 
 
-def _busy(worker, seconds):
-    """Fault injection: this rank is stuck elsewhere (a Ray actor runs one call at a time), so it never sends."""
-    import time
+def _busy(worker, released, seconds):
+    """Fault injection: stuck elsewhere (an actor runs one call at a time), it never sends until `released` exists."""
+    from cli_process import stall_until
 
-    time.sleep(seconds)
+    stall_until([released], seconds)
 
 
 def _deadline(worker, key, seconds):
@@ -327,7 +327,7 @@ def _deadline(worker, key, seconds):
     worker.transports[key][0].group.set_timeout(seconds)
 
 
-def assert_a_rank_that_never_sends_is_named(executor, sync, seconds=4):
+def assert_a_rank_that_never_sends_is_named(executor, sync, released, seconds=4):
     """Fault injection on a formed split-pools group: train rank 1 is kept busy through the next sync (a Ray
     actor runs one call at a time), so it never sends; the driver gets a WeightSyncTimeout naming the transfer
     from that rank within sync.timeout_s (not executor.node_timeout_s, nor a hang)."""
@@ -339,7 +339,7 @@ def assert_a_rank_that_never_sends_is_named(executor, sync, seconds=4):
     everyone = [*executor.workers["train"], *executor.workers["gen"]]
     ray.get([w.__ray_call__.remote(_deadline, key, seconds) for w in everyone])
     executor.book.updates["actor"] += 1
-    busy = executor.workers["train"][1].__ray_call__.remote(_busy, 3 * seconds)
+    busy = executor.workers["train"][1].__ray_call__.remote(_busy, released, 3 * seconds)
     start = time.perf_counter()
     # the rollout rank's wait on rank 1, or train rank 0's on the rollout rank that gave up (whichever Ray
     # reports first): both name the bucket and the peer
@@ -347,6 +347,7 @@ def assert_a_rank_that_never_sends_is_named(executor, sync, seconds=4):
                                                 rf"answer within {seconds} s \(sync.timeout_s\)"):
         executor._get([executor.pool_sync.launch(sync, 0.0)])
     assert time.perf_counter() - start < 2.5 * seconds
+    released.touch()
     ray.get(busy)
 
 

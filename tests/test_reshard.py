@@ -15,7 +15,7 @@ from flowrl.engines.weights.reshard import Moved, local_shards, loader_view, res
 from flowrl.engines.weights.reshard_plan import (Box, Layout, Piece, bucketed, check_layout, fsdp_rows, gather_bytes,
                                          kept_box, plan, plan_param, sync_bytes)
 from flowrl.engines.weights.buckets import WeightSyncTimeout
-from cli_process import START_METHOD
+from cli_process import START_METHOD, stall_until
 from vllm_tp_reference import vllm_params
 
 HEADS, KV_HEADS = 4, 2  # GQA: at tp=4 two tensor ranks share each key-value head
@@ -137,7 +137,7 @@ def _split_rank(rank, out, tp, dp, stall):
     layout = Layout(tp, dp, HEADS, KV_HEADS)
     plans, moved = plan(_entries(model), layout, [0, 1], list(range(2, world))), Moved()
     if stall and rank == 1:
-        time.sleep(8)
+        stall_until([out / f"rank{r}.pt" for r in range(world) if r != 1], longest=8)
         return
     start = time.perf_counter()
     try:

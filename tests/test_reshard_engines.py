@@ -30,7 +30,7 @@ from flowrl.engines.weights.in_process import StreamedSync
 from flowrl.engines.weights.reshard import Moved
 from flowrl.engines.weights.reshard_sync import ReshardShape, ReshardSync, ReshardTransport, WeightShards, model_heads
 from flowrl.runtime.threads import CPU_KERNELS
-from cli_process import START_METHOD
+from cli_process import START_METHOD, stall_until
 
 GREEDY = SamplingParams(max_new_tokens=5, greedy=True)
 SYNCS = 3
@@ -86,7 +86,7 @@ def _colocated_rank(rank, path, out, stall):
     assert isinstance(sync, ReshardSync) and sync.timeout_s == (3.0 if stall else 60.0)
     if stall:  # rank 1 never takes part; rank 0 waits on its rows
         if rank == 1:
-            time.sleep(7)
+            stall_until([out / "rank0.pt"], longest=7)
             return
         start = time.perf_counter()
         try:
@@ -160,14 +160,14 @@ def _split_rank(rank, path, out, port, stall):
         _move(model.state_dict().values(), step)  # every rank: the whole model (the reference), its rows sent
         if rank < 2:
             if stall and rank == 1:
-                time.sleep(7)
+                stall_until([out / f"rank{r}.pt" for r in (0, 2, 3)], longest=7)
                 return
             local, start = {n: t.chunk(2)[rank] for n, t in model.state_dict().items()}, time.perf_counter()
             try:
                 rows.append(transport.send(WeightShards(entries, local, *heads, torch.device("cpu"))))
             except WeightSyncTimeout as err:  # the rollout ranks stopped reading: they wait on rank 1
                 torch.save(dict(error=str(err), seconds=time.perf_counter() - start), out / f"rank{rank}.pt")
-                time.sleep(6)  # stays until the rollout ranks have given up (its exit would close the pairs)
+                stall_until([out / "rank2.pt", out / "rank3.pt"], longest=6)  # the rollout ranks gave up
                 return
             continue
         moved, start = Moved(), time.perf_counter()
