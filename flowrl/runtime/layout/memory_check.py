@@ -125,14 +125,14 @@ def fixes(layout: Layout, shape: ModelShape, work: Work, limit: int) -> list[lis
             roles = replace(layout.roles, frozen_lent=layout.roles.frozen_lent or changed.lora_rank > 0)
             if fit(changed, shape, work, roles, layout.cluster, layout.batch).fits(limit):
                 found.append(frozenset(combo))
-    named = " + ".join(f"roles.{r}.max_tokens_per_micro_batch={budget}" for r in tuned)
+    by_budget = " + ".join(f"roles.{r}.max_tokens_per_micro_batch={budget}" for r in tuned)
     out = []
     for f in found:
         names = [name for name in options if name in f]
-        if named in f:
-            update = {k: v for name in f if name != named for k, v in options[name].items()}
+        if by_budget in f:
+            update = {k: v for name in f if name != by_budget for k, v in options[name].items()}
             most = largest_budget(layout, replace(cand, **update), shape, work, limit, budget)
-            names[names.index(named)] = named.replace(f"={budget}", f"={most}")
+            names[names.index(by_budget)] = by_budget.replace(f"={budget}", f"={most}")
         out.append(names)
     return out
 
