@@ -6,7 +6,7 @@ and with each hand-grid variant for `--steps` steps, each in its own process. Ea
 (torch's allocated peak less what a sleeping vLLM unmapped, flowrl.engines.device_peak, by
 flowrl.runtime.layout.plan_record: the grid runs carry an empty prediction,
 plan.predicted.step_s=0, so they log it too) and `timing_s/step` (the median after the first step is read).
-Prints one JSON line per run (shape, run, ok, oom, s_step, peak_gib, engine, the prediction for the chosen one)
+Prints one JSON line per run (shape, run, ok, oom, s_step, peak_gib, engine, wall_s, the prediction for the chosen one)
 and one summary line per shape: chosen over the best of the grid (bar <= 1.15), whether the chosen engine is
 the faster one measured, predicted against measured step time and peak (bar: peak within 15%).
 Workload (issue 43's): 16 prompts x 8, 256-token prompts, 1024 new tokens, long-tailed: each response ends at a
