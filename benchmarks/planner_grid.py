@@ -58,11 +58,11 @@ def advised_rows(grid: dict[str, list[str]], done: dict[str, dict]) -> dict[str,
         labels = [label for label, values in grid.items() if engine_of(values) == engine]
         if any(done.get(label, {}).get("ok") for label in labels):
             continue
-        refused = [label for label in labels if advice_values(done.get(label, {}).get("error") or "")]
-        if refused:
-            base = grid[refused[-1]]
-            advice = advice_values(done[refused[-1]]["error"]) or []
-            rows[f"{refused[-1]} + advice"] = [*base, *[v for v in advice if v not in base]]
+        advised = {label: advice for label in labels
+                   if (advice := advice_values(done.get(label, {}).get("error") or ""))}
+        if advised:
+            last, advice = list(advised.items())[-1]
+            rows[f"{last} + advice"] = [*grid[last], *[v for v in advice if v not in grid[last]]]
     return rows
 
 

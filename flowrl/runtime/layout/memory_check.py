@@ -31,6 +31,8 @@ from flowrl.plan.planner import Plan
 from flowrl.plan.resources import Workload, check_fits, describe, estimate
 from flowrl.config.candidate import Layout, Unexpressible, batch_sizes, configured, engines, workload
 
+CHOOSES = "(`flowrl plan ALGO --cluster found --explain` chooses among them)"  # after a refusal's advice
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
 
@@ -60,11 +62,11 @@ def judge(cfg: RunConfig, plan: Plan, shape: ModelShape, prompt_len: int, gpu_by
     if got.refused:  # an engine's refusal for want of memory (vLLM's share not free, no room for a sequence's
         # KV cache) names what would make room as a peak over the card does; one for the layout (TP, nodes) cannot
         found = "" if got.layout_refused or not (sets := fixes(layout, shape, work, limit)) else \
-            f"; it would fit with {named(sets)} (`flowrl plan ALGO --cluster found --explain` chooses among them)"
+            f"; it would fit with {named(sets)} {CHOOSES}"
         raise PlanError(f"placement: {got.refused}{found}")
     if max(got.peak.values()) > limit:
         raise PlanError(f"{too_big(layout, got, gpu_bytes)}; it would fit with {advice(layout, shape, work, limit)} "
-                        f"(`flowrl plan ALGO --cluster found --explain` chooses among them)")
+                        f"{CHOOSES}")
     phases = pool_phases(layout.cand, shape, work, layout.roles, gpu_bytes, layout.cluster.kind)[0]
     per_gpu = {layout.pools[pool]: each for pool, each in phases.items()}
     sizes = {layout.pools[pool]: layout.cand.train_gpus if pool != "gen" else layout.cand.rollout_gpus
@@ -102,6 +104,7 @@ def fixes(layout: Layout, shape: ModelShape, work: Work, limit: int) -> list[lis
     the one a user following the advice should run."""
     cand, trained, tuned = layout.cand, layout.trained, layout.trained + layout.frozen
     budget = 1 << (work.seq_len - 1).bit_length()  # the smallest power of two that holds one sequence
+    by_budget = " + ".join(f"roles.{r}.max_tokens_per_micro_batch={budget}" for r in tuned)
     sets = {"model.gradient_checkpointing=true": ({"gradient_checkpointing": True}, not cand.gradient_checkpointing),
             " + ".join(f"roles.{r}.offload_optimizer=true" for r in trained):
                 ({"offload_optimizer": True}, bool(trained) and not cand.offload_optimizer),
@@ -109,7 +112,7 @@ def fixes(layout: Layout, shape: ModelShape, work: Work, limit: int) -> list[lis
                 ({"offload_params": True, "offload_optimizer": False}, bool(trained) and not cand.offload_params),
             f"roles.{layout.policy}.lora_rank=64":
                 ({"lora_rank": 64}, layout.policy in trained and not cand.lora_rank),
-            " + ".join(f"roles.{r}.max_tokens_per_micro_batch={budget}" for r in tuned):
+            by_budget:
                 ({"token_budget": budget}, bool(tuned) and not 0 < cand.token_budget <= budget),
             f"roles.{layout.follower}.free_cache_engine=1":
                 ({"sleep_level": 1}, cand.engine == "vllm" and cand.colocated and not cand.sleep_level),
@@ -122,16 +125,14 @@ def fixes(layout: Layout, shape: ModelShape, work: Work, limit: int) -> list[lis
             if any(f <= set(combo) for f in found):
                 continue
             changed = replace(cand, **{k: v for name in combo for k, v in options[name].items()})
-            roles = replace(layout.roles, frozen_lent=layout.roles.frozen_lent or changed.lora_rank > 0)
-            if fit(changed, shape, work, roles, layout.cluster, layout.batch).fits(limit):
+            if fits(layout, changed, shape, work, limit):
                 found.append(frozenset(combo))
-    by_budget = " + ".join(f"roles.{r}.max_tokens_per_micro_batch={budget}" for r in tuned)
     out = []
     for f in found:
         names = [name for name in options if name in f]
         if by_budget in f:
-            update = {k: v for name in f if name != by_budget for k, v in options[name].items()}
-            most = largest_budget(layout, replace(cand, **update), shape, work, limit, budget)
+            changed = replace(cand, **{k: v for name in f for k, v in options[name].items()})
+            most = largest_budget(layout, changed, shape, work, limit, budget)
             names[names.index(by_budget)] = by_budget.replace(f"={budget}", f"={most}")
         out.append(names)
     return out
@@ -140,12 +141,17 @@ def fixes(layout: Layout, shape: ModelShape, work: Work, limit: int) -> list[lis
 def largest_budget(layout: Layout, cand: Candidate, shape: ModelShape, work: Work, limit: int, least: int) -> int:
     """The largest power-of-two token budget, from `least` (one sequence, known to fit) up to the step's tokens,
     with which `cand` fits `limit` bytes a GPU."""
-    roles = replace(layout.roles, frozen_lent=layout.roles.frozen_lent or cand.lora_rank > 0)
     most = least
-    while most < work.rows * work.seq_len and \
-            fit(replace(cand, token_budget=2 * most), shape, work, roles, layout.cluster, layout.batch).fits(limit):
+    while most < work.rows * work.seq_len and fits(layout, replace(cand, token_budget=2 * most), shape, work, limit):
         most *= 2
     return most
+
+
+def fits(layout: Layout, cand: Candidate, shape: ModelShape, work: Work, limit: int) -> bool:
+    """Whether `cand`, one of `fixes`' variants of the layout's own, fits `limit` bytes a GPU in the phase model
+    (under LoRA the frozen roles read the policy's base weights instead of loading their own)."""
+    roles = replace(layout.roles, frozen_lent=layout.roles.frozen_lent or cand.lora_rank > 0)
+    return fit(cand, shape, work, roles, layout.cluster, layout.batch).fits(limit)
 
 
 def fallback(cfg: RunConfig, plan: Plan, shape: ModelShape, seq_len: int, gpu_bytes: int) -> Judged:
